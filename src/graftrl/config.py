@@ -1,0 +1,251 @@
+"""Run configuration: YAML validated by pydantic, one docstring per field.
+
+Defaults are the paper's (SPEC section 1, Table 3). Unknown keys are rejected with the key named,
+so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from graftrl.data import PAPER_PROMPT_SUFFIX
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class PolicyConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    """Short unique name; used in logs, records and checkpoint folders."""
+    path: str
+    """Folder of a Hugging Face checkpoint (model + tokenizer) or a hub id when online."""
+    template: str = "{problem}"
+    """Prompt template, a Python format string with `{problem}` (the problem text plus the data
+    suffix). Ignored when `chat_template` is true."""
+    chat_template: bool = False
+    """Wrap the problem as a user message with the tokenizer's chat template."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype (the paper trains in bf16 on GPUs; CPU runs use float32)."""
+    device: str = "auto"
+    """`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ..."""
+    lr: float | None = Field(default=None, gt=0)
+    """Per-policy learning rate; overrides `optim.lr` for this policy."""
+
+
+class RolloutConfig(_Section):
+    n: int = Field(default=8, ge=1)
+    """Responses sampled per prompt per model (the group size)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; training log-probs use the same logits / T."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    max_new_tokens: int = Field(default=4096, ge=1)
+    """Response length limit; truncated responses are scored as generated."""
+    max_batch_size: int = Field(default=512, ge=1)
+    """Rows (prompt x sample) per generate call; lower it when memory is short."""
+
+
+class OptimConfig(_Section):
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (constant)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global grad-norm clip per optimizer step."""
+
+
+class TrainConfig(_Section):
+    steps: int = Field(default=174, ge=1)
+    """Rollout/update steps (paper: 3 epochs of 7,500 MATH problems at batch 128 = 174)."""
+    batch_prompts: int = Field(default=128, ge=1)
+    """Prompts per step, shared by every policy."""
+    minibatch_prompts: int = Field(default=32, ge=1)
+    """Prompt groups per optimizer step (4 steps per rollout batch at the defaults)."""
+    update_epochs: int = Field(default=1, ge=1)
+    """Passes over each rollout batch."""
+    micro_batch_size: int = Field(default=64, ge=1)
+    """Sequences per forward/backward pass (gradient accumulation within a minibatch)."""
+    eps_low: float = Field(default=0.2, ge=0)
+    """Lower clip range of the token ratio."""
+    eps_high: float = Field(default=0.28, ge=0)
+    """Upper clip range of the token ratio (DAPO clip-higher)."""
+    adv_eps: float = Field(default=1e-6, gt=0)
+    """eps_adv in eq. 1."""
+    adv_std_unbiased: bool = True
+    """Unbiased (n - 1) group std in eq. 1, as verl; False uses the population std."""
+
+
+class GraftConfig(_Section):
+    delta: float = Field(default=0.8, ge=0)
+    """Compatibility floor: a transferred response with s <= delta is removed (eq. 8)."""
+    balance: bool = True
+    """Balanced exchange: m = min(|C_AB|, |C_BA|) with boundary ties; False moves every candidate."""
+    peer_position: Literal["last", "first", "uniform"] = "last"
+    """Where minibatches containing peer groups go in the receiver's update."""
+
+
+class DataConfig(_Section):
+    train: str
+    """JSONL or Parquet file with `problem`, `answer` and optional `id` fields."""
+    prompt_suffix: str | None = PAPER_PROMPT_SUFFIX
+    """Appended to every problem (after a space); null for none."""
+
+
+class RewardConfig(_Section):
+    timeout_s: float = Field(default=5.0, gt=0)
+    """Per-answer verification timeout; a timeout scores 0."""
+    workers: int = Field(default=1, ge=1)
+    """Verifier worker processes."""
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = False
+    """Also write TensorBoard event files (needs the `tensorboard` extra)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs the `wandb` extra)."""
+    wandb_project: str = "graftrl"
+    """W&B project name."""
+    progress: bool = True
+    """Show rich progress bars."""
+    log_samples: int = Field(default=2, ge=0)
+    """Example responses per model written to samples.jsonl each step."""
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(default=0, ge=0)
+    """Save every this many steps (0: only at the end)."""
+    keep_last: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk; older ones are deleted."""
+
+
+class Config(_Section):
+    seed: int = 0
+    """Seed for prompt order, sampling and method randomness."""
+    method: Literal["grpo", "graft"] = "graft"
+    """Training method (see graftrl.methods)."""
+    policies: list[PolicyConfig] = Field(min_length=1)
+    """The co-trained policies; all see the same prompt batch every step."""
+    data: DataConfig
+    """Training prompts."""
+    rollout: RolloutConfig = RolloutConfig()
+    """Sampling."""
+    optim: OptimConfig = OptimConfig()
+    """Optimizer."""
+    train: TrainConfig = TrainConfig()
+    """Update schedule and loss."""
+    graft: GraftConfig = GraftConfig()
+    """GRAFT switches (ignored by other methods)."""
+    reward: RewardConfig = RewardConfig()
+    """Verifier."""
+    logging: LoggingConfig = LoggingConfig()
+    """Metrics sinks."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpointing."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policies: names must be unique, got {names}")
+        if self.method == "graft" and len(self.policies) != 2:
+            raise ValueError(
+                f"method 'graft' co-trains exactly two policies; got {len(self.policies)} in `policies`"
+            )
+        if self.train.minibatch_prompts > self.train.batch_prompts:
+            raise ValueError(
+                f"train.minibatch_prompts ({self.train.minibatch_prompts}) exceeds train.batch_prompts "
+                f"({self.train.batch_prompts})"
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration problem, described with the offending key and what to do."""
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "<root>"
+        if item["type"] == "extra_forbidden":
+            lines.append(
+                f"  {key}: unknown key (check the spelling; `graftrl config-reference` lists every field)"
+            )
+        else:
+            lines.append(f"  {key}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.steps=10' -> (['train', 'steps'], 10); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. --set train.steps=10")
+    key, value = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(value)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = raw
+        for i, part in enumerate(path[:-1]):
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"--set {text!r}: {'.'.join(path[: i + 1])} is not a section")
+        last = path[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return raw
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, source)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of sections")
+    return config_from_dict(apply_overrides(raw, overrides or []), str(path))
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def config_reference(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, description) for every field, for the README and `graftrl config-reference`."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = field.annotation
+        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.append((key, "", field.description or ""))
+            rows += config_reference(annotation, key + ".")
+        elif isinstance(item, type) and issubclass(item, BaseModel):
+            rows.append((key, "required" if field.is_required() else "", field.description or ""))
+            rows += config_reference(item, key + "[].")
+        else:
+            default = "required" if field.is_required() else repr(field.default)
+            rows.append((key, default, (field.description or "").replace("\n", " ")))
+    return rows

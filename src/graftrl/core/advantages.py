@@ -1,0 +1,24 @@
+"""Group-relative advantages (SPEC section 1, eq. 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def grpo_advantages(rewards: Tensor, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+    """a_i = (r_i - mean(R(q))) / (std(R(q)) + eps) per group; zero-variance groups get 0.
+
+    rewards: [P, n] — P prompts, n rollouts each. Returns [P, n] (float).
+    ``unbiased`` selects the std correction (verl uses the unbiased std, the default).
+    """
+    rewards = rewards.float()
+    n = rewards.shape[-1]
+    mean = rewards.mean(dim=-1, keepdim=True)
+    if n < 2:
+        return torch.zeros_like(rewards)
+    std = rewards.std(dim=-1, keepdim=True, correction=1 if unbiased else 0)
+    advantages = (rewards - mean) / (std + eps)
+    # A group whose rewards are all equal carries no signal; eps alone would not make it exactly 0.
+    zero_variance = (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
+    return torch.where(zero_variance, torch.zeros_like(advantages), advantages)

@@ -1,0 +1,27 @@
+"""Sequence-level compatibility of a peer response with the receiver (SPEC 2.2, eqs. 6-8)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def mean_token_logprob(token_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """lbar (eq. 6): per-row mean of token log-probs over the masked tokens.
+
+    token_logprobs, mask: [B, T]. Returns [B]; a row with no tokens gets 0 (so s = 1 for an
+    empty response on both sides).
+    """
+    mask = mask.to(token_logprobs.dtype)
+    total = (token_logprobs * mask).sum(dim=-1)
+    return total / mask.sum(dim=-1).clamp(min=1)
+
+
+def compatibility_score(receiver_mean_logp: Tensor, source_mean_logp: Tensor) -> Tensor:
+    """s(o|q) = exp(lbar(pi_old^R, o^R) - lbar(pi_src, o^S)) (eq. 7). Shapes broadcast."""
+    return torch.exp(receiver_mean_logp - source_mean_logp)
+
+
+def compatibility_weight(s: Tensor, delta: float = 0.8) -> Tensor:
+    """w(o|q) = 1[s > delta] * min(s, 1) (eq. 8): gate below delta, cap at 1."""
+    return torch.where(s > delta, s.clamp(max=1.0), torch.zeros_like(s))

@@ -1,0 +1,66 @@
+"""The clipped surrogate every method trains with (SPEC eqs. 2, 3, 9, 10)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def clipped_token_mask(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """Tokens where the clipped surrogate is strictly below the unclipped one (SPEC section 5).
+
+    ratio: [B, T]; advantages: [B] or [B, T]. Returns BoolTensor [B, T]:
+    a > 0 with rho > 1 + eps_high, or a < 0 with rho < 1 - eps_low.
+    """
+    adv = advantages if advantages.dim() == ratio.dim() else advantages.unsqueeze(-1)
+    return ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))
+
+
+def clipped_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    *,
+    normalizer: float | Tensor | None = None,
+    is_peer: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Return (-J, metrics) with J of eq. 10 — GRPO's DAPO objective when every weight is 1.
+
+    logp, old_logp: [B, T] per-token log-probs under the current and the receiver's old policy on
+    the receiver's own tokenization; advantages, weights: [B]; mask: [B, T] response tokens.
+    J = 1/sum_j |o_j| * sum_j w_j sum_t min(rho a, clip(rho, 1-eps_low, 1+eps_high) a).
+    Rows with weight 0 are removed responses: they count in neither numerator nor denominator.
+    ``normalizer`` replaces the token count of this call, so micro-batches of one minibatch can
+    share the minibatch's denominator. ``is_peer`` [B] splits the clip metrics own vs peer.
+    Metrics are detached counts (sum them across calls) plus this call's fractions.
+    """
+    kept_rows = weights > 0
+    token_mask = mask.bool() & kept_rows.unsqueeze(-1)  # [B, T]
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    adv = advantages.unsqueeze(-1)  # [B, 1]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [B, T]
+    weighted = surrogate * weights.unsqueeze(-1) * token_mask
+    token_count = token_mask.sum()
+    denominator = token_count.clamp(min=1) if normalizer is None else normalizer
+    loss = -weighted.sum() / denominator
+
+    with torch.no_grad():
+        clipped = clipped_token_mask(ratio, advantages, eps_low, eps_high) & token_mask
+        metrics: dict[str, Tensor] = {
+            "tokens": token_count.float(),
+            "clipped_tokens": clipped.sum().float(),
+            "clip_fraction": clipped.sum().float() / token_count.clamp(min=1),
+            "ratio_mean": (ratio * token_mask).sum() / token_count.clamp(min=1),
+        }
+        if is_peer is not None:
+            peer_tokens = token_mask & is_peer.unsqueeze(-1)
+            own_tokens = token_mask & ~is_peer.unsqueeze(-1)
+            metrics["peer_tokens"] = peer_tokens.sum().float()
+            metrics["peer_clipped_tokens"] = (clipped & peer_tokens).sum().float()
+            metrics["own_tokens"] = own_tokens.sum().float()
+            metrics["own_clipped_tokens"] = (clipped & own_tokens).sum().float()
+    return loss, metrics

@@ -1,0 +1,342 @@
+"""Supervised warm-start of the embedded models (so RL starts from a weak-but-capable policy).
+
+Each spec in :data:`~graftrl.embedded.models.MODEL_SPECS` is trained from random init on a
+*family mix* (:data:`EMBEDDED_MIXES`): mostly its own strong families, with a small share of the
+peer's, so it ends strong on its own and weak-but-not-zero on the peer's. Training stops when the
+sampled accuracy (temperature 1.0, the real 0/1 reward) on the mix reaches a target, or at a time
+cap. The result is saved with ``save_pretrained`` so both ``AutoModelForCausalLM`` and
+``AutoTokenizer`` load it back by path.
+
+Sequence layout (the RL trainer's layout): ``prompt_ids + response_ids + [eos]`` with
+``prompt_ids = tok.encode(template.format(problem=...))`` and ``response_ids =
+tok.encode(response)``, encoded separately, no special tokens added; the loss covers the response
+tokens and the EOS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import random
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
+from graftrl.embedded.task import (
+    FAMILIES,
+    RESPONSE_FORMAT,
+    Problem,
+    make_problems,
+    reward,
+    supervised_text,
+)
+
+__all__ = [
+    "EMBEDDED_MIXES",
+    "REPORT_NAME",
+    "WARMSTART_SETTINGS",
+    "encode_pair",
+    "fingerprint",
+    "prepare_embedded_models",
+    "sample_responses",
+    "sampled_accuracy",
+    "warm_start",
+]
+
+#: Name of the report file written next to the saved model.
+REPORT_NAME = "graftrl_warmstart.json"
+
+#: Bump when the warm-start procedure changes in a way that invalidates cached models.
+_VERSION = 1
+
+#: Family mix per spec: each model is strong on one family and weak-but-not-zero on the other.
+EMBEDDED_MIXES: dict[str, dict[str, float]] = {
+    "llama-char": {"add": 0.9, "sub": 0.1},
+    "gpt2-bpe": {"add": 0.1, "sub": 0.9},
+}
+
+#: Stop settings: full (demo) and quick (smoke tests).
+WARMSTART_SETTINGS: dict[str, dict[str, float]] = {
+    "full": {"target_accuracy": 0.8, "max_seconds": 140.0},
+    "quick": {"target_accuracy": 0.2, "max_seconds": 15.0},
+}
+
+
+def encode_pair(tok: Any, template: str, problem: str, response: str) -> tuple[list[int], int]:
+    """Token ids of ``template(problem) + response + EOS`` and the number of prompt tokens."""
+    p = tok.encode(template.format(problem=problem), add_special_tokens=False)
+    r = tok.encode(response, add_special_tokens=False)
+    return p + r + [tok.eos_token_id], len(p)
+
+
+def fingerprint(spec_name: str, families_mix: Mapping[str, float], seed: int, **settings: Any) -> str:
+    """A hash of everything that determines a warm-started model (spec, mix, task, settings)."""
+    payload = {
+        "version": _VERSION,
+        "spec_name": spec_name,
+        "spec": MODEL_SPECS[spec_name],
+        "mix": dict(sorted(families_mix.items())),
+        "families": {n: FAMILIES[n].description for n in sorted(families_mix)},
+        "response_format": RESPONSE_FORMAT,
+        "seed": seed,
+        "settings": dict(sorted(settings.items())),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sample_responses(
+    model: Any,
+    tok: Any,
+    template: str,
+    problems: Sequence[Problem],
+    n: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 12,
+    batch_size: int = 512,
+) -> list[list[str]]:
+    """``n`` sampled responses per problem (plain sampling: ``top_k=0``, ``top_p=1``).
+
+    Prompts are left-padded; the decoded text stops at the first EOS (not included).
+    """
+    import torch
+
+    prompts = [template.format(problem=p.problem) for p in problems]
+    flat = [pr for pr in prompts for _ in range(n)]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    out: list[str] = []
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(flat), batch_size):
+            chunk = [tok.encode(x, add_special_tokens=False) for x in flat[i : i + batch_size]]
+            width = max(len(c) for c in chunk)
+            ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
+            mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+            for row in gen[:, width:].tolist():
+                if eos in row:
+                    row = row[: row.index(eos)]
+                out.append(tok.decode([t for t in row if t != pad], skip_special_tokens=False))
+    return [out[j * n : (j + 1) * n] for j in range(len(problems))]
+
+
+def sampled_accuracy(
+    model: Any, tok: Any, template: str, problems: Sequence[Problem], temperature: float = 1.0
+) -> dict[str, float]:
+    """Per-family mean reward of one sample per problem, plus ``"all"``."""
+    responses = sample_responses(model, tok, template, problems, n=1, temperature=temperature)
+    per: dict[str, list[float]] = {}
+    for p, rs in zip(problems, responses, strict=True):
+        per.setdefault(p.family, []).append(reward(rs[0], p.answer))
+    acc = {f: sum(v) / len(v) for f, v in sorted(per.items())}
+    acc["all"] = sum(sum(v) for v in per.values()) / max(1, sum(len(v) for v in per.values()))
+    return acc
+
+
+def _corpus(template: str, seed: int) -> list[str]:
+    probs = make_problems(None, 1000, seed=seed + 777)
+    return [template.format(problem=p.problem) for p in probs] + [supervised_text(p) for p in probs]
+
+
+def warm_start(
+    spec_name: str,
+    families_mix: Mapping[str, float],
+    out_dir: str | Path,
+    seed: int = 0,
+    target_accuracy: float = 0.8,
+    max_seconds: float = 140.0,
+    threads: int = 1,
+    batch_size: int = 128,
+    check_every_s: float = 8.0,
+    check_problems: int = 128,
+) -> dict[str, Any]:
+    """Supervised warm-start of ``spec_name`` on ``families_mix``; save to ``out_dir``.
+
+    Trains on fresh problems drawn from the mix (batch ``batch_size``), AdamW with a short
+    warm-up, and every ``check_every_s`` seconds samples one response per problem at
+    temperature 1.0 for ``check_problems`` fresh problems *per family* and scores them with the
+    0/1 reward. Stops once the mix-weighted accuracy reaches ``target_accuracy`` or after
+    ``max_seconds`` of training. Writes the model, the tokenizer and ``REPORT_NAME``.
+
+    Returns:
+        The report: spec, mix, seed, fingerprint, seconds, steps, final per-family accuracy,
+        mix-weighted accuracy, whether the target was reached, and the check history.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    out_dir = Path(out_dir)
+    spec = MODEL_SPECS[spec_name]
+    template: str = spec["template"]
+    fp = fingerprint(spec_name, families_mix, seed, target_accuracy=target_accuracy, max_seconds=max_seconds)
+    t0 = time.perf_counter()
+    model, tok = build_spec(spec_name, _corpus(template, seed), seed=seed)
+    lr = float(spec.get("lr", 3e-3))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = 30
+    names = [n for n, w in families_mix.items() if w > 0]
+    weights = [families_mix[n] for n in names]
+    total_w = sum(weights)
+    rng = random.Random(f"warmstart:{spec_name}:{seed}")
+    check_round = 0
+    history: list[dict[str, Any]] = []
+    step = 0
+    train_s = 0.0
+    last_check = 0.0
+    reached = False
+    acc: dict[str, float] = {}
+    model.train()
+    while True:
+        ts = time.perf_counter()
+        batch = make_problems(families_mix, batch_size, seed=rng.randrange(2**31))
+        seqs = [encode_pair(tok, template, p.problem, supervised_text(p)) for p in batch]
+        width = max(len(s) for s, _ in seqs)
+        ids = torch.full((len(seqs), width), tok.pad_token_id)
+        labels = torch.full((len(seqs), width), -100)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, (s, n_prompt) in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            labels[i, n_prompt : len(s)] = torch.tensor(s[n_prompt:])
+            mask[i, : len(s)] = 1
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / warmup)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        train_s += time.perf_counter() - ts
+        if train_s - last_check >= check_every_s or train_s >= max_seconds:
+            last_check = train_s
+            check_round += 1
+            probe = []
+            for j, n in enumerate(names):
+                probe += make_problems([n], check_problems, seed=10_000 * (seed + 1) + 100 * check_round + j)
+            acc = sampled_accuracy(model, tok, template, probe)
+            model.train()
+            mixed = sum(w * acc[n] for n, w in zip(names, weights, strict=True)) / total_w
+            history.append(
+                {
+                    "step": step,
+                    "train_s": round(train_s, 2),
+                    "loss": round(float(loss.detach()), 4),
+                    "acc": acc,
+                    "mix_acc": round(mixed, 4),
+                }
+            )
+            if mixed >= target_accuracy:
+                reached = True
+                break
+            if train_s >= max_seconds:
+                break
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    report = {
+        "spec_name": spec_name,
+        "spec": spec,
+        "mix": dict(families_mix),
+        "seed": seed,
+        "fingerprint": fp,
+        "target_accuracy": target_accuracy,
+        "max_seconds": max_seconds,
+        "threads": threads,
+        "reached_target": reached,
+        "steps": step,
+        "train_seconds": round(train_s, 2),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "accuracy": acc,
+        "mix_accuracy": history[-1]["mix_acc"] if history else 0.0,
+        "parameters": count_parameters(model),
+        "history": history,
+    }
+    (out_dir / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _cached(out_dir: Path, fp: str) -> bool:
+    rep = out_dir / REPORT_NAME
+    if not rep.is_file() or not (out_dir / "config.json").is_file():
+        return False
+    try:
+        return json.loads(rep.read_text()).get("fingerprint") == fp
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def prepare_embedded_models(
+    cache_dir: str | Path, quick: bool = False, seed: int = 0, parallel: bool = True
+) -> dict[str, Path]:
+    """Warm-start both embedded models (or reuse the cache) and return their folders by spec name.
+
+    A model is reused when ``cache_dir/<spec>-<fingerprint>/`` holds a report with the same
+    fingerprint (spec, mix, task, seed, stop settings). Missing models are trained in parallel
+    processes (one thread each), which is faster on 2 cores than one after the other.
+    """
+    cache_dir = Path(cache_dir)
+    settings = WARMSTART_SETTINGS["quick" if quick else "full"]
+    jobs: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
+    for name in MODEL_SPECS:
+        mix = EMBEDDED_MIXES[name]
+        fp = fingerprint(name, mix, seed, **settings)
+        out = cache_dir / f"{name}-{fp}"
+        paths[name] = out
+        if not _cached(out, fp):
+            jobs[name] = {
+                "spec_name": name,
+                "families_mix": mix,
+                "out_dir": str(out),
+                "seed": seed,
+                **settings,
+            }
+    if jobs:
+        if parallel and len(jobs) > 1:
+            with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
+                futures = [pool.submit(warm_start, threads=1, **kw) for kw in jobs.values()]
+                for f in futures:
+                    f.result()
+        else:
+            for kw in jobs.values():
+                warm_start(threads=2, **kw)
+    return paths
+
+
+def _main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Warm-start the embedded models.")
+    ap.add_argument("--cache-dir", default="/tmp/graftrl-embedded")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sequential", action="store_true")
+    args = ap.parse_args()
+    t = time.perf_counter()
+    paths = prepare_embedded_models(args.cache_dir, args.quick, args.seed, parallel=not args.sequential)
+    for name, p in paths.items():
+        rep = json.loads((p / REPORT_NAME).read_text())
+        print(
+            name, p, {k: rep[k] for k in ("steps", "train_seconds", "seconds", "accuracy", "reached_target")}
+        )
+    print(f"total {time.perf_counter() - t:.1f}s", math.nan if not paths else "")
+
+
+if __name__ == "__main__":
+    _main()

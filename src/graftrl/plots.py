@@ -1,0 +1,113 @@
+"""Figures for runs: training curves, complementarity, compatibility scores (PNG via matplotlib)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if r["model"] == model and r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_training_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, key: str = "reward_mean"
+) -> None:
+    """One panel per model; one line per run label (e.g. 'grpo seed 0')."""
+    models = sorted({r["model"] for rows in runs.values() for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for label, rows in runs.items():
+            steps, values = _series(rows, model, key)
+            ax.plot(steps, values, label=label, alpha=0.85)
+        ax.set_title(model)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_complementarity(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
+    """Paper Figure 1: fraction of each model's all-fail prompts that the peer solves."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, rows in runs.items():
+        for model in sorted({r["model"] for r in rows}):
+            keys = [k for r in rows if r["model"] == model for k in r if k.startswith("complementarity/")]
+            for key in sorted(set(keys)):
+                steps, values = _series(rows, model, key)
+                ax.plot(steps, values, label=f"{label}: {key.split('/', 1)[1]} solves {model}'s all-fail")
+    ax.set_xlabel("step")
+    ax.set_ylabel("complementarity")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
+    """Receiver name -> every compatibility score s logged in the run."""
+    scores: dict[str, list[float]] = defaultdict(list)
+    path = run_dir / "compatibility.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            scores[row["receiver"]].extend(row["s"])
+    return scores
+
+
+def plot_compatibility_histogram(
+    scores: Mapping[str, Sequence[float]], path: Path, delta: float = 0.8
+) -> None:
+    """Histogram of s per receiver, with the gate delta marked."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for receiver, values in sorted(scores.items()):
+        if values:
+            ax.hist(
+                [min(v, 3.0) for v in values],
+                bins=40,
+                range=(0, 3),
+                alpha=0.55,
+                label=f"received by {receiver}",
+            )
+    ax.axvline(delta, color="black", linestyle="--", label=f"delta = {delta}")
+    ax.set_xlabel("compatibility score s (clipped at 3)")
+    ax.set_ylabel("transferred responses")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Held-out pass@1 per model and method (mean over seeds, with each seed as a dot)."""
+    models = sorted({r["model"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(models) * len(methods) / 2, 3.6))
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        for i, model in enumerate(models):
+            values = [r["pass_at_1"] for r in rows if r["model"] == model and r["method"] == method]
+            x = i + j * width
+            ax.bar(x, sum(values) / len(values), width, color=f"C{j}", label=method if i == 0 else None)
+            ax.scatter([x] * len(values), values, color="black", s=8, zorder=3)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(models))], models)
+    ax.set_ylabel("held-out pass@1")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

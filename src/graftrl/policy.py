@@ -1,0 +1,203 @@
+"""A trainable policy: any Hugging Face causal LM and its tokenizer, loaded by path.
+
+The policy owns its tokenization: prompts go through its own template, peer response texts are
+re-tokenized with its own tokenizer (SPEC 2.2), and every log-prob it reports is on those ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when present, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class PaddedBatch:
+    """Left-padded prompts followed by right-padded responses, the layout generation uses.
+
+    input_ids, attention_mask, position_ids: [B, Lp + Lr]; response_mask: [B, Lr] marks real
+    response tokens. The logits predicting response token j sit at column Lp - 1 + j.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    prompt_width: int
+
+
+class Policy:
+    """Model + tokenizer + prompt template + optimizer; the trainer's unit of learning."""
+
+    def __init__(
+        self,
+        name: str,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        template: str = "{problem}",
+        chat_template: bool = False,
+        temperature: float = 1.0,
+        micro_batch_size: int = 64,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self.chat_template = chat_template
+        self.temperature = temperature
+        """Sampling temperature; training log-probs use the same logits / T (as verl does)."""
+        self.micro_batch_size = micro_batch_size
+        self.optimizer: torch.optim.Optimizer | None = None
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
+            )
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name: str,
+        path: str,
+        *,
+        dtype: str = "float32",
+        device: str = "auto",
+        **kwargs,
+    ) -> Policy:
+        """Load model and tokenizer from a local folder (or hub id when online)."""
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        model.to(resolve_device(device))
+        model.config.use_cache = True
+        return cls(name, model, tokenizer, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def configure_optimizer(self, lr: float, betas: tuple[float, float], weight_decay: float) -> None:
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
+        )
+
+    # ----- tokenization -------------------------------------------------------------------
+    def format_prompt(self, problem: str) -> str:
+        """The prompt string this policy sees for a problem (its own template or chat template)."""
+        if self.chat_template:
+            messages = [{"role": "user", "content": problem}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.template.format(problem=problem)
+
+    def encode_prompts(self, problems: Sequence[str]) -> list[list[int]]:
+        # A chat template already spells out its special tokens.
+        add_special = not self.chat_template
+        texts = [self.format_prompt(p) for p in problems]
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+
+    def encode_response(self, text: str, finished: bool) -> list[int]:
+        """Re-tokenize a response string (possibly another model's) on this policy's vocabulary.
+
+        A response that ended with EOS gets this policy's EOS appended, so the receiver also
+        learns where to stop; a length-truncated one does not.
+        """
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return [*ids, self.eos_token_id] if finished else ids
+
+    def decode_response(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ----- batching -----------------------------------------------------------------------
+    def pad(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> PaddedBatch:
+        pad_id = int(self.tokenizer.pad_token_id)
+        prompt_width = max(len(p) for p in prompts)
+        response_width = max(1, max(len(r) for r in responses))
+        rows, masks, response_rows, response_masks = [], [], [], []
+        for prompt, response in zip(prompts, responses, strict=True):
+            left = prompt_width - len(prompt)
+            right = response_width - len(response)
+            rows.append([pad_id] * left + list(prompt) + list(response) + [pad_id] * right)
+            masks.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+            response_rows.append(list(response) + [pad_id] * right)
+            response_masks.append([1] * len(response) + [0] * right)
+        device = self.device
+        attention_mask = torch.tensor(masks, device=device)
+        # Absolute-position models (GPT-2) need positions that skip the left padding.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return PaddedBatch(
+            input_ids=torch.tensor(rows, device=device),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            response_ids=torch.tensor(response_rows, device=device),
+            response_mask=torch.tensor(response_masks, device=device, dtype=torch.bool),
+            prompt_width=prompt_width,
+        )
+
+    def response_logprobs(self, batch: PaddedBatch) -> Tensor:
+        """Per-token log-probs of the response tokens under logits / temperature. Returns [B, Lr]."""
+        logits = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).logits
+        width = batch.response_ids.shape[1]
+        # Only the columns that predict response tokens: saves the vocab-sized softmax on prompts.
+        logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width].float()
+        logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
+        return logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+
+    def micro_batches(self, count: int) -> Iterator[slice]:
+        for start in range(0, count, self.micro_batch_size):
+            yield slice(start, min(start + self.micro_batch_size, count))
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[Tensor]:
+        """Per-token log-probs (current weights, no grad) of each response, in its own length."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[Tensor] = []
+        # Sort by length so micro-batches carry little padding.
+        order = sorted(range(len(responses)), key=lambda i: len(prompts[i]) + len(responses[i]))
+        by_index: dict[int, Tensor] = {}
+        for part in self.micro_batches(len(order)):
+            idx = order[part]
+            batch = self.pad([prompts[i] for i in idx], [responses[i] for i in idx])
+            logprobs = self.response_logprobs(batch).cpu()
+            for row, i in enumerate(idx):
+                by_index[i] = logprobs[row, : len(responses[i])]
+        out = [by_index[i] for i in range(len(responses))]
+        self.model.train(was_training)
+        return out
+
+    # ----- checkpoint ---------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)

@@ -1,0 +1,524 @@
+"""Verifiable 0/1 rewards for math answers.
+
+The reward of a response is 1.0 iff ``math_verify`` judges the content of its last ``\\boxed{...}``
+equal to the gold answer. ``math_verify.parse`` can hang or blow up on pathological model
+output (sympy on huge expressions), and its own timeout only works in a process's main thread,
+so verification runs in worker processes that the parent kills and replaces when an answer
+exceeds its time budget: a bad answer costs one 0.0 reward, never the training run.
+
+RL rollouts repeat answers a lot (a group of 8-16 samples per prompt, mostly the same few
+answers), so the parent de-duplicates each batch and keeps an LRU cache of verdicts per
+(gold, extracted) pair; only new pairs travel to the workers, in chunks.
+
+Worker processes use the ``spawn`` start method by default (safe next to torch threads), which
+re-imports the caller's ``__main__`` module in each worker: scripts need the usual
+``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import os
+import re
+import signal
+import threading
+import time
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+__all__ = ["MathVerifier", "extract_last_boxed", "verify_answer"]
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+# Verdict codes sent back by workers (small ints keep the per-answer messages tiny).
+_WRONG, _CORRECT, _ERROR = 0, 1, 2
+_READY = -1  # index of the "worker started" message
+_STOP = None  # sentinel asking a worker to exit
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Return the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+
+    Braces are matched with nesting (``\\{``/``\\}`` and other escaped characters do not count),
+    and ``\\boxed 5`` (a command followed by a bare token, which models emit too) yields ``5``.
+    The last box decides: if it is unbalanced (a truncated generation) the result is None
+    rather than an earlier box, because the model's final answer is incomplete.
+    """
+    end = len(text)
+    while True:
+        pos, cmd = max((text.rfind(c, 0, end), c) for c in _BOX_COMMANDS)
+        if pos < 0:
+            return None
+        after = pos + len(cmd)
+        # `\boxedfoo` is a different command name: skip it and look further left.
+        if after < len(text) and text[after].isalpha():
+            end = pos
+            continue
+        return _read_argument(text, after)
+
+
+def _read_argument(text: str, start: int) -> str | None:
+    """Read a LaTeX command argument at ``start``: a balanced ``{...}`` group or one bare token."""
+    i = start
+    n = len(text)
+    while i < n and text[i].isspace():
+        i += 1
+    if i >= n:
+        return None
+    if text[i] != "{":
+        j = i
+        while j < n and not text[j].isspace() and text[j] != "$":
+            j += 1
+        token = text[i:j].rstrip(".,;")
+        return token or None
+    depth = 0
+    j = i
+    while j < n:
+        ch = text[j]
+        if ch == "\\":
+            j += 2  # an escaped character (`\{`, `\}`, `\\`) never opens or closes a group
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+        j += 1
+    return None
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,100}")
+
+
+def _normalize(s: str) -> str:
+    return " ".join(s.split())
+
+
+def _fast_verdict(gold: str, extracted: str) -> float | None:
+    """Verdict for the cases math_verify is known to agree with, else None (ask math_verify).
+
+    Identical strings (after whitespace normalisation) are equal: math_verify says so too, as it
+    falls back to string comparison when it cannot parse. Two plain integers are equal iff their
+    values are (``007`` == ``7``, ``-0`` == ``0``); tests check math_verify agrees. Most
+    GSM8K/MATH answers are integers, so this removes most of the ~1 ms ``parse`` cost per answer.
+    """
+    g, e = _normalize(gold), _normalize(extracted)
+    if g == e:
+        return 1.0
+    if _INTEGER.fullmatch(g) and _INTEGER.fullmatch(e):
+        return 1.0 if int(g) == int(e) else 0.0
+    return None
+
+
+def _wrap_gold(gold: str) -> str:
+    """Give a bare gold answer (``57``, ``\\frac{1}{2}``) delimiters so ``parse`` reads it as LaTeX."""
+    if any(c in gold for c in _BOX_COMMANDS):
+        return gold
+    if _read_argument("{" + gold + "}", 0) == gold:  # balanced braces: box it like the prediction
+        return "\\boxed{" + gold + "}"
+    return "$" + gold + "$"
+
+
+# --------------------------------------------------------------------------------------------
+# Worker process
+# --------------------------------------------------------------------------------------------
+
+
+def _worker_main(conn: Connection, faults: dict[str, str]) -> None:
+    """Worker loop: receive chunks of ``(index, gold, extracted)``, stream back one verdict each.
+
+    One small message per answer (not per chunk) tells the parent exactly which answer is in
+    progress, so on a timeout it knows which one hung and can re-queue the rest.
+    ``faults`` is a test hook mapping an extracted answer to ``hang``/``crash``/``raise``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    import math_verify.grader
+    import math_verify.parser
+    from math_verify import parse, verify
+
+    # The parent enforces timeouts by killing this process; math_verify's signal-based timeouts
+    # are disabled (integer seconds, main-thread only), so silence its one-time warning.
+    for mod in (math_verify.parser, math_verify.grader):
+        if hasattr(mod, "TIMEOUT_WARNING_SHOWN"):
+            mod.TIMEOUT_WARNING_SHOWN = True
+
+    gold_cache: dict[str, Any] = {}
+
+    def check(gold: str, extracted: str) -> int:
+        parsed_gold = gold_cache.get(gold)
+        if parsed_gold is None:
+            if len(gold_cache) >= 10_000:
+                gold_cache.clear()
+            parsed_gold = gold_cache[gold] = parse(_wrap_gold(gold), parsing_timeout=None)
+        pred = parse("\\boxed{" + extracted + "}", parsing_timeout=None)
+        return _CORRECT if verify(parsed_gold, pred, timeout_seconds=None) else _WRONG
+
+    # Warm up sympy's and latex2sympy's lazy imports before reporting ready, so the first real
+    # answers are not charged for them.
+    for warm in ("1", "-\\frac{3}{4}", "0.5", "2\\sqrt{3}", "x^2+1", "(1, 2]", "\\{1, 2\\}", "\\text{B}"):
+        check(warm, warm)
+    gold_cache.clear()
+    conn.send((_READY, os.getpid()))
+    while True:
+        try:
+            chunk = conn.recv()
+        except (EOFError, OSError):
+            return
+        if chunk is _STOP:
+            return
+        for index, gold, extracted in chunk:
+            fault = faults.get(extracted)
+            if fault == "hang":
+                time.sleep(3600)
+            elif fault == "crash":
+                os._exit(3)
+            try:
+                if fault == "raise":
+                    raise RuntimeError("injected verification error")
+                verdict = check(gold, extracted)
+            except Exception:
+                verdict = _ERROR
+            conn.send((index, verdict))
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    proc: Any  # multiprocessing process (BaseProcess subclass of the chosen context)
+    conn: Connection
+    started_at: float
+    ready: bool = False
+    inflight: deque[int] = field(default_factory=deque)
+    deadline: float = float("inf")
+
+
+def _kill_workers(workers: list[_Worker]) -> None:
+    """Stop workers politely, then forcefully; used by close() and at garbage collection."""
+    for w in workers:
+        with contextlib.suppress(OSError, ValueError):  # already dead or closed
+            w.conn.send(_STOP)
+    for w in workers:
+        w.proc.join(timeout=1.0)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join(timeout=1.0)
+        w.conn.close()
+    workers.clear()
+
+
+class MathVerifier:
+    """Score responses against gold answers with math_verify, in killable worker processes.
+
+    Args:
+        timeout_s: budget per answer; an answer still running after it scores 0.0 and its
+            worker is killed and replaced (worker start-up time is not charged to it).
+        workers: worker processes; answers are spread over them in chunks.
+        cache_size: LRU entries of (gold, extracted) -> verdict kept in this process.
+        short_circuit: decide without math_verify when the extracted answer equals the gold
+            string after whitespace normalisation (1.0), or both are plain integers (compare
+            values). math_verify agrees in both cases (see ``_fast_verdict``), so this only skips
+            work; turn it off to send every answer to the workers.
+        start_method: ``spawn`` (default) or ``forkserver``; never ``fork``, which is unsafe
+            once torch has started its thread pools.
+        startup_timeout_s: how long a worker may take to import math_verify and report ready.
+
+    Timed-out and failed pairs are cached as 0.0 too: they are deterministic, and re-verifying
+    a hanging answer would cost another timeout and worker restart. Calls from several threads
+    are serialised by a lock; do not share one verifier across processes.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        workers: int = 1,
+        *,
+        cache_size: int = 262_144,
+        short_circuit: bool = True,
+        start_method: str = "spawn",
+        startup_timeout_s: float = 120.0,
+        _test_faults: dict[str, str] | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"MathVerifier: timeout_s must be > 0, got {timeout_s}")
+        if workers < 1:
+            raise ValueError(f"MathVerifier: workers must be >= 1, got {workers}")
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(
+                f"MathVerifier: start_method must be 'spawn' or 'forkserver', got {start_method!r} "
+                "('fork' is unsafe next to torch threads)"
+            )
+        self.timeout_s = float(timeout_s)
+        self.num_workers = workers
+        self.cache_size = cache_size
+        self.short_circuit = short_circuit
+        self.startup_timeout_s = startup_timeout_s
+        self._ctx = mp.get_context(start_method)
+        self._faults = dict(_test_faults or {})
+        self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stats = dict.fromkeys(
+            (
+                "answers",
+                "no_answer",
+                "cache_hits",
+                "short_circuits",
+                "verified",
+                "timeouts",
+                "errors",
+                "worker_restarts",
+            ),
+            0,
+        )
+        self._seconds = 0.0
+        self._finalizer = weakref.finalize(self, _kill_workers, self._workers)
+
+    # ---------------------------------------------------------------- public API
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        """Return 1.0/0.0 per response: does its last boxed answer equal the gold answer?"""
+        if len(responses) != len(answers):
+            raise ValueError(
+                f"MathVerifier.score: got {len(responses)} responses but {len(answers)} answers "
+                "(pass one gold answer per response, repeating it for each sample of a prompt)"
+            )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("MathVerifier.score called after close(); create a new verifier")
+            t0 = time.perf_counter()
+            rewards = [0.0] * len(responses)
+            todo: dict[tuple[str, str], list[int]] = {}
+            cache = self._cache
+            stats = self._stats
+            for i, (response, gold) in enumerate(zip(responses, answers, strict=True)):
+                extracted = extract_last_boxed(response)
+                if extracted is None or not extracted.strip():
+                    stats["no_answer"] += 1
+                    continue
+                key = (str(gold), extracted)
+                hit = cache.get(key)
+                if hit is not None:
+                    cache.move_to_end(key)
+                    stats["cache_hits"] += 1
+                    rewards[i] = hit
+                elif key in todo:
+                    stats["cache_hits"] += 1  # repeated within this batch: verified once
+                    todo[key].append(i)
+                elif self.short_circuit and (fast := _fast_verdict(key[0], extracted)) is not None:
+                    stats["short_circuits"] += 1
+                    rewards[i] = fast
+                    self._remember(key, fast)
+                else:
+                    todo[key] = [i]
+            if todo:
+                keys = list(todo)
+                verdicts = self._verify_many(keys)
+                for key, verdict in zip(keys, verdicts, strict=True):
+                    value = 1.0 if verdict == _CORRECT else 0.0
+                    self._remember(key, value)
+                    for i in todo[key]:
+                        rewards[i] = value
+            stats["answers"] += len(responses)
+            self._seconds += time.perf_counter() - t0
+            return rewards
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction: answers, no_answer, cache_hits, short_circuits, verified
+        (answered by a worker), timeouts, errors, worker_restarts; plus cache_entries and the
+        wall-clock seconds spent in score()."""
+        out: dict[str, float] = dict(self._stats)
+        out["cache_entries"] = len(self._cache)
+        out["seconds"] = self._seconds
+        return out
+
+    def start(self) -> None:
+        """Start the workers now and wait until they are ready (else the first score() does).
+
+        Worker start-up (a fresh interpreter importing math_verify and sympy) takes about a
+        second; call this before a timed loop so the first batch does not pay for it.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("MathVerifier.start called after close(); create a new verifier")
+            self._verify_many([], wait_ready=True)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """PIDs of the live worker processes (empty until the first verification)."""
+        return [w.proc.pid for w in self._workers]
+
+    def close(self) -> None:
+        """Stop the worker processes; idempotent. The verifier cannot score afterwards."""
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- internals
+
+    def _remember(self, key: tuple[str, str], value: float) -> None:
+        self._cache[key] = value
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _spawn(self) -> _Worker:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(child_conn, self._faults),
+            name="graftrl-math-verify",
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()
+        return _Worker(proc=proc, conn=parent_conn, started_at=time.monotonic())
+
+    def _replace(self, w: _Worker) -> _Worker:
+        """Kill ``w`` (hung or dead) and put a fresh worker in its slot."""
+        if w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(timeout=5.0)
+        w.conn.close()
+        fresh = self._spawn()
+        self._workers[self._workers.index(w)] = fresh
+        self._stats["worker_restarts"] += 1
+        return fresh
+
+    def _verify_many(self, items: list[tuple[str, str]], wait_ready: bool = False) -> list[int]:
+        """Verify unique (gold, extracted) pairs on the workers; returns one verdict code each."""
+        try:
+            return self._dispatch(items, wait_ready)
+        except BaseException:
+            # Interrupted mid-batch (Ctrl-C, start-up failure): workers may still hold work and
+            # unread verdicts, so discard them all rather than mix them into a later call.
+            _kill_workers(self._workers)
+            raise
+
+    def _dispatch(self, items: list[tuple[str, str]], wait_ready: bool = False) -> list[int]:
+        while len(self._workers) < self.num_workers:  # lazy start, all workers in parallel
+            self._workers.append(self._spawn())
+        verdicts: list[int | None] = [None] * len(items)
+        pending: deque[int] = deque(range(len(items)))
+        remaining = len(items)
+        failed_starts = 0
+        stats = self._stats
+
+        def settle(index: int, verdict: int) -> None:
+            nonlocal remaining
+            verdicts[index] = verdict
+            remaining -= 1
+            if verdict == _ERROR:
+                stats["errors"] += 1
+
+        def fail(w: _Worker, verdict: int) -> None:
+            """The worker hung or died: charge its current answer, re-queue the rest."""
+            nonlocal failed_starts
+            if not w.ready:
+                failed_starts += 1
+                if failed_starts >= 3:
+                    raise RuntimeError(
+                        f"MathVerifier: worker process failed to start 3 times (last exit code "
+                        f"{w.proc.exitcode}); check that math_verify imports in a fresh interpreter "
+                        "and that the calling script has an `if __name__ == '__main__':` guard"
+                    )
+            if w.inflight:
+                settle(w.inflight.popleft(), verdict)
+                pending.extendleft(reversed(w.inflight))
+                w.inflight.clear()
+            self._replace(w)
+
+        while remaining or (wait_ready and not all(w.ready for w in self._workers)):
+            now = time.monotonic()
+            for w in list(self._workers):
+                if w.ready and not w.inflight and pending:
+                    size = max(1, min(32, -(-len(pending) // self.num_workers)))
+                    chunk = [pending.popleft() for _ in range(min(size, len(pending)))]
+                    w.inflight.extend(chunk)
+                    w.deadline = now + self.timeout_s
+                    try:
+                        w.conn.send([(i, *items[i]) for i in chunk])
+                    except (OSError, ValueError):
+                        fail(w, _ERROR)  # died under us; charging one answer guarantees progress
+
+            def due(w: _Worker) -> float:
+                if not w.ready:
+                    return w.started_at + self.startup_timeout_s
+                return w.deadline if w.inflight else float("inf")
+
+            next_due = min(due(w) for w in self._workers)
+            timeout = None if next_due == float("inf") else max(0.0, next_due - time.monotonic())
+            by_conn = {w.conn: w for w in self._workers}
+            for conn in wait(list(by_conn), timeout=timeout):
+                w = by_conn[conn]
+                try:
+                    while conn.poll():
+                        index, verdict = conn.recv()
+                        if index == _READY:
+                            w.ready = True
+                            failed_starts = 0
+                            continue
+                        if not w.inflight or w.inflight[0] != index:
+                            raise RuntimeError(
+                                f"MathVerifier: internal error, worker answered item {index} "
+                                f"while {list(w.inflight)[:3]} were in flight"
+                            )
+                        w.inflight.popleft()
+                        w.deadline = time.monotonic() + self.timeout_s
+                        stats["verified"] += 1
+                        settle(index, verdict)
+                except (EOFError, OSError):
+                    fail(w, _ERROR)  # the worker died (crash, OOM kill) on its current answer
+
+            now = time.monotonic()
+            for w in list(self._workers):
+                if not w.ready and now > w.started_at + self.startup_timeout_s:
+                    fail(w, _ERROR)
+                elif w.inflight and now > w.deadline:
+                    stats["timeouts"] += 1
+                    fail(w, _WRONG)
+        return [v if v is not None else _ERROR for v in verdicts]
+
+
+# --------------------------------------------------------------------------------------------
+# One-off convenience
+# --------------------------------------------------------------------------------------------
+
+_shared: dict[float, MathVerifier] = {}
+_shared_lock = threading.Lock()
+
+
+def verify_answer(response: str, answer: str, timeout_s: float = 5.0) -> float:
+    """Score one response (1.0/0.0) with a shared, lazily started verifier per timeout.
+
+    Convenient for scripts and notebooks; training loops should own a ``MathVerifier`` and
+    call ``score`` on whole batches.
+    """
+    with _shared_lock:
+        verifier = _shared.get(timeout_s)
+        if verifier is None:
+            verifier = _shared[timeout_s] = MathVerifier(timeout_s=timeout_s)
+    return verifier.score([response], [answer])[0]
+
+
+@atexit.register
+def _close_shared() -> None:
+    for verifier in _shared.values():
+        verifier.close()
+    _shared.clear()

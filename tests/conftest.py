@@ -1,0 +1,31 @@
+"""Shared fixtures: two tiny heterogeneous checkpoints saved and loaded by path, as real ones are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A char-level Llama and a BPE GPT-2 (random init), saved with save_pretrained."""
+    from graftrl.data import load_problems
+    from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
+    corpus += [f"\\boxed{{{i}}}" for i in range(200)]
+    specs = {
+        "llama": ("llama", build_char_tokenizer()),
+        "gpt2": ("gpt2", build_bpe_tokenizer(corpus, vocab_size=300)),
+    }
+    paths = {}
+    for name, (arch, tokenizer) in specs.items():
+        model = build_model(arch, tokenizer, hidden=32, layers=2, heads=2, max_positions=512, seed=1)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = root / name
+    return paths
