@@ -324,7 +324,13 @@ class Trainer:
         )
         with (self.run_dir / "compatibility.jsonl").open("a") as handle:
             handle.write(
-                json.dumps({"step": step, "receiver": policy.name, "s": [round(float(x), 5) for x in s]})
+                json.dumps({
+                    "step": step,
+                    "receiver": policy.name,
+                    "source": [source_of[r] for r in grafted],
+                    "s": [round(float(x), 5) for x in s],
+                    "reward": [records[source_of[r]][r].reward for r in grafted],
+                })
                 + "\n"
             )
         return rows, info

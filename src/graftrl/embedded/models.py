@@ -170,10 +170,10 @@ MODEL_SPECS: dict[str, dict[str, Any]] = {
     "gpt2-bpe": {
         "arch": "gpt2",
         "tokenizer": "bpe",
-        "template": "Q: {problem}\nA: ",
-        "size": {"hidden": 128, "layers": 5, "heads": 4},
-        "lr": 3e-3,
-        "bpe_vocab_size": 300,
+        "template": "{problem}=",
+        "size": {"hidden": 128, "layers": 4, "heads": 4},
+        "lr": 2e-3,
+        "bpe_vocab_size": 266,
     },
 }
 

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: How the supervised (warm-start) response is written; ``{answer}`` is the gold answer.
-RESPONSE_FORMAT = "\\boxed{{{answer}}}"
+RESPONSE_FORMAT = "The answer is \\boxed{{{answer}}}."
 
 
 @dataclass(frozen=True)

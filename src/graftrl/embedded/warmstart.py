@@ -61,9 +61,11 @@ EMBEDDED_MIXES: dict[str, dict[str, float]] = {
 }
 
 #: Stop settings: full (demo) and quick (smoke tests).
+#: Stopping is counted in optimizer steps and checks, never in seconds, so a warm-start gives the
+#: same model on a fast or a busy machine (``max_seconds`` is only a safety net).
 WARMSTART_SETTINGS: dict[str, dict[str, float]] = {
-    "full": {"target_accuracy": 0.8, "max_seconds": 140.0},
-    "quick": {"target_accuracy": 0.2, "max_seconds": 15.0},
+    "full": {"target_accuracy": 0.65, "max_steps": 800, "max_seconds": 900.0},
+    "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
 }
 
 
@@ -96,12 +98,15 @@ def sample_responses(
     problems: Sequence[Problem],
     n: int = 1,
     temperature: float = 1.0,
-    max_new_tokens: int = 12,
+    max_new_tokens: int = 32,
     batch_size: int = 512,
-) -> list[list[str]]:
+    return_ids: bool = False,
+) -> Any:
     """``n`` sampled responses per problem (plain sampling: ``top_k=0``, ``top_p=1``).
 
     Prompts are left-padded; the decoded text stops at the first EOS (not included).
+    Returns one list of ``n`` strings per problem; with ``return_ids`` also the generated token
+    ids per response (EOS and everything after it removed) in the same nesting.
     """
     import torch
 
@@ -109,6 +114,7 @@ def sample_responses(
     flat = [pr for pr in prompts for _ in range(n)]
     eos, pad = tok.eos_token_id, tok.pad_token_id
     out: list[str] = []
+    out_ids: list[list[int]] = []
     model.eval()
     with torch.no_grad():
         for i in range(0, len(flat), batch_size):
@@ -130,8 +136,13 @@ def sample_responses(
             for row in gen[:, width:].tolist():
                 if eos in row:
                     row = row[: row.index(eos)]
-                out.append(tok.decode([t for t in row if t != pad], skip_special_tokens=False))
-    return [out[j * n : (j + 1) * n] for j in range(len(problems))]
+                row = [t for t in row if t != pad]
+                out_ids.append(row)
+                out.append(tok.decode(row, skip_special_tokens=False))
+    texts = [out[j * n : (j + 1) * n] for j in range(len(problems))]
+    if return_ids:
+        return texts, [out_ids[j * n : (j + 1) * n] for j in range(len(problems))]
+    return texts
 
 
 def sampled_accuracy(
@@ -158,19 +169,20 @@ def warm_start(
     out_dir: str | Path,
     seed: int = 0,
     target_accuracy: float = 0.8,
-    max_seconds: float = 140.0,
+    max_steps: int = 800,
+    max_seconds: float = 900.0,
     threads: int = 1,
     batch_size: int = 128,
-    check_every_s: float = 8.0,
+    check_every_steps: int = 40,
     check_problems: int = 128,
 ) -> dict[str, Any]:
     """Supervised warm-start of ``spec_name`` on ``families_mix``; save to ``out_dir``.
 
     Trains on fresh problems drawn from the mix (batch ``batch_size``), AdamW with a short
-    warm-up, and every ``check_every_s`` seconds samples one response per problem at
+    warm-up, and every ``check_every_steps`` optimizer steps samples one response per problem at
     temperature 1.0 for ``check_problems`` fresh problems *per family* and scores them with the
     0/1 reward. Stops once the mix-weighted accuracy reaches ``target_accuracy`` or after
-    ``max_seconds`` of training. Writes the model, the tokenizer and ``REPORT_NAME``.
+    ``max_steps`` (or, as a safety net, ``max_seconds`` of training). Writes the model, the tokenizer and ``REPORT_NAME``.
 
     Returns:
         The report: spec, mix, seed, fingerprint, seconds, steps, final per-family accuracy,
@@ -183,7 +195,7 @@ def warm_start(
     out_dir = Path(out_dir)
     spec = MODEL_SPECS[spec_name]
     template: str = spec["template"]
-    fp = fingerprint(spec_name, families_mix, seed, target_accuracy=target_accuracy, max_seconds=max_seconds)
+    fp = fingerprint(spec_name, families_mix, seed, target_accuracy=target_accuracy, max_steps=max_steps)
     t0 = time.perf_counter()
     model, tok = build_spec(spec_name, _corpus(template, seed), seed=seed)
     lr = float(spec.get("lr", 3e-3))
@@ -197,7 +209,6 @@ def warm_start(
     history: list[dict[str, Any]] = []
     step = 0
     train_s = 0.0
-    last_check = 0.0
     reached = False
     acc: dict[str, float] = {}
     model.train()
@@ -222,8 +233,8 @@ def warm_start(
         opt.step()
         step += 1
         train_s += time.perf_counter() - ts
-        if train_s - last_check >= check_every_s or train_s >= max_seconds:
-            last_check = train_s
+        out_of_budget = step >= max_steps or train_s >= max_seconds
+        if step % check_every_steps == 0 or out_of_budget:
             check_round += 1
             probe = []
             for j, n in enumerate(names):
@@ -243,7 +254,7 @@ def warm_start(
             if mixed >= target_accuracy:
                 reached = True
                 break
-            if train_s >= max_seconds:
+            if out_of_budget:
                 break
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,6 +267,7 @@ def warm_start(
         "seed": seed,
         "fingerprint": fp,
         "target_accuracy": target_accuracy,
+        "max_steps": max_steps,
         "max_seconds": max_seconds,
         "threads": threads,
         "reached_target": reached,
@@ -296,7 +308,7 @@ def prepare_embedded_models(
     paths: dict[str, Path] = {}
     for name in MODEL_SPECS:
         mix = EMBEDDED_MIXES[name]
-        fp = fingerprint(name, mix, seed, **settings)
+        fp = fingerprint(name, mix, seed, target_accuracy=settings["target_accuracy"], max_steps=settings["max_steps"])
         out = cache_dir / f"{name}-{fp}"
         paths[name] = out
         if not _cached(out, fp):

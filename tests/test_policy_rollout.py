@@ -1,0 +1,92 @@
+"""Policies loaded by path, the HF rollout engine, and receiver-side scoring across tokenizers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graftrl.policy import Policy
+from graftrl.rollout import HFRolloutEngine, SamplingParams
+from graftrl.trainer import _content_mean
+
+
+@pytest.fixture(scope="module")
+def policies(tiny_checkpoints) -> dict[str, Policy]:
+    return {
+        "llama": Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]), template="{problem}="),
+        "gpt2": Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: "),
+    }
+
+
+def test_tokenizers_differ(policies):
+    text = "\\boxed{128}"
+    ids = {name: p.encode_response(text, finished=False) for name, p in policies.items()}
+    assert len(ids["llama"]) == len(text)  # one token per character
+    assert len(ids["gpt2"]) < len(text)  # BPE merges
+    for p in policies.values():
+        assert p.decode_response(p.encode_response(text, finished=False)) == text
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_behaviour_logprobs_match_the_trainer_recomputation(policies, name):
+    policy = policies[name]
+    torch.manual_seed(0)
+    batch = HFRolloutEngine().generate(policy, ["12+3", "4+56", "7"], SamplingParams(n=3, temperature=0.7, max_new_tokens=10))
+    assert len(batch.response_ids) == 9 and batch.n == 3
+    prompts = [batch.prompt_ids[row // 3] for row in range(9)]
+    policy.temperature = 0.7
+    rescored = policy.score(prompts, batch.response_ids)
+    for behaviour, recomputed in zip(batch.behaviour_logprobs, rescored, strict=True):
+        assert behaviour.shape == recomputed.shape
+        assert torch.allclose(behaviour, recomputed, atol=1e-4)
+
+
+def test_sampling_is_seeded_and_stops_at_eos(policies):
+    policy = policies["llama"]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    torch.manual_seed(5)
+    first = HFRolloutEngine().generate(policy, ["1+1", "2+2"], params)
+    torch.manual_seed(5)
+    second = HFRolloutEngine().generate(policy, ["1+1", "2+2"], params)
+    assert first.response_ids == second.response_ids
+    eos = policy.eos_token_id
+    for ids, finished in zip(first.response_ids, first.finished, strict=True):
+        assert eos not in ids[:-1]
+        assert finished == (ids[-1:] == [eos])
+        assert finished or len(ids) == 6
+
+
+def test_top_p_keeps_behaviour_logprobs_of_the_full_distribution(policies):
+    """Recorded log-probs are log softmax(logits / T) before nucleus truncation (as vLLM/verl)."""
+    policy = policies["gpt2"]
+    torch.manual_seed(1)
+    batch = HFRolloutEngine().generate(policy, ["9+9"], SamplingParams(n=6, temperature=1.0, top_p=0.5, max_new_tokens=5))
+    policy.temperature = 1.0
+    rescored = policy.score([batch.prompt_ids[0]] * 6, batch.response_ids)
+    for behaviour, recomputed in zip(batch.behaviour_logprobs, rescored, strict=True):
+        assert torch.allclose(behaviour, recomputed, atol=1e-4)
+
+
+def test_eos_is_trained_but_excluded_from_compatibility(policies):
+    """A finished peer response gets the receiver's own EOS; lbar excludes it on both sides."""
+    text = "\\boxed{42}"
+    for receiver in policies.values():
+        finished_ids = receiver.encode_response(text, finished=True)
+        open_ids = receiver.encode_response(text, finished=False)
+        assert finished_ids == [*open_ids, receiver.eos_token_id]
+        prompt = receiver.encode_prompts(["40+2"])[0]
+        logprobs = receiver.score([prompt], [finished_ids])[0]
+        content = receiver.score([prompt], [open_ids])[0]
+        assert torch.allclose(logprobs[:-1], content, atol=1e-5)
+        assert _content_mean(logprobs, finished=True) == pytest.approx(float(content.mean()), abs=1e-5)
+        assert _content_mean(content, finished=False) == pytest.approx(float(content.mean()), abs=1e-5)
+
+
+def test_policy_requires_eos(tiny_checkpoints):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_checkpoints["llama"]))
+    tokenizer.eos_token = None
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoints["llama"]))
+    with pytest.raises(ValueError, match="eos_token"):
+        Policy("x", model, tokenizer)
