@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,9 @@ def test_bad_values_name_the_field():
 
 
 def test_grpo_accepts_any_number_of_policies():
-    config = config_from_dict({**minimal(method="grpo"), "policies": [{"name": f"p{i}", "path": "x"} for i in range(3)]})
+    config = config_from_dict(
+        {**minimal(method="grpo"), "policies": [{"name": f"p{i}", "path": "x"} for i in range(3)]}
+    )
     assert len(config.policies) == 3
 
 
@@ -57,7 +60,9 @@ def test_overrides(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(minimal()))
     config = load_config(path, ["train.steps=7", "graft.peer_position=first", "policies.1.lr=0.001"])
-    assert config.train.steps == 7 and config.graft.peer_position == "first" and config.policies[1].lr == 0.001
+    assert (
+        config.train.steps == 7 and config.graft.peer_position == "first" and config.policies[1].lr == 0.001
+    )
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         apply_overrides({}, ["train.steps"])
 
@@ -87,3 +92,29 @@ def test_cli_refuses_to_overwrite_a_run(tmp_path):
     result = CliRunner().invoke(app, ["train", str(path), "--out", str(run)])
     assert result.exit_code == 2 and "--resume" in result.output
     assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'
+
+
+def test_cli_train_and_resume_on_checkpoints_by_path(tiny_checkpoints, tmp_path):
+    config = {
+        "method": "graft",
+        "policies": [
+            {"name": "llama", "path": str(tiny_checkpoints["llama"]), "template": "{problem}="},
+            {"name": "gpt2", "path": str(tiny_checkpoints["gpt2"])},
+        ],
+        "data": {"train": str(FIXTURES / "math_small.parquet")},
+        "rollout": {"n": 2, "max_new_tokens": 6},
+        "train": {"steps": 2, "batch_prompts": 3, "minibatch_prompts": 2},
+        "checkpoint": {"every": 1},
+        "logging": {"progress": False},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", str(path), "--out", str(run), "--set", "train.steps=1"])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["steps"] == 1
+    result = CliRunner().invoke(app, ["train", str(path), "--out", str(run), "--resume"])
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 0, 1, 1]  # two models per step; step 0 not repeated after resume
+    assert (run / "checkpoints" / "step_000002" / "gpt2" / "model.safetensors").exists()

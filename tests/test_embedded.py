@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from graftrl.rewards import MathVerifier, extract_last_boxed
+
 torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -20,10 +22,8 @@ from graftrl.embedded.models import (  # noqa: E402
 )
 from graftrl.embedded.task import (  # noqa: E402
     FAMILIES,
-    last_boxed,
     make_problems,
     make_split,
-    reward,
     supervised_text,
 )
 from graftrl.embedded.warmstart import (  # noqa: E402
@@ -32,7 +32,6 @@ from graftrl.embedded.warmstart import (  # noqa: E402
     encode_pair,
     fingerprint,
     prepare_embedded_models,
-    sample_responses,
     warm_start,
 )
 
@@ -82,16 +81,16 @@ def test_exclude_ids():
     assert not {p.id for p in ex} & {p.id for p in more}
 
 
-def test_supervised_text_is_rewarded():
-    for p in make_problems(None, 20, seed=2):
-        text = supervised_text(p)
-        assert last_boxed(text) == p.answer
-        assert reward(text, p.answer) == 1.0
-        assert reward(text.replace(p.answer, p.answer + "1"), p.answer) == 0.0
-    assert reward("no box", "3") == 0.0
-    assert reward("\\boxed{3", "3") == 0.0
-    assert reward("\\boxed{2} then \\boxed{3}", "3") == 1.0
-    assert reward("\\boxed{3.0}", "3") == 1.0  # math_verify equivalence beyond string match
+def test_supervised_text_is_rewarded_by_the_verifier():
+    problems = make_problems(None, 20, seed=2)
+    texts = [supervised_text(p) for p in problems]
+    assert all(extract_last_boxed(t) == p.answer for t, p in zip(texts, problems, strict=True))
+    with MathVerifier() as verifier:
+        assert verifier.score(texts, [p.answer for p in problems]) == [1.0] * 20
+        wrong = [
+            t.replace("{" + p.answer, "{" + p.answer + "1") for t, p in zip(texts, problems, strict=True)
+        ]
+        assert verifier.score(wrong, [p.answer for p in problems]) == [0.0] * 20
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
@@ -138,8 +137,6 @@ def test_specs_build_save_load(name, tmp_path):
     x = torch.tensor([ids])
     with torch.no_grad():
         assert torch.allclose(model(x).logits, m2(x).logits, atol=1e-5)
-    texts = sample_responses(m2, t2, spec["template"], make_problems(None, 3, seed=0), n=2, max_new_tokens=4)
-    assert len(texts) == 3 and all(len(g) == 2 for g in texts)
 
 
 def test_build_model_rejects_unknown_arch():
@@ -154,25 +151,20 @@ def test_fingerprint_changes_with_settings():
     assert a != fingerprint("llama-char", EMBEDDED_MIXES["llama-char"], 0, target_accuracy=0.7)
 
 
-def test_mean_logprobs_matches_manual_sum():
-    from graftrl.embedded.probe import mean_logprobs
-
-    model, tok = build_spec("llama-char")
-    prompt = tok.encode("12+3=", add_special_tokens=False)
-    resp = tok.encode("\\boxed{15}", add_special_tokens=False)
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([prompt + resp])).logits[0], -1)
-    manual = sum(float(logp[len(prompt) - 1 + t, resp[t]]) for t in range(len(resp))) / len(resp)
-    got = mean_logprobs(model, [prompt, prompt], [resp, []])
-    assert got[0] == pytest.approx(manual, abs=1e-5)
-    assert got[1] != got[1]  # nan for an empty response
-
-
 def test_tiny_warm_start_and_cache(tmp_path, monkeypatch):
-    # a 3-second warm-start: checks the save layout and the report, not the accuracy
-    rep = warm_start("llama-char", {"add": 1.0}, tmp_path / "m", seed=0, target_accuracy=1.1,
-                     max_seconds=2.0, threads=2, check_every_s=100.0, check_problems=8)
-    assert rep["steps"] > 0 and not rep["reached_target"]
+    # a 5-step warm-start: checks the save layout and the report, not the accuracy
+    rep = warm_start(
+        "llama-char",
+        {"add": 1.0},
+        tmp_path / "m",
+        seed=0,
+        target_accuracy=1.1,
+        max_steps=5,
+        threads=2,
+        check_every_steps=100,
+        check_problems=8,
+    )
+    assert rep["steps"] == 5 and not rep["reached_target"]
     saved = json.loads((tmp_path / "m" / REPORT_NAME).read_text())
     assert saved["fingerprint"] == rep["fingerprint"] and "add" in saved["accuracy"]
     AutoModelForCausalLM.from_pretrained(tmp_path / "m")
@@ -180,10 +172,10 @@ def test_tiny_warm_start_and_cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_prepare_quick_and_cached(tmp_path):
-    import time
-
     paths = prepare_embedded_models(tmp_path, quick=True, seed=0)
     assert set(paths) == set(MODEL_SPECS)
-    t = time.perf_counter()
+    stamps = {name: (path / "model.safetensors").stat().st_mtime_ns for name, path in paths.items()}
     again = prepare_embedded_models(tmp_path, quick=True, seed=0)
-    assert again == paths and time.perf_counter() - t < 2.0
+    assert again == paths
+    # the cache hit trains nothing: the saved weights are the same files
+    assert {name: (path / "model.safetensors").stat().st_mtime_ns for name, path in again.items()} == stamps

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from graftrl.policy import Policy
-from graftrl.rollout import HFRolloutEngine, SamplingParams
-from graftrl.trainer import _content_mean
+from graftrl.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,9 @@ def test_tokenizers_differ(policies):
 def test_behaviour_logprobs_match_the_trainer_recomputation(policies, name):
     policy = policies[name]
     torch.manual_seed(0)
-    batch = HFRolloutEngine().generate(policy, ["12+3", "4+56", "7"], SamplingParams(n=3, temperature=0.7, max_new_tokens=10))
+    batch = HFRolloutEngine().generate(
+        policy, ["12+3", "4+56", "7"], SamplingParams(n=3, temperature=0.7, max_new_tokens=10)
+    )
     assert len(batch.response_ids) == 9 and batch.n == 3
     prompts = [batch.prompt_ids[row // 3] for row in range(9)]
     policy.temperature = 0.7
@@ -60,7 +61,9 @@ def test_top_p_keeps_behaviour_logprobs_of_the_full_distribution(policies):
     """Recorded log-probs are log softmax(logits / T) before nucleus truncation (as vLLM/verl)."""
     policy = policies["gpt2"]
     torch.manual_seed(1)
-    batch = HFRolloutEngine().generate(policy, ["9+9"], SamplingParams(n=6, temperature=1.0, top_p=0.5, max_new_tokens=5))
+    batch = HFRolloutEngine().generate(
+        policy, ["9+9"], SamplingParams(n=6, temperature=1.0, top_p=0.5, max_new_tokens=5)
+    )
     policy.temperature = 1.0
     rescored = policy.score([batch.prompt_ids[0]] * 6, batch.response_ids)
     for behaviour, recomputed in zip(batch.behaviour_logprobs, rescored, strict=True):
@@ -78,8 +81,8 @@ def test_eos_is_trained_but_excluded_from_compatibility(policies):
         logprobs = receiver.score([prompt], [finished_ids])[0]
         content = receiver.score([prompt], [open_ids])[0]
         assert torch.allclose(logprobs[:-1], content, atol=1e-5)
-        assert _content_mean(logprobs, finished=True) == pytest.approx(float(content.mean()), abs=1e-5)
-        assert _content_mean(content, finished=False) == pytest.approx(float(content.mean()), abs=1e-5)
+        assert content_mean_logprob(logprobs, finished=True) == pytest.approx(float(content.mean()), abs=1e-5)
+        assert content_mean_logprob(content, finished=False) == pytest.approx(float(content.mean()), abs=1e-5)
 
 
 def test_policy_requires_eos(tiny_checkpoints):

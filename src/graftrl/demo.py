@@ -41,7 +41,7 @@ from graftrl.trainer import Trainer
 class DemoSettings:
     """Sizes of the embedded comparison. The RL settings are the paper's except where noted."""
 
-    steps: int = 30
+    steps: int = 60
     """RL steps per method."""
     batch_prompts: int = 32
     """Prompts per step (paper: 128; scaled to the CPU)."""
@@ -49,11 +49,11 @@ class DemoSettings:
     """Prompt groups per optimizer step: 4 optimizer steps per batch, as the paper's 128/32."""
     n: int = 8
     """Rollouts per prompt per model (the paper's n = 8)."""
-    lr: float = 3e-4
+    lr: float = 1e-4
     """Tiny randomly initialised models need a far larger rate than the paper's 1e-6."""
-    max_new_tokens: int = 12
-    """Response length limit (answers are `\\boxed{NNN}`)."""
-    n_train: int = 3000
+    max_new_tokens: int = 32
+    """Response length limit (answers read `The answer is \\boxed{NNN}.`: 26 characters at most)."""
+    n_train: int = 1200
     """Procedural RL training problems."""
     n_eval: int = 256
     """Held-out problems, disjoint from training."""
@@ -62,7 +62,7 @@ class DemoSettings:
 
 
 DEFAULT = DemoSettings()
-QUICK = DemoSettings(steps=3, batch_prompts=16, minibatch_prompts=8, n_train=400, n_eval=48, eval_samples=4)
+QUICK = DemoSettings(steps=4, batch_prompts=16, minibatch_prompts=4, n_train=200, n_eval=48, eval_samples=4)
 METHODS = ("grpo", "graft")
 
 

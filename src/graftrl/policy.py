@@ -172,21 +172,17 @@ class Policy:
     @torch.no_grad()
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[Tensor]:
         """Per-token log-probs (current weights, no grad) of each response, in its own length."""
-        was_training = self.model.training
-        self.model.eval()
-        out: list[Tensor] = []
         # Sort by length so micro-batches carry little padding.
         order = sorted(range(len(responses)), key=lambda i: len(prompts[i]) + len(responses[i]))
         by_index: dict[int, Tensor] = {}
-        for part in self.micro_batches(len(order)):
-            idx = order[part]
-            batch = self.pad([prompts[i] for i in idx], [responses[i] for i in idx])
-            logprobs = self.response_logprobs(batch).cpu()
-            for row, i in enumerate(idx):
-                by_index[i] = logprobs[row, : len(responses[i])]
-        out = [by_index[i] for i in range(len(responses))]
-        self.model.train(was_training)
-        return out
+        with self.eval_mode():
+            for part in self.micro_batches(len(order)):
+                idx = order[part]
+                batch = self.pad([prompts[i] for i in idx], [responses[i] for i in idx])
+                logprobs = self.response_logprobs(batch).cpu()
+                for row, i in enumerate(idx):
+                    by_index[i] = logprobs[row, : len(responses[i])]
+        return [by_index[i] for i in range(len(responses))]
 
     # ----- checkpoint ---------------------------------------------------------------------
     def save(self, directory: str) -> None:

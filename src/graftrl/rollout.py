@@ -27,6 +27,15 @@ class SamplingParams:
     max_new_tokens: int = 4096
 
 
+def content_mean_logprob(token_logprobs: Tensor, finished: bool) -> float:
+    """lbar (eq. 6) over a response's own tokens: a terminal EOS is excluded (SPEC 2.2).
+
+    An empty response has lbar = 0, so two empty sides give s = 1.
+    """
+    content = token_logprobs[:-1] if finished else token_logprobs
+    return float(content.mean()) if content.numel() else 0.0
+
+
 @dataclass
 class RolloutBatch:
     """A policy's samples for P prompts x n responses, prompt-major (row = p * n + i)."""
@@ -45,10 +54,7 @@ class RolloutBatch:
 
     def content_mean_logprob(self, row: int) -> float:
         """Mean behaviour log-prob over the response's own tokens, terminal EOS excluded."""
-        logprobs = self.behaviour_logprobs[row]
-        if self.finished[row]:
-            logprobs = logprobs[:-1]
-        return float(logprobs.mean()) if logprobs.numel() else 0.0
+        return content_mean_logprob(self.behaviour_logprobs[row], self.finished[row])
 
     def content_length(self, row: int) -> int:
         return len(self.response_ids[row]) - int(self.finished[row])

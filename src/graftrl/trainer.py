@@ -35,7 +35,7 @@ from graftrl.metrics import MetricsLogger
 from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
 from graftrl.rewards import MathVerifier
-from graftrl.rollout import HFRolloutEngine, RolloutBatch, SamplingParams
+from graftrl.rollout import HFRolloutEngine, RolloutBatch, SamplingParams, content_mean_logprob
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -57,12 +57,6 @@ class TrainingRows:
     advantages: Tensor  # [P*n]
     weights: Tensor  # [P*n]
     is_peer: Tensor  # [P*n] bool
-
-
-def _content_mean(token_logprobs: Tensor, finished: bool) -> float:
-    """lbar over a response's own tokens: the appended terminal EOS is excluded (SPEC 2.2)."""
-    content = token_logprobs[:-1] if finished else token_logprobs
-    return float(content.mean()) if content.numel() else 0.0
 
 
 class Trainer:
@@ -304,7 +298,7 @@ class Trainer:
         old = policy.score([rows.prompt_ids[r] for r in grafted], [rows.response_ids[r] for r in grafted])
         receiver_mean = torch.tensor(
             [
-                _content_mean(logprobs, records[source_of[r]][r].finished)
+                content_mean_logprob(logprobs, records[source_of[r]][r].finished)
                 for logprobs, r in zip(old, grafted, strict=True)
             ]
         )
@@ -324,13 +318,15 @@ class Trainer:
         )
         with (self.run_dir / "compatibility.jsonl").open("a") as handle:
             handle.write(
-                json.dumps({
-                    "step": step,
-                    "receiver": policy.name,
-                    "source": [source_of[r] for r in grafted],
-                    "s": [round(float(x), 5) for x in s],
-                    "reward": [records[source_of[r]][r].reward for r in grafted],
-                })
+                json.dumps(
+                    {
+                        "step": step,
+                        "receiver": policy.name,
+                        "source": [source_of[r] for r in grafted],
+                        "s": [round(float(x), 5) for x in s],
+                        "reward": [records[source_of[r]][r].reward for r in grafted],
+                    }
+                )
                 + "\n"
             )
         return rows, info

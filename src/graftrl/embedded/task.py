@@ -24,10 +24,8 @@ __all__ = [
     "RESPONSE_FORMAT",
     "Family",
     "Problem",
-    "last_boxed",
     "make_problems",
     "make_split",
-    "reward",
     "supervised_text",
 ]
 
@@ -154,40 +152,3 @@ def make_split(
 def supervised_text(problem: Problem) -> str:
     """The supervised response for ``problem`` (without EOS), e.g. ``"\\boxed{82}"``."""
     return RESPONSE_FORMAT.format(answer=problem.answer)
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` (balanced braces), or ``None``."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
-
-
-def reward(response: str, answer: str) -> float:
-    """0/1 reward: math-verify of the last ``\\boxed{}`` in ``response`` against ``answer``.
-
-    A local stand-in for ``graftrl.rewards.MathVerifier`` (same rule: last boxed answer,
-    math_verify equivalence). Must be called from the main thread (math_verify's parse timeout
-    uses signals).
-    """
-    content = last_boxed(response)
-    if content is None:
-        return 0.0
-    if content.strip() == answer.strip():
-        return 1.0
-    from math_verify import parse, verify
-
-    try:
-        return float(verify(parse(f"${answer}$"), parse(f"\\boxed{{{content}}}")))
-    except Exception:
-        return 0.0

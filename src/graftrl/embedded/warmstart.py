@@ -32,7 +32,6 @@ from graftrl.embedded.task import (
     RESPONSE_FORMAT,
     Problem,
     make_problems,
-    reward,
     supervised_text,
 )
 
@@ -43,7 +42,6 @@ __all__ = [
     "encode_pair",
     "fingerprint",
     "prepare_embedded_models",
-    "sample_responses",
     "sampled_accuracy",
     "warm_start",
 ]
@@ -64,7 +62,7 @@ EMBEDDED_MIXES: dict[str, dict[str, float]] = {
 #: Stopping is counted in optimizer steps and checks, never in seconds, so a warm-start gives the
 #: same model on a fast or a busy machine (``max_seconds`` is only a safety net).
 WARMSTART_SETTINGS: dict[str, dict[str, float]] = {
-    "full": {"target_accuracy": 0.65, "max_steps": 800, "max_seconds": 900.0},
+    "full": {"target_accuracy": 0.65, "max_steps": 1000, "max_seconds": 900.0},
     "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
 }
 
@@ -91,68 +89,27 @@ def fingerprint(spec_name: str, families_mix: Mapping[str, float], seed: int, **
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def sample_responses(
-    model: Any,
-    tok: Any,
-    template: str,
-    problems: Sequence[Problem],
-    n: int = 1,
-    temperature: float = 1.0,
-    max_new_tokens: int = 32,
-    batch_size: int = 512,
-    return_ids: bool = False,
-) -> Any:
-    """``n`` sampled responses per problem (plain sampling: ``top_k=0``, ``top_p=1``).
-
-    Prompts are left-padded; the decoded text stops at the first EOS (not included).
-    Returns one list of ``n`` strings per problem; with ``return_ids`` also the generated token
-    ids per response (EOS and everything after it removed) in the same nesting.
-    """
-    import torch
-
-    prompts = [template.format(problem=p.problem) for p in problems]
-    flat = [pr for pr in prompts for _ in range(n)]
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-    out: list[str] = []
-    out_ids: list[list[int]] = []
-    model.eval()
-    with torch.no_grad():
-        for i in range(0, len(flat), batch_size):
-            chunk = [tok.encode(x, add_special_tokens=False) for x in flat[i : i + batch_size]]
-            width = max(len(c) for c in chunk)
-            ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
-            mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
-            gen = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=pad,
-            )
-            for row in gen[:, width:].tolist():
-                if eos in row:
-                    row = row[: row.index(eos)]
-                row = [t for t in row if t != pad]
-                out_ids.append(row)
-                out.append(tok.decode(row, skip_special_tokens=False))
-    texts = [out[j * n : (j + 1) * n] for j in range(len(problems))]
-    if return_ids:
-        return texts, [out_ids[j * n : (j + 1) * n] for j in range(len(problems))]
-    return texts
-
-
 def sampled_accuracy(
     model: Any, tok: Any, template: str, problems: Sequence[Problem], temperature: float = 1.0
 ) -> dict[str, float]:
-    """Per-family mean reward of one sample per problem, plus ``"all"``."""
-    responses = sample_responses(model, tok, template, problems, n=1, temperature=temperature)
+    """Per-family mean reward of one sample per problem, plus ``"all"``.
+
+    Uses the library's own rollout engine and verifier, so the warm-start target is measured
+    exactly as RL will see it.
+    """
+    from graftrl.policy import Policy
+    from graftrl.rewards import MathVerifier
+    from graftrl.rollout import HFRolloutEngine, SamplingParams
+
+    policy = Policy("warm-start", model, tok, template=template, temperature=temperature)
+    batch = HFRolloutEngine().generate(
+        policy, [p.problem for p in problems], SamplingParams(n=1, temperature=temperature, max_new_tokens=32)
+    )
+    with MathVerifier() as verifier:
+        rewards = verifier.score(batch.texts, [p.answer for p in problems])
     per: dict[str, list[float]] = {}
-    for p, rs in zip(problems, responses, strict=True):
-        per.setdefault(p.family, []).append(reward(rs[0], p.answer))
+    for problem, value in zip(problems, rewards, strict=True):
+        per.setdefault(problem.family, []).append(value)
     acc = {f: sum(v) / len(v) for f, v in sorted(per.items())}
     acc["all"] = sum(sum(v) for v in per.values()) / max(1, sum(len(v) for v in per.values()))
     return acc
@@ -308,7 +265,9 @@ def prepare_embedded_models(
     paths: dict[str, Path] = {}
     for name in MODEL_SPECS:
         mix = EMBEDDED_MIXES[name]
-        fp = fingerprint(name, mix, seed, target_accuracy=settings["target_accuracy"], max_steps=settings["max_steps"])
+        fp = fingerprint(
+            name, mix, seed, target_accuracy=settings["target_accuracy"], max_steps=settings["max_steps"]
+        )
         out = cache_dir / f"{name}-{fp}"
         paths[name] = out
         if not _cached(out, fp):
