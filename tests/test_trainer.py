@@ -11,8 +11,9 @@ import torch
 
 from graftrl.config import config_from_dict
 from graftrl.core import compatibility_weight
-from graftrl.metrics import read_metrics
+from graftrl.metrics import MetricsLogger, read_metrics
 from graftrl.policy import Policy
+from graftrl.rollout import content_mean_logprob
 from graftrl.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -102,35 +103,39 @@ def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, 
     captured = {}
     original = trainer._training_rows
 
-    def spy(step, policy, rollout, plan, records, timings):
-        rows, info = original(step, policy, rollout, plan, records, timings)
-        captured[policy.name] = (rows, rollout, records)
+    def spy(step, policy, rollout, plan, records, *rest):
+        rows, info = original(step, policy, rollout, plan, records, *rest)
+        captured[policy.name] = (rows, rollout, records, plan)
         return rows, info
 
     trainer._training_rows = spy
-    trainer.logger = None
-    from graftrl.metrics import MetricsLogger
-
     trainer.logger = MetricsLogger(tmp_path / "run")
     trainer.step(0)
-    receiver: Policy = trainer.policies[1]  # gpt2 receives llama's group on prompt 1
-    rows, rollout, records = captured["gpt2"]
+    # gpt2 receives llama's group on prompt 1; gpt2 is updated after llama, so when it scored the
+    # grafted rows its weights were still the ones on disk.
+    fresh = Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ")
+    rows, rollout, records, plan = captured["gpt2"]
     n = 4
-    for i in range(n):
-        row = 1 * n + i
-        record = records["llama"][row]
-        expected_ids = receiver.encode_response(record.response, record.finished)
+    peer_rows = [r for r in range(len(rows.group)) if rows.is_peer[r]]
+    assert len(peer_rows) == n
+    assert [plan.groups[rows.group[r]].prompt for r in peer_rows] == [1] * n
+    for i, row in enumerate(peer_rows):
+        record = records["llama"][1 * n + i]
+        expected_ids = fresh.encode_response(record.response, record.finished)
         assert rows.response_ids[row] == expected_ids
-        assert bool(rows.is_peer[row])
-        assert float(rows.advantages[row]) == pytest.approx(record.advantage)
-        rescored = receiver.score([rows.prompt_ids[row]], [expected_ids])[0]
-        # receiver weights changed by the update after scoring, so compare against a fresh copy
-        assert rows.old_logprobs[row].shape == rescored.shape
-    own_rows = [r for r in range(4 * n) if r // n != 1]
+        assert rows.prompt_ids[row] == rollout.prompt_ids[1]
+        assert rows.advantages[row] == pytest.approx(record.advantage)
+        expected_old = fresh.score([rollout.prompt_ids[1]], [expected_ids])[0]
+        assert torch.allclose(rows.old_logprobs[row], expected_old, atol=1e-6)
+        s = torch.exp(torch.tensor(content_mean_logprob(expected_old, record.finished) - record.mean_logprob))
+        assert rows.weights[row] == pytest.approx(float(compatibility_weight(s, 0.8)), abs=1e-5)
+    own_rows = [r for r in range(len(rows.group)) if not rows.is_peer[r]]
+    assert len(own_rows) == 3 * n
     for row in own_rows:
-        assert not bool(rows.is_peer[row])
-        assert rows.response_ids[row] == rollout.response_ids[row]
-        assert float(rows.weights[row]) == 1.0
+        prompt = plan.groups[rows.group[row]].prompt
+        assert prompt != 1
+        assert rows.response_ids[row] in rollout.response_ids[prompt * n : (prompt + 1) * n]
+        assert rows.weights[row] == 1.0
 
 
 def test_graft_without_transfer_is_grpo(tiny_checkpoints, tmp_path):

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,14 @@ from torch import Tensor
 
 from graftrl.config import Config, dump_config
 from graftrl.core import (
-    clipped_policy_loss,
+    compatibility_score,
     complementarity,
     group_outcome_fractions,
     grpo_advantages,
     minibatch_order,
 )
 from graftrl.data import MathProblem, PromptSampler, load_problems
-from graftrl.methods import ExchangePlan, GroupOutcomes, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, build_method
 from graftrl.metrics import MetricsLogger
 from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
@@ -49,14 +49,33 @@ def with_suffix(problem: str, suffix: str | None) -> str:
 
 @dataclass
 class TrainingRows:
-    """Everything one receiver optimises on this step, row = p * n + i (prompt-major)."""
+    """Everything one receiver optimises on this step, one entry per response row."""
 
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    old_logprobs: list[Tensor]
-    advantages: Tensor  # [P*n]
-    weights: Tensor  # [P*n]
-    is_peer: Tensor  # [P*n] bool
+    group: list[int] = field(default_factory=list)
+    """Index of the row's group in the plan."""
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    response_ids: list[list[int]] = field(default_factory=list)
+    old_logprobs: list[Tensor | None] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    is_peer: list[bool] = field(default_factory=list)
+
+    def append(
+        self,
+        group: int,
+        prompt: list[int],
+        response: list[int],
+        old: Tensor | None,
+        advantage: float,
+        peer: bool,
+    ) -> None:
+        self.group.append(group)
+        self.prompt_ids.append(prompt)
+        self.response_ids.append(response)
+        self.old_logprobs.append(old)
+        self.advantages.append(advantage)
+        self.weights.append(1.0)
+        self.is_peer.append(peer)
 
 
 class Trainer:
@@ -263,49 +282,54 @@ class Trainer:
         plan: ExchangePlan,
         records: dict[str, list[TrajectoryRecord]],
         timings: dict[str, float],
+        generator: torch.Generator,
     ) -> tuple[TrainingRows, dict[str, Any]]:
-        """Own rows, with the planned groups replaced by re-tokenized, re-scored peer rows."""
+        """The receiver's rows for every planned group; peer rows re-tokenized and re-scored."""
         n = rollout.n
-        own_records = records[policy.name]
-        rows = TrainingRows(
-            prompt_ids=[rollout.prompt_ids[row // n] for row in range(len(rollout.response_ids))],
-            response_ids=list(rollout.response_ids),
-            old_logprobs=list(rollout.behaviour_logprobs),
-            advantages=torch.tensor([r.advantage for r in own_records]),
-            weights=torch.ones(len(own_records)),
-            is_peer=torch.zeros(len(own_records), dtype=torch.bool),
-        )
-        grafted: list[int] = []
-        source_mean: list[float] = []
-        source_of: dict[int, str] = {}
-        for source, selected in plan.incoming.items():
-            for prompt in selected.nonzero().flatten().tolist():
-                for i in range(n):
-                    row = prompt * n + i
-                    record = records[source][row]
-                    rows.response_ids[row] = policy.encode_response(record.response, record.finished)
-                    rows.advantages[row] = record.advantage
-                    rows.is_peer[row] = True
-                    grafted.append(row)
-                    source_of[row] = source
-                    source_mean.append(record.mean_logprob)
-        info: dict[str, Any] = {"peer_responses": len(grafted)}
-        if not grafted:
+        rows = TrainingRows()
+        peer_rows: list[int] = []
+        peer_records: list[TrajectoryRecord] = []
+        for group_index, group in enumerate(plan.groups):
+            for i in range(n):
+                if group.keep is not None and not bool(group.keep[i]):
+                    continue
+                flat = group.prompt * n + i
+                if group.peer:
+                    record = records[group.source][flat]
+                    response = policy.encode_response(record.response, record.finished)
+                    old: Tensor | None = None  # scored below, in one batched pass
+                    peer_rows.append(len(rows.response_ids))
+                    peer_records.append(record)
+                else:
+                    response, old = rollout.response_ids[flat], rollout.behaviour_logprobs[flat]
+                rows.append(
+                    group_index,
+                    rollout.prompt_ids[group.prompt],
+                    response,
+                    old,
+                    float(group.advantages[i]),
+                    group.peer,
+                )
+        info: dict[str, Any] = {"peer_responses": len(peer_rows)}
+        if not peer_rows:
             return rows, info
         start = time.perf_counter()
         # The receiver's old policy on its own tokenization of every grafted response (eq. 9),
         # which also gives lbar for the compatibility score (eq. 7, EOS excluded on both sides).
-        old = policy.score([rows.prompt_ids[r] for r in grafted], [rows.response_ids[r] for r in grafted])
+        old_logprobs = policy.score(
+            [rows.prompt_ids[r] for r in peer_rows], [rows.response_ids[r] for r in peer_rows]
+        )
         receiver_mean = torch.tensor(
             [
-                content_mean_logprob(logprobs, records[source_of[r]][r].finished)
-                for logprobs, r in zip(old, grafted, strict=True)
+                content_mean_logprob(lp, rec.finished)
+                for lp, rec in zip(old_logprobs, peer_records, strict=True)
             ]
         )
-        s, w = self.method.peer_weights(receiver_mean, torch.tensor(source_mean))
-        for k, row in enumerate(grafted):
-            rows.old_logprobs[row] = old[k]
-            rows.weights[row] = w[k]
+        s = compatibility_score(receiver_mean, torch.tensor([rec.mean_logprob for rec in peer_records]))
+        w = self.method.peer_weights(s, generator)
+        for k, row in enumerate(peer_rows):
+            rows.old_logprobs[row] = old_logprobs[k]
+            rows.weights[row] = float(w[k])
         timings["time_peer_logprob"] = time.perf_counter() - start
         info.update(
             peer_admitted=int((w > 0).sum()),
@@ -317,18 +341,14 @@ class Trainer:
             w_mean=float(w.mean()),
         )
         with (self.run_dir / "compatibility.jsonl").open("a") as handle:
-            handle.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "receiver": policy.name,
-                        "source": [source_of[r] for r in grafted],
-                        "s": [round(float(x), 5) for x in s],
-                        "reward": [records[source_of[r]][r].reward for r in grafted],
-                    }
-                )
-                + "\n"
-            )
+            row = {
+                "step": step,
+                "receiver": policy.name,
+                "source": [rec.source for rec in peer_records],
+                "s": [round(float(x), 5) for x in s],
+                "reward": [rec.reward for rec in peer_records],
+            }
+            handle.write(json.dumps(row) + "\n")
         return rows, info
 
     def _update(
@@ -341,22 +361,21 @@ class Trainer:
         timings: dict[str, float],
         generator: torch.Generator,
     ) -> dict[str, Any]:
-        rows, info = self._training_rows(step, policy, rollout, plan, records, timings)
+        rows, info = self._training_rows(step, policy, rollout, plan, records, timings, generator)
         start = time.perf_counter()
-        n = rollout.n
-        num_prompts = len(rollout.prompt_ids)
         train = self.config.train
-        order = minibatch_order(
-            plan.peer_mask(num_prompts), train.minibatch_prompts, self.method.peer_position, generator
-        )
+        is_peer_group = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
+        order = minibatch_order(is_peer_group, train.minibatch_prompts, self.method.peer_position, generator)
+        rows_of_group: dict[int, list[int]] = defaultdict(list)
+        for row, group in enumerate(rows.group):
+            rows_of_group[group].append(row)
         assert policy.optimizer is not None
         policy.model.train()
         totals: dict[str, float] = defaultdict(float)
         losses, grad_norms = [], []
         for _ in range(train.update_epochs):
             for groups in order:
-                row_ids = [g * n + i for g in groups.tolist() for i in range(n)]
-                kept = [r for r in row_ids if rows.weights[r] > 0]
+                kept = [r for g in groups.tolist() for r in rows_of_group[g] if rows.weights[r] > 0]
                 normalizer = sum(len(rows.response_ids[r]) for r in kept)
                 # Rows with zero advantage add only to the denominator: their gradient is exactly
                 # zero, so skipping their forward pass changes nothing but the cost.
@@ -364,9 +383,8 @@ class Trainer:
                     (r for r in kept if rows.advantages[r] != 0),
                     key=lambda r: len(rows.prompt_ids[r]) + len(rows.response_ids[r]),
                 )
-                totals["tokens"] += normalizer
-                totals["own_tokens"] += sum(len(rows.response_ids[r]) for r in kept if not rows.is_peer[r])
-                totals["peer_tokens"] += sum(len(rows.response_ids[r]) for r in kept if rows.is_peer[r])
+                for r in kept:
+                    totals["peer_tokens" if rows.is_peer[r] else "own_tokens"] += len(rows.response_ids[r])
                 policy.optimizer.zero_grad(set_to_none=False)
                 loss_value = 0.0
                 for part in policy.micro_batches(len(active)):
@@ -376,22 +394,24 @@ class Trainer:
                     old = torch.nn.utils.rnn.pad_sequence(
                         [rows.old_logprobs[r] for r in idx], batch_first=True
                     )
-                    old = old.to(logp.device)[:, : logp.shape[1]]
-                    loss, m = clipped_policy_loss(
-                        logp,
-                        old,
-                        rows.advantages[idx].to(logp.device),
-                        rows.weights[idx].to(logp.device),
-                        batch.response_mask,
-                        train.eps_low,
-                        train.eps_high,
-                        normalizer=max(normalizer, 1),
-                        is_peer=rows.is_peer[idx].to(logp.device),
+                    device = logp.device
+                    loss, m = self.method.loss(
+                        LossInputs(
+                            logp=logp,
+                            old_logp=old.to(device)[:, : logp.shape[1]],
+                            advantages=torch.tensor([rows.advantages[r] for r in idx], device=device),
+                            weights=torch.tensor([rows.weights[r] for r in idx], device=device),
+                            mask=batch.response_mask,
+                            is_peer=torch.tensor([rows.is_peer[r] for r in idx], device=device),
+                            normalizer=max(normalizer, 1),
+                            eps_low=train.eps_low,
+                            eps_high=train.eps_high,
+                        )
                     )
                     loss.backward()
                     loss_value += float(loss.detach())
                     for key in ("own_clipped_tokens", "peer_clipped_tokens"):
-                        totals[key] += float(m[key])
+                        totals[key] += float(m.get(key, 0.0))
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     policy.model.parameters(), self.config.optim.grad_clip
                 )
@@ -404,10 +424,10 @@ class Trainer:
             grad_norm=statistics.fmean(grad_norms) if grad_norms else 0.0,
             optimizer_steps=len(losses),
             clip_frac_own=totals["own_clipped_tokens"] / max(totals["own_tokens"], 1),
-            clip_frac_peer=totals["peer_clipped_tokens"] / max(totals["peer_tokens"], 1)
+            clip_frac_peer=totals["peer_clipped_tokens"] / totals["peer_tokens"]
             if totals["peer_tokens"]
             else None,
-            train_tokens=totals["tokens"],
+            train_tokens=totals["own_tokens"] + totals["peer_tokens"],
         )
         return info
 

@@ -1,6 +1,30 @@
 """Training methods, one module each, on the shared protocol of ``base``."""
 
 from graftrl.methods import graft, grpo  # noqa: F401  (registers the methods)
-from graftrl.methods.base import METHODS, ExchangePlan, GroupOutcomes, Method, build_method, register_method
+from graftrl.methods.base import (
+    METHODS,
+    ClippedSurrogate,
+    ExchangePlan,
+    GroupOutcomes,
+    LossInputs,
+    Method,
+    TrainGroup,
+    build_method,
+    own_groups,
+    register_method,
+    replacement_plan,
+)
 
-__all__ = ["METHODS", "ExchangePlan", "GroupOutcomes", "Method", "build_method", "register_method"]
+__all__ = [
+    "METHODS",
+    "ClippedSurrogate",
+    "ExchangePlan",
+    "GroupOutcomes",
+    "LossInputs",
+    "Method",
+    "TrainGroup",
+    "build_method",
+    "own_groups",
+    "register_method",
+    "replacement_plan",
+]

@@ -1,8 +1,9 @@
 """The protocol every training method implements, and the registry that names them.
 
-A method answers two questions for each receiver at each step, in pure tensor terms:
-which prompts' groups it trains on from which source (``plan``), and how much each transferred
-response counts (``peer_weights``). The trainer does the model work around it.
+A method answers, in pure tensor terms, what each receiver trains on at a step: which groups
+from which source with which advantages (``plan``), how much each transferred response counts
+given its compatibility score (``peer_weights``), and the loss of a minibatch (``loss``). The
+trainer does the model work around it (sampling, re-tokenizing, scoring, backward).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from graftrl.core import clipped_policy_loss, compatibility_weight
 
 
 @dataclass(frozen=True)
@@ -33,22 +36,89 @@ class GroupOutcomes:
     def n(self) -> int:
         return self.rewards.shape[-1]
 
+    @property
+    def num_prompts(self) -> int:
+        return self.rewards.shape[0]
+
+
+@dataclass(frozen=True)
+class TrainGroup:
+    """One group of responses that a receiver trains on."""
+
+    prompt: int
+    """Index of the prompt in the step's batch."""
+    source: str
+    """Model whose sampled responses these are (the receiver itself for own groups)."""
+    peer: bool
+    """True for another model's responses (re-tokenized, re-scored, weighted by compatibility)."""
+    advantages: Tensor
+    """[n] advantage of each response as the receiver trains on it."""
+    keep: Tensor | None = None
+    """[n] bool: responses that enter the loss at all (None: every response)."""
+
 
 @dataclass
 class ExchangePlan:
-    """For one receiver: which prompts' groups are replaced by which source's group."""
+    """Everything one receiver trains on at one step."""
 
-    incoming: dict[str, Tensor] = field(default_factory=dict)
-    """source name -> BoolTensor [P]: prompts whose group comes from that source."""
+    groups: list[TrainGroup] = field(default_factory=list)
+    """Own and peer groups; the trainer orders them into minibatches (peer position)."""
     diagnostics: dict[str, float] = field(default_factory=dict)
     """Counts for the metrics log, keyed e.g. ``candidates/<source>``."""
 
-    def peer_mask(self, num_prompts: int) -> Tensor:
-        """BoolTensor [P]: the receiver trains on a peer group at this prompt."""
-        mask = torch.zeros(num_prompts, dtype=torch.bool)
-        for selected in self.incoming.values():
-            mask |= selected
-        return mask
+    @property
+    def peer_groups(self) -> list[TrainGroup]:
+        return [g for g in self.groups if g.peer]
+
+
+def own_groups(receiver: str, outcomes: GroupOutcomes, skip: Tensor | None = None) -> list[TrainGroup]:
+    """The receiver's own groups with its own advantages, except the prompts in ``skip`` [P]."""
+    return [
+        TrainGroup(prompt=p, source=receiver, peer=False, advantages=outcomes.advantages[p])
+        for p in range(outcomes.num_prompts)
+        if skip is None or not bool(skip[p])
+    ]
+
+
+def replacement_plan(
+    receiver: str, outcomes: Mapping[str, GroupOutcomes], incoming: Mapping[str, Tensor]
+) -> ExchangePlan:
+    """GRAFT's group replacement: the receiver's group at each incoming prompt is swapped for the
+    source's whole group, every response keeping its source-computed advantage (SPEC 2.1).
+
+    incoming: source name -> BoolTensor [P] of prompts whose group comes from that source.
+    """
+    replaced = torch.zeros(outcomes[receiver].num_prompts, dtype=torch.bool)
+    peer: list[TrainGroup] = []
+    for source, selected in incoming.items():
+        replaced |= selected
+        peer += [
+            TrainGroup(prompt=p, source=source, peer=True, advantages=outcomes[source].advantages[p])
+            for p in selected.nonzero().flatten().tolist()
+        ]
+    return ExchangePlan(groups=own_groups(receiver, outcomes[receiver], skip=replaced) + peer)
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch of rows, on the receiver's own tokenization. B rows, T response tokens."""
+
+    logp: Tensor
+    """[B, T] current policy log-probs (with grad)."""
+    old_logp: Tensor
+    """[B, T] receiver's old policy log-probs (behaviour log-probs for own rows)."""
+    advantages: Tensor
+    """[B]"""
+    weights: Tensor
+    """[B] 1 for own rows, w for peer rows; 0 removes a row."""
+    mask: Tensor
+    """[B, T] response tokens."""
+    is_peer: Tensor
+    """[B] bool."""
+    normalizer: float
+    """Token count of the whole minibatch (token-mean denominator shared by its micro-batches)."""
+    eps_low: float
+    eps_high: float
 
 
 class Method(Protocol):
@@ -62,12 +132,42 @@ class Method(Protocol):
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        """Receiver name -> its exchange plan for this step."""
+        """Receiver name -> what it trains on this step."""
         ...
 
-    def peer_weights(self, receiver_mean_logp: Tensor, source_mean_logp: Tensor) -> tuple[Tensor, Tensor]:
-        """(s, w) for transferred responses; inputs [B] mean token log-probs (eq. 6)."""
+    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
+        """w [B] for one receiver's transferred responses at this step, given their scores s [B]."""
         ...
+
+    def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss to minimise, detached metrics) of one micro-batch."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClippedSurrogate:
+    """Shared defaults: the DAPO/GRAFT clipped surrogate (eq. 10) and the gate-and-cap weight (eq. 8)."""
+
+    delta: float = 0.8
+    """Compatibility floor: a transferred response with s <= delta is removed."""
+    peer_position: str = "last"
+    """Where minibatches holding peer groups go in the receiver's update."""
+
+    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
+        return compatibility_weight(s, self.delta)
+
+    def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        return clipped_policy_loss(
+            batch.logp,
+            batch.old_logp,
+            batch.advantages,
+            batch.weights,
+            batch.mask,
+            batch.eps_low,
+            batch.eps_high,
+            normalizer=batch.normalizer,
+            is_peer=batch.is_peer,
+        )
 
 
 METHODS: dict[str, Callable[..., Method]] = {}

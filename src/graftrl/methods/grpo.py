@@ -6,23 +6,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-from graftrl.methods.base import ExchangePlan, GroupOutcomes, register_method
+from graftrl.methods.base import ClippedSurrogate, ExchangePlan, GroupOutcomes, own_groups, register_method
 
 
 @register_method("grpo")
 @dataclass(frozen=True)
-class GRPO:
+class GRPO(ClippedSurrogate):
     """Independent GRPO: nothing crosses between models."""
 
     name: str = "grpo"
-    peer_position: str = "last"
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        return {receiver: ExchangePlan() for receiver in outcomes}
-
-    def peer_weights(self, receiver_mean_logp: Tensor, source_mean_logp: Tensor) -> tuple[Tensor, Tensor]:
-        raise RuntimeError("GRPO transfers no responses, so it weighs none")
+        return {receiver: ExchangePlan(groups=own_groups(receiver, o)) for receiver, o in outcomes.items()}
