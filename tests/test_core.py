@@ -650,3 +650,27 @@ class TestMinibatchOrder:
             if seen_late:
                 assert has_late, "a purely early-kind minibatch came after a late-kind one"
             seen_late = seen_late or has_late
+
+
+# --------------------------------------------------------------------------------------------
+# k3 KL estimator and NLL (reference-policy penalty, SGT's supervised term)
+# --------------------------------------------------------------------------------------------
+def test_k3_kl_hand_values():
+    from graftrl.core import k3_kl
+
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.25)]])
+    mask = torch.tensor([[True, True]])
+    # d = log(0.25/0.5) = -ln 2 on the first token, 0 on the second: k3 = 0.5 + ln 2 - 1 and 0.
+    expected = (0.5 + math.log(2) - 1.0) / 2
+    assert float(k3_kl(logp, ref, mask)) == pytest.approx(expected, rel=1e-6)
+    assert float(k3_kl(logp, logp, mask)) == 0.0
+    assert float(k3_kl(logp, ref, mask, normalizer=4)) == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_nll_loss_is_token_mean():
+    from graftrl.core import nll_loss
+
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert float(nll_loss(logp, mask)) == pytest.approx(2.0)

@@ -81,6 +81,9 @@ class TrainConfig(_Section):
     """eps_adv in eq. 1."""
     adv_std_unbiased: bool = True
     """Unbiased (n - 1) group std in eq. 1, as verl; False uses the population std."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """KL penalty (k3 estimator, own responses) to a frozen copy of each initial policy; 0 = off,
+    no reference model is kept. HACPO uses 1e-3."""
 
 
 class GraftConfig(_Section):
@@ -126,6 +129,31 @@ class CheckpointConfig(_Section):
     """Checkpoints kept on disk; older ones are deleted."""
 
 
+class ValidationConfig(_Section):
+    files: dict[str, str] | list[str] = {}
+    """Validation benchmarks: a mapping NAME -> local JSONL/Parquet file, or a list of benchmark specs
+    (`NAME=PATH`, a file path, or a built-in name such as MATH500 loaded from the hub when online).
+    Empty: no validation. Checkpoint selection keeps each policy's best aggregate in `run_dir/best/`."""
+    every: int = Field(default=5, ge=1)
+    """Validate after every this many completed steps (and after the last step)."""
+    samples: int = Field(default=8, ge=1)
+    """Samples per problem (pass@1 = mean correctness over samples, then problems)."""
+    temperature: float = Field(default=0.6, gt=0)
+    """Validation sampling temperature (paper: 0.6)."""
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    """Validation nucleus mass (paper: 0.95)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Response length limit; null: the rollout's `max_new_tokens` (same limit as training)."""
+    max_problems: int | None = Field(default=None, ge=1)
+    """Use only the first this many problems of each benchmark (null: all)."""
+
+    def specs(self) -> list[str]:
+        """The benchmarks as `graftrl.benchmarks` specs."""
+        if isinstance(self.files, dict):
+            return [f"{name}={path}" for name, path in self.files.items()]
+        return list(self.files)
+
+
 class Config(_Section):
     seed: int = 0
     """Seed for prompt order, sampling and method randomness."""
@@ -149,6 +177,8 @@ class Config(_Section):
     """Metrics sinks."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpointing."""
+    validation: ValidationConfig = ValidationConfig()
+    """Validation during training and best-checkpoint selection (off unless `files` is set)."""
 
     @model_validator(mode="after")
     def _check(self) -> Config:

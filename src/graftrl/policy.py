@@ -184,6 +184,22 @@ class Policy:
                     by_index[i] = logprobs[row, : len(responses[i])]
         return [by_index[i] for i in range(len(responses))]
 
+    def frozen_copy(self) -> Policy:
+        """A gradient-free copy of the current weights (a reference policy for KL penalties)."""
+        import copy
+
+        model = copy.deepcopy(self.model).eval()
+        model.requires_grad_(False)
+        return Policy(
+            f"{self.name}-reference",
+            model,
+            self.tokenizer,
+            self.template,
+            self.chat_template,
+            self.temperature,
+            self.micro_batch_size,
+        )
+
     # ----- checkpoint ---------------------------------------------------------------------
     def save(self, directory: str) -> None:
         self.model.save_pretrained(directory)

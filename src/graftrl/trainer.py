@@ -59,6 +59,8 @@ class TrainingRows:
     advantages: list[float] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     is_peer: list[bool] = field(default_factory=list)
+    is_nll: list[bool] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
 
     def append(
         self,
@@ -68,14 +70,19 @@ class TrainingRows:
         old: Tensor | None,
         advantage: float,
         peer: bool,
+        nll: bool,
+        source: str,
     ) -> None:
         self.group.append(group)
         self.prompt_ids.append(prompt)
         self.response_ids.append(response)
         self.old_logprobs.append(old)
         self.advantages.append(advantage)
-        self.weights.append(1.0)
+        # NLL rows are outside the surrogate (weight 0 there); the method's loss trains them.
+        self.weights.append(0.0 if nll else 1.0)
         self.is_peer.append(peer)
+        self.is_nll.append(nll)
+        self.source.append(source)
 
 
 class Trainer:
@@ -108,6 +115,11 @@ class Trainer:
                     policy_config.lr or config.optim.lr, config.optim.betas, config.optim.weight_decay
                 )
         self.method = build_method(config.method, **self._method_options())
+        # Frozen copies of the initial policies, for a KL penalty (off unless train.kl_coef > 0).
+        self.references: dict[str, Policy] = {}
+        if config.train.kl_coef > 0:
+            for policy in self.policies:
+                self.references[policy.name] = policy.frozen_copy()
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.engine = HFRolloutEngine(config.rollout.max_batch_size)
         self.sampling = SamplingParams(
@@ -123,6 +135,11 @@ class Trainer:
         self.step_callback = step_callback
         self.start_step = 0
         self.logger: MetricsLogger | None = None
+        self.validator = None
+        if config.validation.files:  # validation and best-checkpoint selection (graftrl.validation)
+            from graftrl.validation import Validator
+
+            self.validator = Validator(config, self.run_dir, self.verifier, self.engine)
 
     # ----- construction -------------------------------------------------------------------
     def _load_policy(self, index: int) -> Policy:
@@ -185,6 +202,8 @@ class Trainer:
                     progress.update(task, advance=1, status=status)
                     if self.step_callback is not None:
                         self.step_callback(step, metrics)
+                    if self.validator is not None:  # after the step: not part of its timings
+                        self.validator(step, self.policies)
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         self.save_checkpoint(step)
         finally:
@@ -297,9 +316,10 @@ class Trainer:
                 if group.peer:
                     record = records[group.source][flat]
                     response = policy.encode_response(record.response, record.finished)
-                    old: Tensor | None = None  # scored below, in one batched pass
-                    peer_rows.append(len(rows.response_ids))
-                    peer_records.append(record)
+                    old: Tensor | None = torch.zeros(len(response))  # unused by NLL rows
+                    if not group.nll:  # scored below, in one batched pass
+                        peer_rows.append(len(rows.response_ids))
+                        peer_records.append(record)
                 else:
                     response, old = rollout.response_ids[flat], rollout.behaviour_logprobs[flat]
                 rows.append(
@@ -309,6 +329,8 @@ class Trainer:
                     old,
                     float(group.advantages[i]),
                     group.peer,
+                    group.nll,
+                    group.source,
                 )
         info: dict[str, Any] = {"peer_responses": len(peer_rows)}
         if not peer_rows:
@@ -373,14 +395,18 @@ class Trainer:
         policy.model.train()
         totals: dict[str, float] = defaultdict(float)
         losses, grad_norms = [], []
+        minibatch_index = 0
         for _ in range(train.update_epochs):
             for groups in order:
-                kept = [r for g in groups.tolist() for r in rows_of_group[g] if rows.weights[r] > 0]
+                members = [r for g in groups.tolist() for r in rows_of_group[g]]
+                kept = [r for r in members if rows.weights[r] > 0]
+                nll_rows = [r for r in members if rows.is_nll[r]]
                 normalizer = sum(len(rows.response_ids[r]) for r in kept)
+                nll_normalizer = sum(len(rows.response_ids[r]) for r in nll_rows)
                 # Rows with zero advantage add only to the denominator: their gradient is exactly
                 # zero, so skipping their forward pass changes nothing but the cost.
                 active = sorted(
-                    (r for r in kept if rows.advantages[r] != 0),
+                    [r for r in kept if rows.advantages[r] != 0] + nll_rows,
                     key=lambda r: len(rows.prompt_ids[r]) + len(rows.response_ids[r]),
                 )
                 for r in kept:
@@ -395,6 +421,11 @@ class Trainer:
                         [rows.old_logprobs[r] for r in idx], batch_first=True
                     )
                     device = logp.device
+                    reference = self.references.get(policy.name)
+                    ref_logp = None
+                    if reference is not None:
+                        with torch.no_grad():
+                            ref_logp = reference.response_logprobs(batch)
                     loss, m = self.method.loss(
                         LossInputs(
                             logp=logp,
@@ -406,6 +437,13 @@ class Trainer:
                             normalizer=max(normalizer, 1),
                             eps_low=train.eps_low,
                             eps_high=train.eps_high,
+                            is_nll=torch.tensor([rows.is_nll[r] for r in idx], device=device),
+                            nll_normalizer=max(nll_normalizer, 1),
+                            sources=tuple(rows.source[r] for r in idx),
+                            receiver=policy.name,
+                            minibatch_index=minibatch_index,
+                            ref_logp=ref_logp,
+                            kl_coef=train.kl_coef,
                         )
                     )
                     loss.backward()
@@ -416,6 +454,7 @@ class Trainer:
                     policy.model.parameters(), self.config.optim.grad_clip
                 )
                 policy.optimizer.step()
+                minibatch_index += 1
                 losses.append(loss_value)
                 grad_norms.append(float(grad_norm))
         timings["time_update"] = time.perf_counter() - start
@@ -486,6 +525,7 @@ class Trainer:
             policy.save(str(staging / policy.name))
             assert policy.optimizer is not None
             torch.save(policy.optimizer.state_dict(), staging / policy.name / "optimizer.pt")
+        (staging / "method_state.json").write_text(json.dumps(self.method.state_dict()))
         (staging / "trainer_state.json").write_text(
             json.dumps({"completed_steps": step + 1, "method": self.method.name})
         )
@@ -520,6 +560,8 @@ class Trainer:
                 raise RuntimeError(f"checkpoint {folder}: missing {missing}, unexpected {unexpected}")
             assert policy.optimizer is not None
             policy.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        method_state = checkpoint / "method_state.json"
+        self.method.load_state_dict(json.loads(method_state.read_text()) if method_state.exists() else {})
         self.start_step = int(state["completed_steps"])
         assert self.logger is not None
         self.logger.truncate_after(self.start_step - 1)

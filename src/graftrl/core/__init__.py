@@ -6,7 +6,7 @@ P prompts, n rollouts per prompt, B responses, T tokens.
 from graftrl.core.advantages import grpo_advantages
 from graftrl.core.compatibility import compatibility_score, compatibility_weight, mean_token_logprob
 from graftrl.core.diagnostics import complementarity, group_outcome_fractions
-from graftrl.core.losses import clipped_policy_loss, clipped_token_mask
+from graftrl.core.losses import clipped_policy_loss, clipped_token_mask, k3_kl, nll_loss
 from graftrl.core.schedule import PeerPosition, minibatch_order
 from graftrl.core.selection import balanced_selection, select_with_ties, transfer_candidates
 
@@ -20,8 +20,10 @@ __all__ = [
     "complementarity",
     "group_outcome_fractions",
     "grpo_advantages",
+    "k3_kl",
     "mean_token_logprob",
     "minibatch_order",
+    "nll_loss",
     "select_with_ties",
     "transfer_candidates",
 ]

@@ -64,3 +64,23 @@ def clipped_policy_loss(
             metrics["own_tokens"] = own_tokens.sum().float()
             metrics["own_clipped_tokens"] = (clipped & own_tokens).sum().float()
     return loss, metrics
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
+    """Low-variance KL(pi || pi_ref) estimator k3 = exp(d) - d - 1 with d = log pi_ref - log pi.
+
+    logp, ref_logp, mask: [B, T]. Token-mean over ``mask`` (or sum / ``normalizer``). k3 >= 0 and
+    is unbiased for KL under samples from pi (Schulman's k3, as in GRPO).
+    """
+    mask = mask.to(logp.dtype)
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    per_token = (torch.exp(d) - d - 1.0) * mask
+    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    return per_token.sum() / denominator
+
+
+def nll_loss(logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
+    """Token-mean negative log-likelihood of the masked tokens. logp, mask: [B, T]."""
+    mask = mask.to(logp.dtype)
+    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    return -(logp * mask).sum() / denominator

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from graftrl.core import clipped_policy_loss, compatibility_weight
+from graftrl.core import clipped_policy_loss, compatibility_weight, k3_kl
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class TrainGroup:
     """[n] advantage of each response as the receiver trains on it."""
     keep: Tensor | None = None
     """[n] bool: responses that enter the loss at all (None: every response)."""
+    nll: bool = False
+    """Train these responses with a supervised NLL term instead of the policy-gradient surrogate
+    (SGT); they get no compatibility weight and no old log-probs."""
 
 
 @dataclass
@@ -116,9 +119,24 @@ class LossInputs:
     is_peer: Tensor
     """[B] bool."""
     normalizer: float
-    """Token count of the whole minibatch (token-mean denominator shared by its micro-batches)."""
+    """Token count of the whole minibatch's surrogate rows (token-mean denominator shared by its
+    micro-batches); NLL rows are not counted."""
     eps_low: float
     eps_high: float
+    is_nll: Tensor | None = None
+    """[B] bool: rows of NLL groups (None: no such rows)."""
+    nll_normalizer: float = 1.0
+    """Token count of the minibatch's NLL rows."""
+    sources: tuple[str, ...] = ()
+    """[B] name of the model that sampled each row."""
+    receiver: str = ""
+    """Name of the policy being trained."""
+    minibatch_index: int = 0
+    """Position of this minibatch among the step's optimizer steps (0-based, across epochs)."""
+    ref_logp: Tensor | None = None
+    """[B, T] frozen reference policy log-probs when ``train.kl_coef`` > 0, else None."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference policy."""
 
 
 class Method(Protocol):
@@ -143,6 +161,12 @@ class Method(Protocol):
         """(loss to minimise, detached metrics) of one micro-batch."""
         ...
 
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state kept across steps (saved in checkpoints); {} for stateless methods."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 @dataclass(frozen=True)
 class ClippedSurrogate:
@@ -157,7 +181,7 @@ class ClippedSurrogate:
         return compatibility_weight(s, self.delta)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-        return clipped_policy_loss(
+        loss, metrics = clipped_policy_loss(
             batch.logp,
             batch.old_logp,
             batch.advantages,
@@ -168,6 +192,19 @@ class ClippedSurrogate:
             normalizer=batch.normalizer,
             is_peer=batch.is_peer,
         )
+        if batch.ref_logp is not None and batch.kl_coef > 0:
+            own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)
+            kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
+            loss = loss + batch.kl_coef * kl
+            metrics["kl"] = kl.detach()
+        return loss, metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
 
 
 METHODS: dict[str, Callable[..., Method]] = {}
