@@ -157,8 +157,8 @@ class ValidationConfig(_Section):
 class Config(_Section):
     seed: int = 0
     """Seed for prompt order, sampling and method randomness."""
-    method: Literal["grpo", "graft"] = "graft"
-    """Training method (see graftrl.methods)."""
+    method: str = "graft"
+    """Training method, a name registered in graftrl.methods (grpo, graft, ...)."""
     policies: list[PolicyConfig] = Field(min_length=1)
     """The co-trained policies; all see the same prompt batch every step."""
     data: DataConfig
@@ -182,6 +182,10 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
+        from graftrl.methods import METHODS
+
+        if self.method not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; choose one of {sorted(METHODS)}")
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies: names must be unique, got {names}")

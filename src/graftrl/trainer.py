@@ -114,7 +114,7 @@ class Trainer:
                 policy.configure_optimizer(
                     policy_config.lr or config.optim.lr, config.optim.betas, config.optim.weight_decay
                 )
-        self.method = build_method(config.method, **self._method_options())
+        self.method = build_method(config.method, config)
         # Frozen copies of the initial policies, for a KL penalty (off unless train.kl_coef > 0).
         self.references: dict[str, Policy] = {}
         if config.train.kl_coef > 0:
@@ -152,12 +152,6 @@ class Trainer:
             template=spec.template,
             chat_template=spec.chat_template,
         )
-
-    def _method_options(self) -> dict[str, Any]:
-        if self.config.method == "graft":
-            graft = self.config.graft
-            return {"delta": graft.delta, "balance": graft.balance, "peer_position": graft.peer_position}
-        return {}
 
     # ----- the loop -----------------------------------------------------------------------
     def train(self, resume: bool = False) -> None:

@@ -222,8 +222,15 @@ def register_method(name: str) -> Callable[[Callable[..., Method]], Callable[...
     return decorator
 
 
-def build_method(name: str, **options: Any) -> Method:
-    """Instantiate a registered method by name, with a clear error for unknown names."""
+def build_method(name: str, config: Any | None = None, **options: Any) -> Method:
+    """Instantiate a registered method by name, with a clear error for unknown names.
+
+    With a run ``config``, the method reads its own section (e.g. ``config.graft``) through its
+    ``from_config`` classmethod; otherwise ``options`` go to its constructor.
+    """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
-    return METHODS[name](**options)
+    factory = METHODS[name]
+    if config is not None and hasattr(factory, "from_config"):
+        return factory.from_config(config)  # type: ignore[attr-defined]
+    return factory(**options)
