@@ -93,3 +93,24 @@ def test_policy_requires_eos(tiny_checkpoints):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoints["llama"]))
     with pytest.raises(ValueError, match="eos_token"):
         Policy("x", model, tokenizer)
+
+
+def test_bf16_compute_keeps_float32_master_weights(tiny_checkpoints):
+    """dtype: bfloat16 autocasts the forward pass; parameters and updates stay float32."""
+    policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]), dtype="bfloat16", template="{problem}=")
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+    assert policy.compute_dtype == torch.bfloat16
+    prompt = policy.encode_prompts(["1+2"])[0]
+    response = policy.encode_response("\\boxed{3}", finished=True)
+    mixed = policy.score([prompt], [response])[0]
+    policy.compute_dtype = None
+    full = policy.score([prompt], [response])[0]
+    assert not torch.equal(mixed, full) and torch.allclose(mixed, full, atol=0.1)
+    # an lr-1e-6 AdamW step moves float32 master weights (it would round away in pure bf16)
+    policy.configure_optimizer(1e-6, (0.9, 0.999), 0.0)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    policy.compute_dtype = torch.bfloat16
+    batch = policy.pad([prompt], [response])
+    (-policy.response_logprobs(batch).sum()).backward()
+    policy.optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, policy.model.parameters(), strict=True))

@@ -52,6 +52,7 @@ class Policy:
         chat_template: bool = False,
         temperature: float = 1.0,
         micro_batch_size: int = 64,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -61,6 +62,8 @@ class Policy:
         self.temperature = temperature
         """Sampling temperature; training log-probs use the same logits / T (as verl does)."""
         self.micro_batch_size = micro_batch_size
+        self.compute_dtype = compute_dtype
+        """Autocast dtype for forward passes (None: the parameters' dtype)."""
         self.optimizer: torch.optim.Optimizer | None = None
         if tokenizer.eos_token_id is None:
             raise ValueError(
@@ -77,11 +80,19 @@ class Policy:
         *,
         dtype: str = "float32",
         device: str = "auto",
+        param_dtype: str = "float32",
         **kwargs,
     ) -> Policy:
-        """Load model and tokenizer from a local folder (or hub id when online)."""
+        """Load model and tokenizer from a local folder (or hub id when online).
+
+        ``dtype`` is the compute dtype: with bfloat16/float16 the forward passes run under autocast
+        while the parameters and AdamW state stay in ``param_dtype`` (float32 master weights, as
+        verl's FSDP mixed precision) — in pure bf16 an update of lr 1e-6 rounds away.
+        """
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype])
+        if dtype != param_dtype:
+            kwargs.setdefault("compute_dtype", _DTYPES[dtype])
         model.to(resolve_device(device))
         model.config.use_cache = True
         return cls(name, model, tokenizer, **kwargs)
@@ -153,12 +164,13 @@ class Policy:
 
     def response_logprobs(self, batch: PaddedBatch) -> Tensor:
         """Per-token log-probs of the response tokens under logits / temperature. Returns [B, Lr]."""
-        logits = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).logits
+        with self.autocast():
+            logits = self.model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).logits
         width = batch.response_ids.shape[1]
         # Only the columns that predict response tokens: saves the vocab-sized softmax on prompts.
         logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width].float()
@@ -198,12 +210,19 @@ class Policy:
             self.chat_template,
             self.temperature,
             self.micro_batch_size,
+            self.compute_dtype,
         )
 
     # ----- checkpoint ---------------------------------------------------------------------
     def save(self, directory: str) -> None:
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed-precision context for forward passes (a no-op without a compute dtype)."""
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
     @contextlib.contextmanager
     def eval_mode(self) -> Iterator[None]:

@@ -141,12 +141,13 @@ class HFRolloutEngine:
             pad_token_id=int(policy.tokenizer.pad_token_id),
             return_dict_in_generate=False,
         )
-        sequences = policy.model.generate(
-            input_ids=batch.input_ids[:, :width],
-            attention_mask=batch.attention_mask[:, :width],
-            generation_config=config,
-            logits_processor=LogitsProcessorList([recorder]),
-        )
+        with policy.autocast():
+            sequences = policy.model.generate(
+                input_ids=batch.input_ids[:, :width],
+                attention_mask=batch.attention_mask[:, :width],
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
         generated = sequences[:, width:]  # [P*n, steps]
         step_logprobs = recorder.finish(generated[:, -1]).cpu()
         generated = generated.cpu()
