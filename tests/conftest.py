@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+
+# The test models are tiny: one intra-op thread is as fast, and two threads per process thrash
+# when several test processes or workers share the 2 cores.
+torch.set_num_threads(1)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

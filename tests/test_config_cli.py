@@ -41,12 +41,21 @@ def test_unknown_key_is_named():
 def test_bad_values_name_the_field():
     with pytest.raises(ConfigError, match=r"rollout\.n"):
         config_from_dict(minimal(rollout={"n": 0}))
-    with pytest.raises(ConfigError, match="exactly two policies"):
+    with pytest.raises(ConfigError, match="at least two models"):
         config_from_dict({**minimal(), "policies": [{"name": "a", "path": "x"}]})
+    with pytest.raises(ConfigError, match="peers: names must be unique"):
+        config_from_dict(minimal(peers=[{"name": "a", "path": "store"}]))
     with pytest.raises(ConfigError, match="minibatch_prompts"):
         config_from_dict(minimal(train={"batch_prompts": 4, "minibatch_prompts": 8}))
     with pytest.raises(ConfigError, match="unique"):
         config_from_dict({**minimal(), "policies": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]})
+
+
+def test_graft_accepts_a_stored_peer_or_more_policies():
+    stored = config_from_dict({**minimal(peers=[{"name": "b", "path": "runs/b/store"}]), "policies": [{"name": "a", "path": "x"}]})
+    assert stored.peers[0].match == "step"
+    three = config_from_dict({**minimal(), "policies": [{"name": f"p{i}", "path": "x"} for i in range(3)]})
+    assert len(three.policies) == 3
 
 
 def test_grpo_accepts_any_number_of_policies():

@@ -202,3 +202,31 @@ def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
     reloaded = Policy.from_pretrained("llama", str(checkpoint / "llama"))
     for key, value in trainer.policies[0].model.state_dict().items():
         assert torch.equal(value, reloaded.model.state_dict()[key]), key
+
+
+def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract(tiny_checkpoints, tmp_path):
+    """With train.kl_coef > 0 an all-correct group still enters the loss (its KL has a gradient);
+    every row carries its sampling policy's lbar and EOS flag, and num_rows the minibatch's rows."""
+    uniform = [[[1, 1, 1, 1]] * 4, [[0, 0, 0, 0]] * 4]
+    config = config_from_dict(make_config(tiny_checkpoints, method="grpo", steps=1, kl_coef=1e-3))
+    trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(uniform))
+    batches = []
+    method = trainer.method
+
+    class Spy:  # the method is a frozen dataclass: wrap it rather than patch it
+        def __getattr__(self, item):
+            return getattr(method, item)
+
+        def loss(self, batch):
+            batches.append(batch)
+            return method.loss(batch)
+
+    trainer.method = Spy()
+    trainer.train()
+    assert {b.receiver for b in batches} == {"llama", "gpt2"}
+    assert all(bool((b.advantages == 0).all()) for b in batches)
+    assert sum(len(b.advantages) for b in batches) == 2 * 4 * 4  # every own row, both models
+    for b in batches:
+        assert b.num_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
+        assert b.finished is not None and b.source_mean_logp is not None
+        assert b.source_mean_logp.shape == b.advantages.shape == b.finished.shape

@@ -16,6 +16,14 @@ app = typer.Typer(
 console = Console()
 
 
+@app.callback()
+def _quiet_hub_progress() -> None:
+    """graftrl shows its own progress; silence per-file load/save bars of transformers."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 @app.command()
 def train(
     config: Annotated[Path, typer.Argument(help="YAML config file.")],
@@ -79,6 +87,242 @@ def config_reference_command(
     for key, default, description in config_reference():
         table.add_row(key, default, description)
     console.print(table)
+
+
+@app.command("eval")
+def eval_command(
+    target: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory (evaluates each of its policies) or a Hugging Face checkpoint folder."
+        ),
+    ],
+    best: Annotated[
+        bool,
+        typer.Option("--best", help="Evaluate the run's validation-selected checkpoints (RUN_DIR/best/)."),
+    ] = False,
+    benchmark: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--benchmark",
+            "-b",
+            help="NAME=PATH (JSONL/Parquet with problem/answer), a file, a hub dataset id or a built-in "
+            "name (MATH500, AIME2024, AIME2025, AMC23, Minerva); repeatable. Default: the five built-ins.",
+        ),
+    ] = None,
+    runs: Annotated[int, typer.Option(min=1, help="Independent runs (sampling seeds); mean ± std.")] = 5,
+    samples: Annotated[int, typer.Option(min=1, help="Samples per problem.")] = 8,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (> 0).")] = 0.6,
+    top_p: Annotated[float, typer.Option(help="Nucleus mass, in (0, 1].")] = 0.95,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="Response length limit (default: the run's rollout limit, else 4096)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output folder (default RUN_DIR/eval, RUN_DIR/eval-best or runs/eval/NAME)."),
+    ] = None,
+    template: Annotated[
+        str | None,
+        typer.Option(help="Prompt template with {problem} (default: the run's, else '{problem}')."),
+    ] = None,
+    chat_template: Annotated[
+        bool | None,
+        typer.Option("--chat-template/--no-chat-template", help="Use the tokenizer's chat template."),
+    ] = None,
+    prompt_suffix: Annotated[
+        str | None,
+        typer.Option(help="Suffix after each problem (default: the run's, else the paper's); '' for none."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the first run; run r uses seed + r.")] = 0,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Verifier worker processes (default: min(4, CPUs)).")
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="Per-answer verification timeout in seconds (default: the run's, else 5)."),
+    ] = None,
+    max_problems: Annotated[
+        int | None, typer.Option(min=1, help="Only the first this many problems of each benchmark.")
+    ] = None,
+    max_batch_size: Annotated[
+        int | None, typer.Option(min=1, help="Rows (prompt x sample) per generate call.")
+    ] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:1, ...")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
+    import os
+
+    from graftrl.benchmarks import PAPER_BENCHMARKS, BenchmarkError, load_benchmarks
+    from graftrl.config import ConfigError
+    from graftrl.data import DataError
+    from graftrl.evaluation import (
+        EvalProtocol,
+        default_prompt_suffix,
+        evaluate_targets,
+        resolve_targets,
+        write_report,
+    )
+    from graftrl.rewards import MathVerifier
+    from graftrl.rollout import HFRolloutEngine
+
+    try:
+        if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
+            raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
+        plan = resolve_targets(target, best, template, chat_template, dtype, device)
+        benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
+    except (BenchmarkError, ConfigError, DataError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    config = plan.config
+    protocol = EvalProtocol(
+        samples=samples,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens or (config.rollout.max_new_tokens if config else 4096),
+        prompt_suffix=(prompt_suffix or None) if prompt_suffix is not None else default_prompt_suffix(config),
+        runs=runs,
+        seed=seed,
+    )
+    engine = HFRolloutEngine(max_batch_size or (config.rollout.max_batch_size if config else 512))
+    verifier = MathVerifier(
+        timeout_s=timeout or (config.reward.timeout_s if config else 5.0),
+        workers=workers or min(4, os.cpu_count() or 1),
+    )
+    console.print(
+        f"evaluating {', '.join(t.label for t in plan.targets)} on "
+        f"{', '.join(f'{b.name} ({len(b.problems)})' for b in benchmarks)}: {runs} run(s) x {samples} "
+        f"samples, T={temperature}, top-p={top_p}, max {protocol.max_new_tokens} new tokens"
+    )
+    try:
+        verifier.start()
+        report = evaluate_targets(plan.targets, benchmarks, verifier, protocol, engine, progress)
+    finally:
+        verifier.close()
+    paths = write_report(report, out or plan.default_out)
+    console.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
+
+
+@app.command("import-trajectories")
+def import_trajectories_command(
+    file: Annotated[Path, typer.Argument(help="JSONL of trajectories logged by another framework.")],
+    store: Annotated[Path, typer.Option(help="Trajectory store folder to write (created if absent).")],
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Source model folder: computes log-probs for lines that lack them."),
+    ] = None,
+    template: Annotated[
+        str, typer.Option(help="The source's prompt template with {problem} (used with --model).")
+    ] = "{problem}",
+    chat_template: Annotated[
+        bool, typer.Option(help="Use the source tokenizer's chat template instead of --template.")
+    ] = False,
+    source: Annotated[
+        str | None,
+        typer.Option(help="Source name for lines without 'source' (default: model folder or file name)."),
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option(help="The source's sampling temperature (log-probs of logits / T).")
+    ] = 1.0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, ... (with --model).")] = "auto",
+) -> None:
+    """Import external rollouts as a peer's trajectory store (see graftrl.store.import_jsonl)."""
+    from graftrl.store import StoreError, import_jsonl
+
+    try:
+        summary = import_jsonl(
+            file,
+            store,
+            model,
+            template,
+            source=source,
+            chat_template=chat_template,
+            temperature=temperature,
+            device=device,
+        )
+    except StoreError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    console.print(
+        f"imported {summary.rows} responses in {summary.groups} groups from {', '.join(summary.sources)} "
+        f"into {store} (steps {summary.steps[0]}..{summary.steps[-1]}; log-probs computed for "
+        f"{summary.scored}, advantages for {summary.computed_advantages} groups)"
+    )
+
+
+@app.command()
+def analyze(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder written by `graftrl train`.")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default RUN_DIR/analysis).")] = None,
+    store: Annotated[
+        Path | None, typer.Option(help="Trajectory store to check against (default RUN_DIR/store).")
+    ] = None,
+) -> None:
+    """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
+    from graftrl.analyze import AnalysisError, analyze_run
+
+    try:
+        result = analyze_run(run_dir, out, store_dir=store)
+    except AnalysisError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    comp = result.compute
+    console.print(
+        f"{len(result.steps)} steps of {', '.join(result.models)}; "
+        f"{comp.total_hours:.4g} accelerator-hours in total"
+    )
+    if result.store_ok is False:
+        console.print("[yellow]warning:[/yellow] the trajectory store has problems; see the report")
+    console.print(f"wrote {result.report} and {len(result.plots)} plots")
+
+
+@app.command()
+def compare(
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="Built-in matrix: table1 (GRPO n=8/16/32, SGT, HACPO, GRAFT) or table2 (GRAFT ablations). "
+            "Default table1 unless --matrix is given."
+        ),
+    ] = None,
+    matrix: Annotated[
+        Path | None,
+        typer.Option(
+            help="YAML matrix: a list of {variant: NAME, method: METHOD, set: {dotted.key: value}}."
+        ),
+    ] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per variant (mean ± std over them).")] = 1,
+    steps: Annotated[int | None, typer.Option(min=1, help="Override train.steps for every variant.")] = None,
+    quick: Annotated[bool, typer.Option(help="Smoke-test sizes (the demo's --quick).")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default runs/compare/<preset or matrix name>).")
+    ] = None,
+    cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+) -> None:
+    """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
+    from graftrl.compare import CompareError, load_matrix, run_compare
+
+    if preset is not None and matrix is not None:
+        console.print("[red]error:[/red] give --preset or --matrix, not both")
+        raise typer.Exit(2)
+    try:
+        spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
+        name = matrix.stem if matrix is not None else (preset or "table1")
+        run_compare(
+            out or Path("runs/compare") / name,
+            spec,
+            seeds=seeds,
+            steps=steps,
+            quick=quick,
+            cache_dir=cache,
+            console=console,
+        )
+    except CompareError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -31,7 +31,11 @@ class PolicyConfig(_Section):
     chat_template: bool = False
     """Wrap the problem as a user message with the tokenizer's chat template."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype (the paper trains in bf16 on GPUs; CPU runs use float32)."""
+    """Compute dtype of forward passes (the paper: bf16 on GPUs; CPU runs use float32). Below
+    float32 it runs under autocast with `param_dtype` master weights and optimizer state."""
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the parameters and AdamW state; keep float32 unless memory forces otherwise (in
+    pure bf16 an lr-1e-6 update mostly rounds away)."""
     device: str = "auto"
     """`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ..."""
     lr: float | None = Field(default=None, gt=0)
@@ -49,6 +53,12 @@ class RolloutConfig(_Section):
     """Response length limit; truncated responses are scored as generated."""
     max_batch_size: int = Field(default=512, ge=1)
     """Rows (prompt x sample) per generate call; lower it when memory is short."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (`method: grpo` only): each policy drops its zero-variance groups and
+    samples more prompts (from a second, deterministic prompt stream) until `train.batch_prompts`
+    informative groups are kept or `max_sampling_rounds` is reached; it then trains on what it has."""
+    max_sampling_rounds: int = Field(default=3, ge=1)
+    """Cap on generation rounds per policy and step under `dynamic_sampling` (the first included)."""
 
 
 class OptimConfig(_Section):
@@ -93,6 +103,74 @@ class GraftConfig(_Section):
     """Balanced exchange: m = min(|C_AB|, |C_BA|) with boundary ties; False moves every candidate."""
     peer_position: Literal["last", "first", "uniform"] = "last"
     """Where minibatches containing peer groups go in the receiver's update."""
+    gate: bool = True
+    """Compatibility weighting (eq. 8); false: w = 1 for every transferred response (no floor, no
+    weighting; ablation "w/o compatibility gate")."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio of grafted responses: per token (eq. 9), or the row's geometric mean
+    exp(mean_t log rho) applied to all its tokens, same clip range, still token-mean (SPEC 2.4)."""
+    selection: Literal["complementary", "random_prompts"] = "complementary"
+    """Which prompts transfer: GRAFT's (eq. 4 + balancing), or per direction as many prompts drawn
+    uniformly from the whole batch regardless of rewards (compatibility weighting still applies)."""
+    admission: Literal["gate", "random"] = "gate"
+    """Which transferred responses enter: the gate (eq. 8), or as many as it would admit (s > delta)
+    drawn uniformly among them with w = min(s, 1) and no floor (eq. 11). Random needs `gate: true`."""
+    groups: Literal["replace", "pooled"] = "replace"
+    """Replace the receiver's failed group by the peer group, or keep both with advantages over
+    their concatenation (eq. 12; receiver rows w = 1, peer rows keep w)."""
+    compat_normalization: Literal["token", "byte"] = "token"
+    """How the compatibility score normalises log-likelihoods: per token of each model's own
+    tokenization (eq. 7, the paper's), or per UTF-8 byte of the response string — s is then the
+    per-byte geometric mean of the string-level likelihood ratio, comparable across tokenizers."""
+    transfer: Literal["all", "success_only"] = "all"
+    """Transfer every response of a selected peer group, or only its successes (advantages still
+    from the full source group). "SGT + GRAFT how" is `balance: false` with the defaults."""
+
+    @model_validator(mode="after")
+    def _check_admission(self) -> GraftConfig:
+        if self.admission == "random" and not self.gate:
+            raise ValueError("admission: 'random' counts the gate's admissions, so it needs gate: true")
+        return self
+
+
+class SGTConfig(_Section):
+    nll_coef: float = Field(default=0.1, ge=0)
+    """lambda: weight of the NLL term (token-mean over the minibatch's NLL responses)."""
+    selection: Literal["all", "balanced"] = "all"
+    """all: SGT's rule (receiver 0 successes, peer >= 1); balanced: GRAFT's complementary balanced
+    selection ("SGT + GRAFT which")."""
+    peer_position: Literal["with_prompt", "last", "first", "uniform"] = "with_prompt"
+    """Optimizer step of each NLL response: its prompt's (with_prompt), or ordered like GRAFT's
+    peer groups (last / first / uniform)."""
+
+
+class LuffyConfig(_Section):
+    gamma: float = Field(default=0.1, gt=0)
+    """Shaping f(x) = x / (x + gamma) of peer tokens' probability. Selection, balancing and peer
+    position come from `graft.balance` and `graft.peer_position`."""
+
+
+class HacpoConfig(_Section):
+    window: int = Field(default=5, ge=1)
+    """Steps in the sliding window of per-step mean rewards that estimates each agent's capability."""
+    omega_min: float = Field(default=0.1, gt=0)
+    """Lower clip of the capability ratio omega^(k,j) = P_hat^(k) / P_hat^(j)."""
+    omega_max: float = Field(default=10.0, gt=0)
+    """Upper clip of the capability ratio omega^(k,j)."""
+    own_clip_low: float = Field(default=3e-4, ge=0)
+    """GSPO clip of own responses' sequence ratio: lower range (clip(s, 1 - low, 1 + high))."""
+    own_clip_high: float = Field(default=4e-4, ge=0)
+    """GSPO clip of own responses' sequence ratio: upper range."""
+    clip_lower: float = Field(default=0.8, ge=0, le=1)
+    """Peer ratio clip [lower_m, 1]: lower_m = min(1, clip_lower + clip_step * m) at minibatch m."""
+    clip_step: float = Field(default=0.025, ge=0)
+    """Per-minibatch tightening of the peer clip's lower bound (stepwise clipping)."""
+    alpha: float = Field(default=1.0, ge=0)
+    """Exponent of the stop-gradient reweighting c * sg(c)^alpha of peer responses."""
+    exp_ratio: Literal["clipped", "raw"] = "clipped"
+    """Ratio inside sg(.)^alpha: the clipped c (SPEC) or the raw min(s, 1) (the review's eq. 53)."""
+    loss_agg: Literal["seq-mean", "token-mean"] = "seq-mean"
+    """Minibatch average of the sequence-level terms: over rows (GSPO) or weighted by token count."""
 
 
 class DataConfig(_Section):
@@ -154,6 +232,25 @@ class ValidationConfig(_Section):
         return list(self.files)
 
 
+class PeerConfig(_Section):
+    name: str
+    """Source model name as recorded in the store (its `source` column)."""
+    source: Literal["stored"] = "stored"
+    """Where the peer's trajectories come from: a trajectory store recorded by an earlier run."""
+    path: str
+    """Store folder (a run's `store/`, or one filled by `graftrl import-trajectories`)."""
+    match: Literal["step", "prompt_id"] = "step"
+    """Match each step's prompts to the store's groups of the same step and prompt id, or by
+    prompt id regardless of step (the latest stored group of that prompt)."""
+
+
+class StoreConfig(_Section):
+    record: bool = False
+    """Record every rollout group of every policy (Parquet, one file per step) for replay."""
+    path: str | None = None
+    """Store folder; default `<run dir>/store`."""
+
+
 class Config(_Section):
     seed: int = 0
     """Seed for prompt order, sampling and method randomness."""
@@ -170,7 +267,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     """Update schedule and loss."""
     graft: GraftConfig = GraftConfig()
-    """GRAFT switches (ignored by other methods)."""
+    """GRAFT switches (luffy reads `balance` and `peer_position`; ignored by other methods)."""
     reward: RewardConfig = RewardConfig()
     """Verifier."""
     logging: LoggingConfig = LoggingConfig()
@@ -179,6 +276,17 @@ class Config(_Section):
     """Checkpointing."""
     validation: ValidationConfig = ValidationConfig()
     """Validation during training and best-checkpoint selection (off unless `files` is set)."""
+    hacpo: HacpoConfig = HacpoConfig()
+    """HACPO settings (ignored by other methods)."""
+    sgt: SGTConfig = SGTConfig()
+    """SGT settings (ignored by other methods)."""
+    luffy: LuffyConfig = LuffyConfig()
+    """LUFFY-style peer update settings (ignored by other methods)."""
+    peers: list[PeerConfig] = []
+    """Stored peers (SPEC 2.3): sources replayed from trajectory stores; never loaded, never
+    trained. Transfer from them is one-way, so GRAFT selects every candidate (no balancing)."""
+    store: StoreConfig = StoreConfig()
+    """Trajectory recording."""
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -189,14 +297,25 @@ class Config(_Section):
         names = [p.name for p in self.policies]
         if len(set(names)) != len(names):
             raise ValueError(f"policies: names must be unique, got {names}")
-        if self.method == "graft" and len(self.policies) != 2:
+        peer_names = [p.name for p in self.peers]
+        if set(peer_names) & set(names) or len(set(peer_names)) != len(peer_names):
+            raise ValueError(f"peers: names must be unique and differ from the policies', got {peer_names}")
+        if self.peers and self.method != "graft":
+            raise ValueError(f"peers: stored peers are used by method 'graft', not {self.method!r}")
+        if self.method == "graft" and len(self.policies) + len(self.peers) < 2:
             raise ValueError(
-                f"method 'graft' co-trains exactly two policies; got {len(self.policies)} in `policies`"
+                "method 'graft' needs at least two models: add a policy to `policies` or a stored peer "
+                "to `peers`"
             )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(
                 f"train.minibatch_prompts ({self.train.minibatch_prompts}) exceeds train.batch_prompts "
                 f"({self.train.batch_prompts})"
+            )
+        if self.rollout.dynamic_sampling and self.method != "grpo":
+            raise ValueError(
+                f"rollout.dynamic_sampling is only valid with method: grpo (got {self.method!r}): it "
+                "redraws prompts per policy, while cross-model methods need one shared prompt batch"
             )
         return self
 

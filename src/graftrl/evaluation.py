@@ -1,16 +1,52 @@
-"""pass@1 on held-out problems with the paper's sampling protocol (SPEC section 4)."""
+"""Evaluation with the paper's protocol (SPEC section 4): pass@1, pass@k, R runs, reports.
+
+Protocol: the training prompt format (the data suffix after the policy's template or chat
+template), the training verifier and response length limit; ``samples`` responses per problem
+(8) at temperature 0.6 / top-p 0.95; pass@1 is the mean correctness over samples, then over
+problems; the aggregate is the unweighted mean over benchmarks; each model is evaluated in R
+independent runs (different sampling seeds, default 5) and reported as mean ± std over runs
+(the sample standard deviation, n - 1; 0 for a single run). pass@k for every k <= samples uses
+the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k), per problem.
+
+Outputs (``write_report``): ``eval.json`` (protocol, benchmarks, and per model: per benchmark and
+run the per-problem, per-sample correctness, pass@1 and pass@k, their mean/std over runs, the
+aggregate), ``eval.md`` (the paper's table layout: rows = models, columns = benchmarks + Avg.,
+cells "mean ± std" in percent, then the aggregate pass@k table) and ``eval.png`` (bars per
+benchmark with std error bars).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from graftrl.data import MathProblem
+from graftrl.data import PAPER_PROMPT_SUFFIX, MathProblem
 from graftrl.policy import Policy
 from graftrl.rewards import MathVerifier
 from graftrl.rollout import HFRolloutEngine, SamplingParams
+
+__all__ = [
+    "EvalProtocol",
+    "ModelTarget",
+    "evaluate_pass_at_1",
+    "evaluate_targets",
+    "markdown_table",
+    "mean_std",
+    "pass_at_k",
+    "plot_report",
+    "resolve_targets",
+    "sample_correctness",
+    "summarize_benchmark",
+    "write_report",
+]
 
 
 @dataclass(frozen=True)
@@ -22,6 +58,99 @@ class EvalProtocol:
     max_new_tokens: int = 4096
     prompt_suffix: str | None = None
     """Same suffix as training."""
+    runs: int = 5
+    """Independent evaluation runs (sampling seeds ``seed``, ``seed + 1``, ...); reported as mean ± std.
+    ``evaluate_pass_at_1`` does one run and ignores this."""
+    seed: int = 0
+    """Seed of the first run."""
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + r for r in range(self.runs)]
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators
+# --------------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mean_std(values: Sequence[float]) -> dict[str, Any]:
+    """{"mean", "std", "runs"}: std is the sample standard deviation (n - 1), 0 for one value."""
+    values = [float(v) for v in values]
+    return {
+        "mean": statistics.fmean(values) if values else float("nan"),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "runs": values,
+    }
+
+
+def summarize_benchmark(correct: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """One run on one benchmark: ``correct`` is [problem][sample] in {0, 1}.
+
+    Returns pass_at_1 (mean over samples, then problems) and pass_at_k for k = 1..samples
+    (the per-problem unbiased estimate, averaged over problems).
+    """
+    if not correct:
+        raise ValueError("summarize_benchmark: no problems")
+    n = len(correct[0])
+    if any(len(row) != n for row in correct):
+        raise ValueError("summarize_benchmark: every problem needs the same number of samples")
+    counts = [round(sum(row)) for row in correct]
+    by_k = {k: statistics.fmean(pass_at_k(n, c, k) for c in counts) for k in range(1, n + 1)}
+    pass_1 = statistics.fmean(statistics.fmean(row) for row in correct)
+    return {"pass_at_1": pass_1, "pass_at_k": {str(k): v for k, v in by_k.items()}}
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling and scoring
+# --------------------------------------------------------------------------------------------
+
+
+def _prompt(problem: str, suffix: str | None) -> str:
+    return f"{problem} {suffix}" if suffix else problem
+
+
+def sample_correctness(
+    policy: Policy,
+    problems: Sequence[MathProblem],
+    verifier: MathVerifier,
+    protocol: EvalProtocol,
+    seed: int,
+    engine: HFRolloutEngine | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> list[list[float]]:
+    """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1}.
+
+    Problems go through the engine in chunks of ``engine.max_batch_size // samples`` prompts (the
+    engine's own chunking, so results do not depend on it); each chunk is verified as soon as it
+    is generated and ``on_chunk(number_of_problems)`` is called after it, for progress bars.
+    """
+    engine = engine or HFRolloutEngine()
+    params = SamplingParams(protocol.samples, protocol.temperature, protocol.top_p, protocol.max_new_tokens)
+    per_call = max(1, engine.max_batch_size // protocol.samples)
+    torch.manual_seed(seed)
+    out: list[list[float]] = []
+    for start in range(0, len(problems), per_call):
+        chunk = problems[start : start + per_call]
+        batch = engine.generate(policy, [_prompt(p.problem, protocol.prompt_suffix) for p in chunk], params)
+        answers = [p.answer for p in chunk for _ in range(protocol.samples)]
+        rewards = verifier.score(batch.texts, answers)
+        for i in range(len(chunk)):
+            out.append([float(r) for r in rewards[i * protocol.samples : (i + 1) * protocol.samples]])
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+    return out
 
 
 def evaluate_pass_at_1(
@@ -33,16 +162,447 @@ def evaluate_pass_at_1(
     engine: HFRolloutEngine | None = None,
 ) -> dict[str, float | list[float]]:
     """Mean correctness over samples, then over problems. Returns pass_at_1 and per-problem rates."""
-    engine = engine or HFRolloutEngine()
-    params = SamplingParams(protocol.samples, protocol.temperature, protocol.top_p, protocol.max_new_tokens)
-    prompts = [
-        f"{p.problem} {protocol.prompt_suffix}" if protocol.prompt_suffix else p.problem for p in problems
-    ]
-    torch.manual_seed(seed)
-    batch = engine.generate(policy, prompts, params)
-    answers = [p.answer for p in problems for _ in range(protocol.samples)]
-    rewards = torch.tensor(verifier.score(batch.texts, answers), dtype=torch.float32).view(
-        len(problems), protocol.samples
+    correct = sample_correctness(policy, problems, verifier, protocol, seed, engine)
+    per_problem = [statistics.fmean(row) for row in correct]
+    return {"pass_at_1": statistics.fmean(per_problem), "per_problem": per_problem}
+
+
+# --------------------------------------------------------------------------------------------
+# Models and reports
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """A checkpoint to evaluate and how to prompt it."""
+
+    label: str
+    """Row name in the report."""
+    path: str
+    """Hugging Face checkpoint folder (model + tokenizer)."""
+    policy: str = "model"
+    template: str = "{problem}"
+    chat_template: bool = False
+    dtype: str = "float32"
+    device: str = "auto"
+    completed_steps: int | None = None
+    """Training steps behind this checkpoint, when known."""
+
+    def load(self) -> Policy:
+        return Policy.from_pretrained(
+            self.policy,
+            self.path,
+            dtype=self.dtype,
+            device=self.device,
+            template=self.template,
+            chat_template=self.chat_template,
+        )
+
+
+@dataclass
+class _VerifierMeter:
+    """Verification counters over a span of ``score`` calls (the verifier's stats() deltas)."""
+
+    verifier: Any
+    start: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.start = self._stats()
+
+    def _stats(self) -> dict[str, float]:
+        stats = getattr(self.verifier, "stats", None)
+        return dict(stats()) if callable(stats) else {}
+
+    def report(self) -> dict[str, Any]:
+        now = self._stats()
+        delta = {k: now[k] - self.start.get(k, 0) for k in now if k != "cache_entries"}
+        seconds = delta.get("seconds", 0.0)
+        answers = delta.get("answers", 0)
+        return {
+            **delta,
+            "workers": getattr(self.verifier, "num_workers", None),
+            "timeout_s": getattr(self.verifier, "timeout_s", None),
+            "answers_per_s": answers / seconds if seconds > 0 else None,
+        }
+
+
+def _open_progress(enabled: bool):
+    from rich.errors import LiveError
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
     )
-    per_problem = rewards.mean(dim=-1)
-    return {"pass_at_1": float(per_problem.mean()), "per_problem": per_problem.tolist()}
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    progress = Progress(*columns, disable=not enabled)
+    try:
+        progress.start()
+    except LiveError:  # another live display is active (older rich cannot nest them)
+        progress = Progress(*columns, disable=True)
+        progress.start()
+    return progress
+
+
+def evaluate_policy(
+    policy: Policy,
+    benchmarks: Sequence[Any],
+    verifier: MathVerifier,
+    protocol: EvalProtocol,
+    engine: HFRolloutEngine | None = None,
+    progress: Any = None,
+    label: str | None = None,
+    seeds: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Evaluate one loaded policy on every benchmark for every run; returns its report entry."""
+    engine = engine or HFRolloutEngine()
+    seeds = list(seeds if seeds is not None else protocol.seeds)
+    label = label or policy.name
+    per_bench: dict[str, dict[str, Any]] = {}
+    for benchmark in benchmarks:
+        runs = []
+        for seed in seeds:
+            task = None
+            if progress is not None:
+                task = progress.add_task(
+                    f"{label} · {benchmark.name} · seed {seed}", total=len(benchmark.problems)
+                )
+
+            def advance(count: int, task=task) -> None:
+                if progress is not None and task is not None:
+                    progress.update(task, advance=count)
+
+            correct = sample_correctness(
+                policy, benchmark.problems, verifier, protocol, seed, engine, advance
+            )
+            if progress is not None and task is not None:
+                progress.remove_task(task)
+            runs.append({"seed": seed, **summarize_benchmark(correct), "correct": _compact(correct)})
+        per_bench[benchmark.name] = {
+            "pass_at_1": mean_std([r["pass_at_1"] for r in runs]),
+            "pass_at_k": {k: mean_std([r["pass_at_k"][k] for r in runs]) for k in runs[0]["pass_at_k"]},
+            "runs": runs,
+        }
+    return {"benchmarks": per_bench, "aggregate": _aggregate(per_bench, len(seeds))}
+
+
+def _compact(correct: list[list[float]]) -> list[list[int]]:
+    return [[round(x) for x in row] for row in correct]
+
+
+def _aggregate(per_bench: Mapping[str, Mapping[str, Any]], runs: int) -> dict[str, Any]:
+    """Unweighted mean over benchmarks within each run, then mean ± std over runs."""
+    names = list(per_bench)
+    agg_1 = [statistics.fmean(per_bench[b]["runs"][r]["pass_at_1"] for b in names) for r in range(runs)]
+    ks = list(per_bench[names[0]]["runs"][0]["pass_at_k"]) if names else []
+    agg_k = {
+        k: mean_std(
+            [statistics.fmean(per_bench[b]["runs"][r]["pass_at_k"][k] for b in names) for r in range(runs)]
+        )
+        for k in ks
+    }
+    return {"pass_at_1": mean_std(agg_1), "pass_at_k": agg_k}
+
+
+def evaluate_targets(
+    targets: Sequence[ModelTarget],
+    benchmarks: Sequence[Any],
+    verifier: MathVerifier,
+    protocol: EvalProtocol,
+    engine: HFRolloutEngine | None = None,
+    progress: bool = True,
+    console: Any = None,
+) -> dict[str, Any]:
+    """Evaluate every target (loaded one at a time) on every benchmark; returns the report dict."""
+    if not benchmarks:
+        raise ValueError("evaluate_targets: no benchmarks")
+    engine = engine or HFRolloutEngine()
+    meter = _VerifierMeter(verifier)
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "protocol": {
+            **asdict(protocol),
+            "seeds": protocol.seeds,
+            "ks": list(range(1, protocol.samples + 1)),
+            "std": "sample standard deviation over runs (n - 1); 0 for one run",
+            "aggregate": "unweighted mean over benchmarks within each run",
+        },
+        "benchmarks": [{"name": b.name, "source": b.source, "problems": len(b.problems)} for b in benchmarks],
+        "ids": {b.name: [p.id for p in b.problems] for b in benchmarks},
+        "models": {},
+    }
+    bar = _open_progress(progress)
+    try:
+        overall = bar.add_task(
+            "evaluation", total=len(targets) * protocol.runs * sum(len(b.problems) for b in benchmarks)
+        )
+
+        class _Both:
+            """Advance the per-benchmark bar and the overall bar together."""
+
+            def add_task(self, *args, **kwargs):
+                return bar.add_task(*args, **kwargs)
+
+            def update(self, task, advance: int) -> None:
+                bar.update(task, advance=advance)
+                bar.update(overall, advance=advance)
+
+            def remove_task(self, task) -> None:
+                bar.remove_task(task)
+
+        for target in targets:
+            policy = target.load()
+            entry = evaluate_policy(policy, benchmarks, verifier, protocol, engine, _Both(), target.label)
+            report["models"][target.label] = {
+                "path": target.path,
+                "policy": target.policy,
+                "completed_steps": target.completed_steps,
+                "template": target.template,
+                "chat_template": target.chat_template,
+                **entry,
+            }
+            del policy
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    finally:
+        bar.stop()
+    report["verification"] = meter.report()
+    report["seconds"] = time.perf_counter() - started
+    if console is not None:
+        console.print(verification_summary(report["verification"]))
+    return report
+
+
+def verification_summary(stats: Mapping[str, Any]) -> str:
+    rate = stats.get("answers_per_s")
+    return (
+        f"verification: {int(stats.get('answers', 0))} answers in {stats.get('seconds', 0.0):.2f} s"
+        + (f" ({rate:,.0f} answers/s" if rate else " (")
+        + f", {stats.get('workers')} worker(s), {int(stats.get('verified', 0))} sent to math_verify, "
+        f"{int(stats.get('timeouts', 0))} timeouts scored 0, {int(stats.get('errors', 0))} errors)"
+    )
+
+
+def _cell(stat: Mapping[str, Any]) -> str:
+    return f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f}"
+
+
+def markdown_table(report: Mapping[str, Any]) -> str:
+    """The paper's layout: rows = models, columns = benchmarks + Avg., cells "mean ± std" (percent)."""
+    names = [b["name"] for b in report["benchmarks"]]
+    protocol = report["protocol"]
+    lines = [
+        f"pass@1 (%) with {protocol['samples']} samples per problem at temperature {protocol['temperature']}, "
+        f"top-p {protocol['top_p']}, max {protocol['max_new_tokens']} new tokens; mean ± std over "
+        f"{protocol['runs']} run(s).",
+        "",
+        "| Model | " + " | ".join(names) + " | Avg. |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    for label, model in report["models"].items():
+        cells = [_cell(model["benchmarks"][n]["pass_at_1"]) for n in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_cell(model['aggregate']['pass_at_1'])} |")
+    ks = [str(k) for k in protocol["ks"]]
+    lines += [
+        "",
+        "pass@k (%), unbiased estimator, averaged over benchmarks (Avg.).",
+        "",
+        "| Model | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+        "|---|" + "---|" * len(ks),
+    ]
+    for label, model in report["models"].items():
+        cells = [_cell(model["aggregate"]["pass_at_k"][k]) for k in ks]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if report.get("verification"):
+        lines += ["", verification_summary(report["verification"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: Mapping[str, Any], path: str | Path) -> Path:
+    """Grouped bars: pass@1 per benchmark (and Avg.) for every model, std over runs as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [b["name"] for b in report["benchmarks"]]
+    columns = [*names, "Avg."]
+    models = list(report["models"])
+    width = 0.8 / max(len(models), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + len(columns) * (0.5 + 0.3 * len(models))), 3.8))
+    top = 0.0
+    for j, label in enumerate(models):
+        model = report["models"][label]
+        stats = [model["benchmarks"][n]["pass_at_1"] for n in names] + [model["aggregate"]["pass_at_1"]]
+        xs = [i + j * width for i in range(len(columns))]
+        bars = ax.bar(
+            xs,
+            [100 * s["mean"] for s in stats],
+            width,
+            yerr=[100 * s["std"] for s in stats],
+            capsize=3,
+            color=f"C{j}",
+            label=label,
+        )
+        ax.bar_label(bars, labels=[f"{100 * s['mean']:.1f}" for s in stats], fontsize=6, padding=2)
+        top = max([top, *(100 * (s["mean"] + s["std"]) for s in stats)])
+    ax.set_ylim(0, max(1.0, min(100.0, top * 1.15)) if top < 100 else top * 1.05)
+    ax.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(columns))], columns)
+    ax.set_ylabel("pass@1 (%)")
+    ax.set_title(f"mean ± std over {report['protocol']['runs']} run(s)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write eval.json, eval.md and eval.png into ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "eval.json", "markdown": out / "eval.md", "plot": out / "eval.png"}
+    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
+    paths["markdown"].write_text(markdown_table(report))
+    plot_report(report, paths["plot"])
+    return paths
+
+
+# --------------------------------------------------------------------------------------------
+# What to evaluate: run directories and checkpoint folders
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalPlan:
+    targets: list[ModelTarget]
+    config: Any = None
+    """The run's Config when TARGET is a run directory (prompt format, limits, verifier)."""
+    default_out: Path = Path("eval")
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    return (folder / "config.json").is_file()
+
+
+def resolve_targets(
+    target: str | Path,
+    best: bool = False,
+    template: str | None = None,
+    chat_template: bool | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+) -> EvalPlan:
+    """What `graftrl eval TARGET` evaluates.
+
+    - a run directory (holds ``config.yaml``): each policy of the run, from ``best/<policy>/``
+      with ``best=True`` (the validation-selected checkpoints), else from the latest
+      ``checkpoints/step_N/``; prompt templates and dtypes come from the run's config;
+    - a checkpoint folder (holds ``config.json``): that one model;
+    - a folder of checkpoint folders (e.g. ``checkpoints/step_000010``): each of them.
+
+    Explicit ``template`` / ``chat_template`` / ``dtype`` / ``device`` override the run's.
+    """
+    from graftrl.config import load_config
+
+    root = Path(target)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: not a directory (expected a run directory or a checkpoint folder)")
+
+    def override(**values: Any) -> dict[str, Any]:
+        given = {"template": template, "chat_template": chat_template, "dtype": dtype, "device": device}
+        return {**values, **{k: v for k, v in given.items() if v is not None}}
+
+    if (root / "config.yaml").is_file():
+        config = load_config(root / "config.yaml")
+        specs = {p.name: p for p in config.policies}
+        targets: list[ModelTarget] = []
+        if best:
+            best_file = root / "best" / "best.json"
+            if not best_file.is_file():
+                raise FileNotFoundError(
+                    f"{best_file} not found: --best needs a run trained with validation "
+                    "(set `validation.files` in the config); evaluate the latest checkpoint without --best"
+                )
+            chosen = json.loads(best_file.read_text())
+            for name, spec in specs.items():
+                if name not in chosen or not _is_checkpoint(root / "best" / name):
+                    raise FileNotFoundError(f"{root / 'best' / name}: no best checkpoint for policy {name!r}")
+                entry = chosen[name]
+                completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
+                targets.append(
+                    ModelTarget(
+                        **override(
+                            label=f"{name} (best, {completed} steps)",
+                            path=str(root / "best" / name),
+                            policy=name,
+                            template=spec.template,
+                            chat_template=spec.chat_template,
+                            dtype=spec.dtype,
+                            device=spec.device,
+                            completed_steps=completed,
+                        )
+                    )
+                )
+            return EvalPlan(targets, config, root / "eval-best")
+        done = sorted(p for p in (root / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
+        if not done:
+            raise FileNotFoundError(
+                f"{root / 'checkpoints'}: no checkpoint yet (checkpoints are saved every "
+                "`checkpoint.every` steps and at the end)"
+            )
+        latest = done[-1]
+        completed = int(latest.name.split("_", 1)[1])
+        for name, spec in specs.items():
+            targets.append(
+                ModelTarget(
+                    **override(
+                        label=f"{name} ({completed} steps)",
+                        path=str(latest / name),
+                        policy=name,
+                        template=spec.template,
+                        chat_template=spec.chat_template,
+                        dtype=spec.dtype,
+                        device=spec.device,
+                        completed_steps=completed,
+                    )
+                )
+            )
+        return EvalPlan(targets, config, root / "eval")
+
+    folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
+    if not folders:
+        raise FileNotFoundError(
+            f"{root}: neither a run directory (config.yaml) nor a Hugging Face checkpoint folder (config.json)"
+        )
+    targets = [
+        ModelTarget(
+            **override(
+                label=folder.name,
+                path=str(folder),
+                policy=folder.name,
+                template="{problem}",
+                chat_template=False,
+                dtype="float32",
+                device="auto",
+            )
+        )
+        for folder in folders
+    ]
+    return EvalPlan(targets, None, Path("runs") / "eval" / root.name)
+
+
+def default_prompt_suffix(config: Any) -> str | None:
+    """The run's data suffix, or the paper's suffix for a bare checkpoint."""
+    return config.data.prompt_suffix if config is not None else PAPER_PROMPT_SUFFIX

@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 
 def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[list[int], list[float]]:
@@ -108,6 +109,56 @@ def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     ax.set_ylabel("held-out pass@1")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_step_panels(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]],
+    path: Path,
+    ylabel: str | None = None,
+) -> None:
+    """One panel per title; in each, one line per label from (steps, values) pairs."""
+    titles = list(panels)
+    fig, axes = plt.subplots(1, max(1, len(titles)), figsize=(5 * max(1, len(titles)), 3.6), squeeze=False)
+    for ax, title in zip(axes[0], titles, strict=False):
+        for label, (steps, values) in panels[title].items():
+            ax.plot(list(steps), list(values), marker="o" if len(steps) <= 20 else None, ms=3, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ylabel:
+            ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if panels[title]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_histograms(
+    values: Mapping[str, Sequence[float]],
+    path: Path,
+    xlabel: str,
+    value_range: tuple[float, float] = (0.0, 1.0),
+    bins: int = 40,
+    marker: float | None = None,
+    marker_label: str | None = None,
+) -> None:
+    """Overlaid histograms, one per label (values outside ``value_range`` are clipped into it)."""
+    low, high = value_range
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, data in sorted(values.items()):
+        if data:
+            clipped = [min(max(v, low), high) for v in data]
+            ax.hist(clipped, bins=bins, range=value_range, alpha=0.55, label=label)
+    if marker is not None:
+        ax.axvline(marker, color="black", linestyle="--", label=marker_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("responses")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -8,6 +8,7 @@ peer groups ordered last. The loop knows nothing of two models in particular.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -36,6 +37,7 @@ from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
 from graftrl.rewards import MathVerifier
 from graftrl.rollout import HFRolloutEngine, RolloutBatch, SamplingParams, content_mean_logprob
+from graftrl.store import StoreError, TrajectoryStore, TrajectoryWriter, rows_from_rollout, tokenizer_id
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -45,6 +47,34 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
 
 def with_suffix(problem: str, suffix: str | None) -> str:
     return f"{problem} {suffix}" if suffix else problem
+
+
+def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]], n: int) -> RolloutBatch:
+    """The chosen groups (prompt indices) of one or more rollout batches, in order, as one batch."""
+    rows = [(batch, g * n + i) for batch, groups in parts for g in groups for i in range(n)]
+    return RolloutBatch(
+        prompt_ids=[batch.prompt_ids[g] for batch, groups in parts for g in groups],
+        response_ids=[batch.response_ids[r] for batch, r in rows],
+        behaviour_logprobs=[batch.behaviour_logprobs[r] for batch, r in rows],
+        finished=[batch.finished[r] for batch, r in rows],
+        texts=[batch.texts[r] for batch, r in rows],
+        n=n,
+    )
+
+
+@dataclass
+class PolicyRollout:
+    """One policy's scored groups at a step (``Trainer._rollout_policy``)."""
+
+    problems: list[MathProblem]
+    """The prompts it trains on (the shared batch, unless dynamic sampling replaced some)."""
+    rollout: RolloutBatch
+    outcomes: GroupOutcomes
+    records: list[TrajectoryRecord]
+    shared: GroupOutcomes
+    """Its outcomes on the step's shared prompt batch (the first round), for complementarity."""
+    info: dict[str, Any]
+    """Dynamic-sampling metrics ({} when off)."""
 
 
 @dataclass
@@ -61,6 +91,10 @@ class TrainingRows:
     is_peer: list[bool] = field(default_factory=list)
     is_nll: list[bool] = field(default_factory=list)
     source: list[str] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)
+    """The response ended with EOS (its last token is outside lbar's content tokens)."""
+    source_mean_logp: list[float] = field(default_factory=list)
+    """lbar of the sampling policy on its own tokenization (the record's mean_logprob)."""
 
     def append(
         self,
@@ -72,6 +106,8 @@ class TrainingRows:
         peer: bool,
         nll: bool,
         source: str,
+        finished: bool = False,
+        source_mean_logp: float = 0.0,
     ) -> None:
         self.group.append(group)
         self.prompt_ids.append(prompt)
@@ -83,6 +119,8 @@ class TrainingRows:
         self.is_peer.append(peer)
         self.is_nll.append(nll)
         self.source.append(source)
+        self.finished.append(finished)
+        self.source_mean_logp.append(source_mean_logp)
 
 
 class Trainer:
@@ -121,6 +159,10 @@ class Trainer:
             for policy in self.policies:
                 self.references[policy.name] = policy.frozen_copy()
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
+        # Dynamic sampling's extra prompts: a second stream, one slot per (step, policy, round).
+        self.extra_sampler = PromptSampler(
+            self.problems, config.train.batch_prompts, step_seed(config.seed, 0, 999_983)
+        )
         self.engine = HFRolloutEngine(config.rollout.max_batch_size)
         self.sampling = SamplingParams(
             n=config.rollout.n,
@@ -140,6 +182,14 @@ class Trainer:
             from graftrl.validation import Validator
 
             self.validator = Validator(config, self.run_dir, self.verifier, self.engine)
+        # Trajectory recording (graftrl.store) and stored peers replayed from earlier runs (SPEC 2.3).
+        self.recorder = None
+        if config.store.record:
+            self.recorder = TrajectoryWriter(Path(config.store.path or self.run_dir / "store"))
+        self.tokenizer_ids = (
+            {p.name: tokenizer_id(p.tokenizer) for p in self.policies} if self.recorder else {}
+        )
+        self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
 
     # ----- construction -------------------------------------------------------------------
     def _load_policy(self, index: int) -> Policy:
@@ -148,6 +198,7 @@ class Trainer:
             spec.name,
             spec.path,
             dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
             device=spec.device,
             template=spec.template,
             chat_template=spec.chat_template,
@@ -207,33 +258,24 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
-        n = self.sampling.n
         problems = self.sampler.batch(step)
-        prompts = [with_suffix(p.problem, self.config.data.prompt_suffix) for p in problems]
-        answers = [p.answer for p in problems for _ in range(n)]
         timings: dict[str, dict[str, float]] = defaultdict(dict)
-        rollouts: dict[str, RolloutBatch] = {}
-        outcomes: dict[str, GroupOutcomes] = {}
-        records: dict[str, list[TrajectoryRecord]] = {}
-        for index, policy in enumerate(self.policies):
-            start = time.perf_counter()
-            torch.manual_seed(step_seed(self.config.seed, step, 1 + index))
-            rollouts[policy.name] = self.engine.generate(policy, prompts, self.sampling)
-            timings[policy.name]["time_rollout"] = time.perf_counter() - start
-
-            start = time.perf_counter()
-            rewards = torch.tensor(
-                self.verifier.score(rollouts[policy.name].texts, answers), dtype=torch.float32
-            )
-            rewards = rewards.view(len(problems), n)
-            advantages = grpo_advantages(
-                rewards, self.config.train.adv_eps, self.config.train.adv_std_unbiased
-            )
-            outcomes[policy.name] = GroupOutcomes(rewards, advantages)
-            records[policy.name] = self._records(
-                step, policy.name, problems, rollouts[policy.name], rewards, advantages
-            )
-            timings[policy.name]["time_reward"] = time.perf_counter() - start
+        sampled = {
+            policy.name: self._rollout_policy(step, index, policy, problems, timings[policy.name])
+            for index, policy in enumerate(self.policies)
+        }
+        rollouts = {name: s.rollout for name, s in sampled.items()}
+        outcomes = {name: s.outcomes for name, s in sampled.items()}
+        records = {name: s.records for name, s in sampled.items()}
+        shared = {name: s.shared for name, s in sampled.items()}
+        if self.recorder is not None:
+            self._record(step, sampled)
+        stored_info: dict[str, float] = {}
+        for name, (stored_outcomes, stored_records, changed) in self._stored_peer_groups(
+            step, problems
+        ).items():
+            outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
+            stored_info[f"stored_reward_changes/{name}"] = changed
 
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, 0))
         plans = self.method.plan(outcomes, generator)
@@ -248,7 +290,9 @@ class Trainer:
                 timings[policy.name],
                 generator,
             )
-            row.update(self._outcome_metrics(policy.name, outcomes, rollouts[policy.name]))
+            row.update(self._outcome_metrics(policy.name, outcomes, rollouts[policy.name], shared))
+            row.update(sampled[policy.name].info)
+            row.update(stored_info)
             row.update(plans[policy.name].diagnostics)
             row.update(timings[policy.name])
             row["time_step"] = sum(timings[policy.name].values())
@@ -256,10 +300,178 @@ class Trainer:
         for name, row in metrics.items():
             assert self.logger is not None
             self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
-        self._log_samples(step, problems, rollouts, outcomes)
+        self._log_samples(step, {name: s.problems for name, s in sampled.items()}, rollouts, outcomes)
         return metrics
 
+    def _rollout_policy(
+        self,
+        step: int,
+        index: int,
+        policy: Policy,
+        problems: list[MathProblem],
+        timings: dict[str, float],
+    ) -> PolicyRollout:
+        """Sample, score and compute GRPO advantages for one policy on the step's prompts.
+
+        With ``rollout.dynamic_sampling`` (DAPO, SPEC 3) the policy keeps only groups whose rewards
+        are not all equal; round r >= 1 draws ``batch_prompts`` more prompts from the auxiliary
+        stream at slot (step, policy, r), which depends only on (seed, step, policy, round) so
+        resume stays exact, skipping prompts already drawn at this step. It stops once
+        ``batch_prompts`` informative groups are kept (the surplus of the last round is cut, in
+        draw order) or after ``max_sampling_rounds`` rounds, and then trains on what it kept: fewer
+        groups, or none (no optimizer step for this policy at this step).
+        """
+        config, n = self.config, self.sampling.n
+        dynamic = config.rollout.dynamic_sampling
+        rounds = config.rollout.max_sampling_rounds if dynamic else 1
+        target = config.train.batch_prompts
+        seen = {p.id for p in problems}
+        batch = problems
+        parts: list[tuple[RolloutBatch, list[int]]] = []
+        kept_problems: list[MathProblem] = []
+        kept_rewards: list[Tensor] = []
+        first_rewards: Tensor | None = None
+        timings["time_rollout"] = timings["time_reward"] = 0.0
+        rounds_run = prompts_sampled = 0
+        for round_ in range(rounds):
+            if round_:
+                slot = (step * len(self.policies) + index) * (rounds - 1) + round_ - 1
+                batch = []
+                for problem in self.extra_sampler.batch(slot):
+                    if problem.id not in seen:
+                        seen.add(problem.id)
+                        batch.append(problem)
+                if not batch:
+                    continue
+            start = time.perf_counter()
+            torch.manual_seed(step_seed(config.seed, step, 1 + index + 1000 * round_))
+            prompts = [with_suffix(p.problem, config.data.prompt_suffix) for p in batch]
+            rollout = self.engine.generate(policy, prompts, self.sampling)
+            timings["time_rollout"] += time.perf_counter() - start
+
+            start = time.perf_counter()
+            answers = [p.answer for p in batch for _ in range(n)]
+            rewards = torch.tensor(self.verifier.score(rollout.texts, answers), dtype=torch.float32)
+            rewards = rewards.view(len(batch), n)
+            timings["time_reward"] += time.perf_counter() - start
+            first_rewards = rewards if first_rewards is None else first_rewards
+            rounds_run += 1
+            prompts_sampled += len(batch)
+            keep = list(range(len(batch)))
+            if dynamic:
+                informative = [p for p in keep if bool((rewards[p] != rewards[p, 0]).any())]
+                keep = informative[: target - len(kept_problems)]
+            parts.append((rollout, keep))
+            kept_problems += [batch[p] for p in keep]
+            kept_rewards.append(rewards[keep])
+            if len(kept_problems) >= target:
+                break
+
+        start = time.perf_counter()
+        if len(parts) == 1 and len(parts[0][1]) == len(parts[0][0].prompt_ids):
+            rollout = parts[0][0]  # every group kept: the batch as generated
+        else:
+            rollout = select_groups(parts, n)
+        rewards = torch.cat(kept_rewards)
+        advantages = (
+            grpo_advantages(rewards, config.train.adv_eps, config.train.adv_std_unbiased)
+            if len(rewards)
+            else torch.zeros_like(rewards)  # every group dropped
+        )
+        outcomes = GroupOutcomes(rewards, advantages)
+        records = self._records(step, policy.name, kept_problems, rollout, rewards, advantages)
+        shared, info = outcomes, {}
+        if dynamic:
+            assert first_rewards is not None
+            all_fail, all_pass = group_outcome_fractions(first_rewards)
+            shared = GroupOutcomes(first_rewards, torch.zeros_like(first_rewards))
+            info = {
+                "sampling_rounds": rounds_run,
+                "prompts_sampled": prompts_sampled,
+                "groups_kept": len(kept_problems),
+                "shared_reward_mean": float(first_rewards.mean()),
+                "shared_all_fail_frac": float(all_fail),
+                "shared_all_pass_frac": float(all_pass),
+            }
+        timings["time_reward"] += time.perf_counter() - start
+        return PolicyRollout(kept_problems, rollout, outcomes, records, shared, info)
+
     # ----- pieces of a step ---------------------------------------------------------------
+    def _record(self, step: int, sampled: dict[str, Any]) -> None:
+        """Write every policy's groups of this step to the trajectory store (one Parquet file)."""
+        assert self.recorder is not None
+        rows = []
+        for policy in self.policies:
+            part = sampled[policy.name]
+            prompts = [with_suffix(p.problem, self.config.data.prompt_suffix) for p in part.problems]
+            rows += rows_from_rollout(
+                step,
+                policy.name,
+                self.tokenizer_ids[policy.name],
+                part.problems,
+                part.rollout,
+                part.outcomes.rewards,
+                part.outcomes.advantages,
+                prompt_texts=prompts,
+            )
+        self.recorder.write_step(step, rows)
+
+    def _stored_peer_groups(
+        self, step: int, problems: Sequence[MathProblem]
+    ) -> dict[str, tuple[GroupOutcomes, list[TrajectoryRecord], float]]:
+        """Each stored peer's groups on this step's prompts, rewards re-verified (SPEC 2.3).
+
+        A group whose re-verified rewards equal the stored ones keeps its stored (source-computed)
+        advantages; one whose rewards changed gets advantages recomputed on its full group.
+        """
+        out = {}
+        n = self.sampling.n
+        for name, (peer, store) in self.stored_peers.items():
+            ids = [p.id for p in problems]
+            if peer.match == "step" and step not in store.steps():
+                held = store.steps()
+                raise StoreError(
+                    f"peers[{name}]: store {peer.path} has no step {step} (it holds steps "
+                    f"{held[0] if held else '-'}..{held[-1] if held else '-'}); train for at most as many "
+                    "steps as were recorded, or set `match: prompt_id` to match prompts regardless of step"
+                )
+            found = store.find_groups(ids, source=name, step=step if peer.match == "step" else None)
+            missing = [i for i in ids if i not in found]
+            if missing:
+                where = f"step {step}" if peer.match == "step" else "any step"
+                raise StoreError(
+                    f"peers[{name}]: store {peer.path} has no group of source {name!r} at {where} for "
+                    f"{len(missing)} of the step's {len(ids)} prompts (e.g. {missing[:3]}); record the peer "
+                    "with the same data, seed and batch size, or set `match: prompt_id`"
+                )
+            groups = [sorted(found[i], key=lambda row: row.index) for i in ids]
+            sizes = {len(g) for g in groups}
+            if sizes != {n}:
+                raise StoreError(
+                    f"peers[{name}]: stored groups hold {sorted(sizes)} responses; set rollout.n: {n} to match or re-record"
+                )
+            texts = [row.response for group in groups for row in group]
+            answers = [p.answer for p in problems for _ in range(n)]
+            rewards = torch.tensor(self.verifier.score(texts, answers), dtype=torch.float32).view(len(ids), n)
+            stored_rewards = torch.tensor([[row.reward for row in g] for g in groups], dtype=torch.float32)
+            stored_advantages = torch.tensor(
+                [[row.advantage for row in g] for g in groups], dtype=torch.float32
+            )
+            changed = (rewards != stored_rewards).any(dim=-1)  # [P]
+            recomputed = grpo_advantages(
+                rewards, self.config.train.adv_eps, self.config.train.adv_std_unbiased
+            )
+            advantages = torch.where(changed.unsqueeze(-1), recomputed, stored_advantages)
+            records = [
+                dataclasses.replace(
+                    row.to_record(), reward=float(rewards[p, i]), advantage=float(advantages[p, i])
+                )
+                for p, group in enumerate(groups)
+                for i, row in enumerate(group)
+            ]
+            out[name] = (GroupOutcomes(rewards, advantages), records, float(changed.sum()))
+        return out
+
     @staticmethod
     def _records(
         step: int,
@@ -314,8 +526,10 @@ class Trainer:
                     if not group.nll:  # scored below, in one batched pass
                         peer_rows.append(len(rows.response_ids))
                         peer_records.append(record)
+                    finished, mean_logp = record.finished, record.mean_logprob
                 else:
                     response, old = rollout.response_ids[flat], rollout.behaviour_logprobs[flat]
+                    finished, mean_logp = rollout.finished[flat], rollout.content_mean_logprob(flat)
                 rows.append(
                     group_index,
                     rollout.prompt_ids[group.prompt],
@@ -325,6 +539,8 @@ class Trainer:
                     group.peer,
                     group.nll,
                     group.source,
+                    finished,
+                    mean_logp,
                 )
         info: dict[str, Any] = {"peer_responses": len(peer_rows)}
         if not peer_rows:
@@ -341,7 +557,17 @@ class Trainer:
                 for lp, rec in zip(old_logprobs, peer_records, strict=True)
             ]
         )
-        s = compatibility_score(receiver_mean, torch.tensor([rec.mean_logprob for rec in peer_records]))
+        source_mean = torch.tensor([rec.mean_logprob for rec in peer_records])
+        if self.config.graft.compat_normalization == "byte":
+            # Total log-likelihood of the same string under each model, per UTF-8 byte.
+            receiver_tokens = torch.tensor(
+                [len(lp) - int(rec.finished) for lp, rec in zip(old_logprobs, peer_records, strict=True)]
+            )
+            num_bytes = torch.tensor([max(rec.num_bytes, 1) for rec in peer_records])
+            source_tokens = torch.tensor([rec.num_tokens for rec in peer_records])
+            receiver_mean = receiver_mean * receiver_tokens / num_bytes
+            source_mean = source_mean * source_tokens / num_bytes
+        s = compatibility_score(receiver_mean, source_mean)
         w = self.method.peer_weights(s, generator)
         for k, row in enumerate(peer_rows):
             rows.old_logprobs[row] = old_logprobs[k]
@@ -381,7 +607,14 @@ class Trainer:
         start = time.perf_counter()
         train = self.config.train
         is_peer_group = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
-        order = minibatch_order(is_peer_group, train.minibatch_prompts, self.method.peer_position, generator)
+        # A method may lay out its own optimizer steps (HACPO: each prompt's pooled groups together).
+        custom_order = getattr(self.method, "order_minibatches", None)
+        if custom_order is not None:
+            order = custom_order(plan, train.minibatch_prompts, generator)
+        else:
+            order = minibatch_order(
+                is_peer_group, train.minibatch_prompts, self.method.peer_position, generator
+            )
         rows_of_group: dict[int, list[int]] = defaultdict(list)
         for row, group in enumerate(rows.group):
             rows_of_group[group].append(row)
@@ -398,9 +631,15 @@ class Trainer:
                 normalizer = sum(len(rows.response_ids[r]) for r in kept)
                 nll_normalizer = sum(len(rows.response_ids[r]) for r in nll_rows)
                 # Rows with zero advantage add only to the denominator: their gradient is exactly
-                # zero, so skipping their forward pass changes nothing but the cost.
+                # zero, so skipping their forward pass changes nothing but the cost — except own
+                # rows under a KL penalty, whose KL term still has a gradient.
                 active = sorted(
-                    [r for r in kept if rows.advantages[r] != 0] + nll_rows,
+                    [
+                        r
+                        for r in kept
+                        if rows.advantages[r] != 0 or (train.kl_coef > 0 and not rows.is_peer[r])
+                    ]
+                    + nll_rows,
                     key=lambda r: len(rows.prompt_ids[r]) + len(rows.response_ids[r]),
                 )
                 for r in kept:
@@ -438,6 +677,11 @@ class Trainer:
                             minibatch_index=minibatch_index,
                             ref_logp=ref_logp,
                             kl_coef=train.kl_coef,
+                            num_rows=max(len(kept), 1),
+                            source_mean_logp=torch.tensor(
+                                [rows.source_mean_logp[r] for r in idx], device=device
+                            ),
+                            finished=torch.tensor([rows.finished[r] for r in idx], device=device),
                         )
                     )
                     loss.backward()
@@ -465,8 +709,13 @@ class Trainer:
         return info
 
     def _outcome_metrics(
-        self, name: str, outcomes: dict[str, GroupOutcomes], rollout: RolloutBatch
+        self,
+        name: str,
+        outcomes: dict[str, GroupOutcomes],
+        rollout: RolloutBatch,
+        shared: dict[str, GroupOutcomes] | None = None,
     ) -> dict[str, Any]:
+        """Reward and length of what the policy trains on; complementarity on the shared batch."""
         own = outcomes[name]
         all_fail, all_pass = group_outcome_fractions(own.rewards)
         row: dict[str, Any] = {
@@ -475,11 +724,16 @@ class Trainer:
             "all_pass_frac": float(all_pass),
             "response_length": statistics.fmean(
                 rollout.content_length(r) for r in range(len(rollout.response_ids))
-            ),
+            )
+            if rollout.response_ids
+            else None,
         }
-        for peer, other in outcomes.items():
+        shared = shared or outcomes
+        for peer, other in shared.items():
             if peer != name:
-                row[f"complementarity/{peer}"] = float(complementarity(own.successes, other.successes))
+                row[f"complementarity/{peer}"] = float(
+                    complementarity(shared[name].successes, other.successes)
+                )
         return row
 
     def _log_samples(self, step, problems, rollouts, outcomes) -> None:
@@ -495,8 +749,8 @@ class Trainer:
                             {
                                 "step": step,
                                 "model": name,
-                                "prompt_id": problems[row // n].id,
-                                "answer": problems[row // n].answer,
+                                "prompt_id": problems[name][row // n].id,
+                                "answer": problems[name][row // n].answer,
                                 "response": rollout.texts[row],
                                 "reward": float(outcomes[name].rewards.view(-1)[row]),
                             }
@@ -557,5 +811,7 @@ class Trainer:
         method_state = checkpoint / "method_state.json"
         self.method.load_state_dict(json.loads(method_state.read_text()) if method_state.exists() else {})
         self.start_step = int(state["completed_steps"])
+        if self.recorder is not None:
+            self.recorder.truncate_after(self.start_step - 1)
         assert self.logger is not None
         self.logger.truncate_after(self.start_step - 1)

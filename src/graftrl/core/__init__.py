@@ -6,24 +6,50 @@ P prompts, n rollouts per prompt, B responses, T tokens.
 from graftrl.core.advantages import grpo_advantages
 from graftrl.core.compatibility import compatibility_score, compatibility_weight, mean_token_logprob
 from graftrl.core.diagnostics import complementarity, group_outcome_fractions
+from graftrl.core.hacpo import (
+    capability_baseline,
+    capability_ratios,
+    content_mask,
+    gspo_own_terms,
+    hacpo_advantages,
+    hacpo_peer_terms,
+    pooled_minibatch_order,
+    sequence_mean,
+    stepwise_lower_bound,
+)
 from graftrl.core.losses import clipped_policy_loss, clipped_token_mask, k3_kl, nll_loss
 from graftrl.core.schedule import PeerPosition, minibatch_order
-from graftrl.core.selection import balanced_selection, select_with_ties, transfer_candidates
+from graftrl.core.selection import (
+    balanced_selection,
+    multi_source_selection,
+    select_with_ties,
+    transfer_candidates,
+)
 
 __all__ = [
     "PeerPosition",
     "balanced_selection",
+    "capability_baseline",
+    "capability_ratios",
     "clipped_policy_loss",
     "clipped_token_mask",
     "compatibility_score",
     "compatibility_weight",
     "complementarity",
+    "content_mask",
     "group_outcome_fractions",
     "grpo_advantages",
+    "gspo_own_terms",
+    "hacpo_advantages",
+    "hacpo_peer_terms",
     "k3_kl",
     "mean_token_logprob",
     "minibatch_order",
+    "multi_source_selection",
     "nll_loss",
+    "pooled_minibatch_order",
     "select_with_ties",
+    "sequence_mean",
+    "stepwise_lower_bound",
     "transfer_candidates",
 ]

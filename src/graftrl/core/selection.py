@@ -45,3 +45,38 @@ def balanced_selection(k_a: Tensor, k_b: Tensor, n: int, balance: bool = True) -
         return a_to_b, b_to_a
     m = min(int(a_to_b.sum()), int(b_to_a.sum()))
     return select_with_ties(a_to_b, k_a, m), select_with_ties(b_to_a, k_b, m)
+
+
+def multi_source_selection(successes: Tensor, n: int, balance: bool = True) -> Tensor:
+    """GRAFT among K >= 2 models: which source's group each receiver takes on each prompt.
+
+    successes: [K, P] success counts k_M(q) of the K models on the shared prompts.
+    Returns LongTensor [K, P]: the source index whose group replaces receiver r's group on prompt
+    q, or -1 to keep its own. Rule (the paper defines K = 2 only; this is graftrl's extension):
+    1. candidates: k_r(q) = 0, and among the sources with 1 <= k_s(q) < n (eq. 4) the one with
+       the most successes (ties: the lower model index, i.e. config order);
+    2. balancing per pair {r, s}: m = min(|C_{s->r}|, |C_{r->s}|) over the candidates assigned to
+       that pair, and each direction keeps its top m by k_s plus boundary ties (as for K = 2).
+    With K = 2 this is exactly ``balanced_selection``.
+    """
+    num_models, num_prompts = successes.shape
+    mixed = (successes >= 1) & (successes < n)  # [K, P] usable as a source
+    assigned = torch.full((num_models, num_prompts), -1, dtype=torch.long)
+    for receiver in range(num_models):
+        score = torch.where(mixed, successes, torch.full_like(successes, -1))  # [K, P]
+        score[receiver] = -1
+        best = score.max(dim=0)  # first index wins ties
+        take = (successes[receiver] == 0) & (best.values >= 1)
+        assigned[receiver] = torch.where(take, best.indices, assigned[receiver])
+    if not balance:
+        return assigned
+    selected = torch.full_like(assigned, -1)
+    for r in range(num_models):
+        for s in range(r + 1, num_models):
+            s_to_r, r_to_s = assigned[r] == s, assigned[s] == r
+            m = min(int(s_to_r.sum()), int(r_to_s.sum()))
+            keep_r = select_with_ties(s_to_r, successes[s], m)
+            keep_s = select_with_ties(r_to_s, successes[r], m)
+            selected[r] = torch.where(keep_r, s, selected[r])
+            selected[s] = torch.where(keep_s, r, selected[s])
+    return selected

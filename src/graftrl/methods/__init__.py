@@ -1,6 +1,6 @@
 """Training methods, one module each, on the shared protocol of ``base``."""
 
-from graftrl.methods import graft, grpo  # noqa: F401  (registers the methods)
+from graftrl.methods import graft, grpo, hacpo, luffy, pooling, sgt  # noqa: F401  (registers the methods)
 from graftrl.methods.base import (
     METHODS,
     ClippedSurrogate,

@@ -137,6 +137,16 @@ class LossInputs:
     """[B, T] frozen reference policy log-probs when ``train.kl_coef`` > 0, else None."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the reference policy."""
+    num_rows: int = 0
+    """Row count of the whole minibatch's surrogate rows (sequence-mean denominator shared by its
+    micro-batches; 0: not given, use this call's rows)."""
+    source_mean_logp: Tensor | None = None
+    """[B] lbar of each row's sampling policy on its own tokenization, terminal EOS excluded (the
+    record's ``mean_logprob``: the source's behaviour mean for peer rows, the receiver's own for
+    own rows); None when the trainer does not provide it."""
+    finished: Tensor | None = None
+    """[B] bool: the response ended with EOS, so its last response token is outside lbar's
+    content tokens (SPEC 2.2); None when not provided."""
 
 
 class Method(Protocol):

@@ -1,56 +1,221 @@
-"""GRAFT: gated replacement of answer-failed groups with peer trajectories (SPEC section 2)."""
+"""GRAFT: gated replacement of answer-failed groups with peer trajectories (SPEC section 2).
+
+The paper's method is the default of every switch below; each switch is one ``graft:`` config
+field (SPEC 2.4, paper Table 2 and Appendix G):
+
+- ``delta`` (0.8): compatibility floor of eq. 8; the threshold sweep is 0 / 0.7 / 0.8 / 0.9, and
+  ``delta: 0`` is "no floor" (w = min(s, 1)).
+- ``gate`` (true): false is "w/o compatibility gate", w = 1 for every transferred response (no
+  floor, no weighting).
+- ``balance`` (true): false selects every candidate in each direction ("w/o balanced exchange").
+  This is also "SGT + GRAFT how" (Appendix G: SGT's unbalanced eligibility with GRAFT's update;
+  the paper reports it as GRAFT without balancing, so all-correct source groups, whose source
+  advantages are all 0, stay out as in eq. 4).
+- ``ratio_level`` (token): "sequence" replaces the token ratio of *grafted* rows by the row's
+  geometric-mean ratio s_j = exp(mean_t log rho_{j,t}) applied to every token of the row, clipped
+  with the same (eps_low, eps_high). The paper leaves open whether the sequence term is then
+  averaged per token or per sequence; we keep eq. 10's token-mean (a row still weighs |o_j|), so
+  the switch changes only the ratio. Own rows keep token ratios.
+- ``selection`` (complementary): "random_prompts" transfers, per direction, as many prompts as
+  GRAFT's selection would (ties included), drawn uniformly from the whole batch regardless of
+  rewards (``generator``); the receiver's group there is replaced (or pooled) as usual and the
+  compatibility weight still applies.
+- ``admission`` (gate): "random" keeps GRAFT's prompts, counts the responses the gate would admit
+  (s > delta) and admits that many uniformly at random among all transferred responses of the
+  receiver at this step, with w = min(s, 1) and no floor (eq. 11). Needs ``gate: true``.
+- ``peer_position`` (last): first / uniform.
+- ``groups`` (replace): "pooled" keeps the receiver's failed group as well (eq. 12): advantages
+  over the concatenation of the receiver's and the peer's group (mean k_S / (2n) when k_R = 0, so
+  the receiver's failures go negative); peer rows keep w, receiver rows w = 1, every retained
+  token in the denominator. The receiver's group stays an own group (behaviour log-probs), the
+  peer group trains last as usual.
+- ``transfer`` (all): "success_only" lets only the reward-1 peer responses enter (numerator and
+  denominator, via ``TrainGroup.keep``), with the advantages of the full source group.
+
+"SGT + GRAFT which" is the ``sgt`` method with ``sgt.selection: balanced``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from graftrl.core import balanced_selection, transfer_candidates
+from graftrl.core import (
+    balanced_selection,
+    compatibility_weight,
+    multi_source_selection,
+    transfer_candidates,
+)
+from graftrl.core.ablations import (
+    random_admission_weight,
+    random_prompt_selection,
+    sequence_ratio_logp,
+    success_only_keep,
+)
+from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
     ExchangePlan,
     GroupOutcomes,
+    LossInputs,
+    TrainGroup,
     register_method,
-    replacement_plan,
 )
+
+_CHOICES = {
+    "ratio_level": ("token", "sequence"),
+    "selection": ("complementary", "random_prompts"),
+    "admission": ("gate", "random"),
+    "groups": ("replace", "pooled"),
+    "transfer": ("all", "success_only"),
+}
 
 
 @register_method("graft")
 @dataclass(frozen=True)
 class GRAFT(ClippedSurrogate):
-    """Two online peers exchange whole groups where the receiver failed all n (eq. 4).
+    """Peers exchange whole groups where the receiver failed all n (eq. 4).
+
+    Two models follow the paper exactly; K > 2 models use ``multi_source_selection`` (each
+    receiver takes its best eligible source's group, balanced per pair of models).
 
     Selection is balanced across the two directions; each transferred response keeps its source
     advantage and is weighted by w = 1[s > delta] min(s, 1) (eq. 8); peer groups train last.
+    The ablation switches are described in the module docstring.
     """
 
     name: str = "graft"
     balance: bool = True
     """Balanced exchange (m = min of the two candidate counts); False moves every candidate."""
+    gate: bool = True
+    """Compatibility weighting of eq. 8; False gives w = 1 to every transferred response."""
+    ratio_level: str = "token"
+    """Importance ratio of grafted rows: token (eq. 9) or sequence (geometric mean of the tokens')."""
+    selection: str = "complementary"
+    """Which prompts move: complementary (eq. 4 + balancing) or count-matched random_prompts."""
+    admission: str = "gate"
+    """Which transferred responses count: gate (eq. 8) or count-matched random (eq. 11)."""
+    groups: str = "replace"
+    """replace the receiver's group (SPEC 2.1) or pool it with the peer group (eq. 12)."""
+    transfer: str = "all"
+    """all responses of a selected peer group, or success_only."""
+    adv_eps: float = 1e-6
+    """eps_adv of eq. 1, for pooled-group advantages."""
+    adv_std_unbiased: bool = True
+    """Unbiased std of eq. 1, for pooled-group advantages."""
+
+    def __post_init__(self) -> None:
+        for key, allowed in _CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"graft.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        if self.admission == "random" and not self.gate:
+            raise ValueError("graft.admission 'random' counts the gate's admissions; it needs gate: true")
+
+    @classmethod
+    def from_config(cls, config: Any) -> GRAFT:
+        g = config.graft
+        return cls(
+            delta=g.delta,
+            peer_position=g.peer_position,
+            # Transfer from a stored peer is one-way, so there is nothing to balance (SPEC 2.3).
+            balance=g.balance and not getattr(config, "peers", None),
+            gate=g.gate,
+            ratio_level=g.ratio_level,
+            selection=g.selection,
+            admission=g.admission,
+            groups=g.groups,
+            transfer=g.transfer,
+            adv_eps=config.train.adv_eps,
+            adv_std_unbiased=config.train.adv_std_unbiased,
+        )
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        if len(outcomes) != 2:
-            raise ValueError(f"online GRAFT pairs exactly two policies, got {len(outcomes)}")
-        (name_a, a), (name_b, b) = outcomes.items()
-        a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=self.balance)
+        names = list(outcomes)
+        if len(names) < 2:
+            raise ValueError(f"GRAFT needs at least two models (policies or stored peers), got {names}")
+        if len(names) == 2:
+            (name_a, a), (name_b, b) = outcomes.items()
+            a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=self.balance)
+            if self.selection == "random_prompts":  # count-matched, per direction, A->B drawn first
+                a_to_b = random_prompt_selection(int(a_to_b.sum()), a.num_prompts, generator)
+                b_to_a = random_prompt_selection(int(b_to_a.sum()), b.num_prompts, generator)
+            return {
+                name_b: self._plan_for(name_b, outcomes, {name_a: a_to_b}),
+                name_a: self._plan_for(name_a, outcomes, {name_b: b_to_a}),
+            }
+        if self.selection != "complementary":
+            raise ValueError("graft.selection 'random_prompts' is defined for two models only")
+        # K > 2: each receiver takes the group of its best eligible source, balanced per pair.
+        successes = torch.stack([outcomes[name].successes for name in names])  # [K, P]
+        source_index = multi_source_selection(successes, outcomes[names[0]].n, self.balance)  # [K, P]
         return {
-            name_b: self._plan_for(name_b, name_a, outcomes, a_to_b),
-            name_a: self._plan_for(name_a, name_b, outcomes, b_to_a),
+            receiver: self._plan_for(
+                receiver, outcomes, {source: source_index[r] == j for j, source in enumerate(names) if j != r}
+            )
+            for r, receiver in enumerate(names)
         }
 
-    @staticmethod
     def _plan_for(
-        receiver: str, source: str, outcomes: Mapping[str, GroupOutcomes], selected: Tensor
+        self, receiver: str, outcomes: Mapping[str, GroupOutcomes], incoming: Mapping[str, Tensor]
     ) -> ExchangePlan:
-        src, rcv = outcomes[source], outcomes[receiver]
-        plan = replacement_plan(receiver, outcomes, {source: selected})
-        plan.diagnostics = {
-            f"candidates/{source}": float(transfer_candidates(rcv.successes, src.successes, src.n).sum()),
-            f"selected/{source}": float(selected.sum()),
-        }
-        return plan
+        """Own groups (prompt order), then each source's groups on its ``incoming`` [P] prompts."""
+        rcv = outcomes[receiver]
+        pooled = self.groups == "pooled"
+        selected = torch.zeros(rcv.num_prompts, dtype=torch.bool)
+        own_advantages = rcv.advantages.clone()
+        peer_groups: list[TrainGroup] = []
+        diagnostics: dict[str, float] = {}
+        for source, chosen in incoming.items():
+            src = outcomes[source]
+            selected |= chosen
+            if pooled:
+                rcv_adv, src_adv = pooled_advantages(
+                    [rcv.rewards, src.rewards], self.adv_eps, self.adv_std_unbiased
+                )
+                own_advantages[chosen] = rcv_adv[chosen]
+            else:
+                src_adv = src.advantages
+            keep = success_only_keep(src.rewards) if self.transfer == "success_only" else None  # [P, n]
+            prompts = chosen.nonzero().flatten().tolist()
+            peer_groups += [
+                TrainGroup(
+                    prompt=p,
+                    source=source,
+                    peer=True,
+                    advantages=src_adv[p],
+                    keep=None if keep is None else keep[p],
+                )
+                for p in prompts
+            ]
+            transferred = sum(src.n if keep is None else int(keep[p].sum()) for p in prompts)
+            candidates = transfer_candidates(rcv.successes, src.successes, src.n)
+            diagnostics[f"candidates/{source}"] = float(candidates.sum())
+            diagnostics[f"selected/{source}"] = float(chosen.sum())
+            diagnostics[f"transferred/{source}"] = float(transferred)
+        # Unselected prompts keep the receiver's own group; selected ones drop it (replace) or keep
+        # it with pooled advantages (eq. 12).
+        groups = [
+            TrainGroup(prompt=p, source=receiver, peer=False, advantages=own_advantages[p])
+            for p in range(rcv.num_prompts)
+            if pooled or not bool(selected[p])
+        ]
+        return ExchangePlan(groups=groups + peer_groups, diagnostics=diagnostics)
+
+    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
+        if not self.gate:
+            return torch.ones_like(s)
+        if self.admission == "random":
+            return random_admission_weight(s, self.delta, generator)
+        return compatibility_weight(s, self.delta)
+
+    def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        if self.ratio_level == "sequence":
+            rows = batch.is_peer.bool() & (batch.weights > 0)
+            batch = replace(batch, logp=sequence_ratio_logp(batch.logp, batch.old_logp, batch.mask, rows))
+        return super().loss(batch)

@@ -1,0 +1,678 @@
+"""`graftrl compare`: a matrix of methods (and switches) x seeds on one task, with paper-style tables.
+
+A *matrix* is a list of variants, each ``{variant: NAME, method: METHOD, set: {dotted.key: value}}``;
+the overrides are applied (``graftrl.config.apply_overrides``) on the task's base config, which
+gives every variant the same prompts, steps and per-model rollout budget unless the row changes
+it (e.g. GRPO ``rollout.n: 16``). Built-in presets: ``table1`` (paper Table 1: GRPO n = 8/16/32,
+SGT, HACPO, GRAFT) and ``table2`` (GRAFT and each ablation switch of SPEC 2.4). A matrix file is
+YAML: either a list of variants or a mapping ``{variants: [...], baseline: NAME, reference: NAME}``.
+
+The default task is the embedded one of ``graftrl demo`` (warm-started heterogeneous tiny models,
+procedural problems, held-out pass@1 with the paper's sampling protocol). Every (variant, seed)
+cell trains in ``OUT/runs/<variant>-seed<seed>/`` and, when done, writes ``done.json`` there with
+its result rows and a digest of everything that determines it. A rerun skips cells whose marker
+matches, and restarts any other cell from scratch (an interrupted run directory is deleted, not
+resumed), so a partly finished matrix continues where it stopped.
+
+Outputs in OUT: ``results.json`` (rows ``{"variant","method","model","seed","n","pass_at_1",
+"steps","wall_s"}``; ``wall_s`` is the training wall-clock of the cell, evaluation excluded),
+``results.csv`` (the same rows), ``report.md`` (Table 1: pass@1 mean ± std over seeds per model,
+Δ vs the GRPO n = 8 baseline; Table 2: Δ vs full GRAFT; wall-clock and rollouts per variant) and
+plots ``training_curves.png`` (reward per step, mean over seeds) and ``pass_at_1.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import json
+import re
+import shutil
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_config
+from graftrl.data import MathProblem
+from graftrl.demo import DEFAULT, QUICK, DemoSettings
+
+__all__ = [
+    "ROW_KEYS",
+    "CompareError",
+    "CompareTask",
+    "Matrix",
+    "Variant",
+    "deltas",
+    "embedded_task",
+    "load_matrix",
+    "preset_matrix",
+    "run_compare",
+    "summarize",
+    "table_markdown",
+]
+
+ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "steps", "wall_s")
+"""Columns of results.csv (results.json rows hold the same keys)."""
+WARM_START = "warm-start"
+"""Pseudo-variant of the untrained policies (evaluated once, shown in Table 1)."""
+_NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
+_ROW_FIELDS = {"variant", "method", "set"}
+
+
+class CompareError(ValueError):
+    """A matrix or comparison problem; the message names the variant and what to fix."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the matrix: a method and config overrides on the task's base config."""
+
+    name: str
+    method: str
+    set: dict[str, Any] = field(default_factory=dict)
+    """Dotted config key -> value, applied after the base config (and ``--steps``)."""
+
+    def overrides(self) -> list[str]:
+        """``KEY=VALUE`` strings for ``apply_overrides`` (values as YAML that reads back the same)."""
+        return [f"{key}={_yaml_value(value)}" for key, value in self.set.items()]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    variants: list[Variant]
+    baseline: str | None = None
+    """Table 1 deltas are against this variant (default: ``grpo-n8``, else the first grpo row)."""
+    reference: str | None = None
+    """Table 2 deltas are against this variant (default: ``graft``, else the first plain graft row)."""
+    source: str = ""
+    """Where the matrix came from (preset name or file), for the report."""
+
+    @property
+    def baseline_name(self) -> str | None:
+        return self.baseline or _first(self.variants, "grpo-n8", "grpo", plain=False)
+
+    @property
+    def reference_name(self) -> str | None:
+        return self.reference or _first(self.variants, "graft", "graft", plain=True)
+
+
+def _first(variants: Sequence[Variant], name: str, method: str, plain: bool) -> str | None:
+    """``name`` if a variant has it, else the first ``method`` variant (without overrides if ``plain``)."""
+    names = [v.name for v in variants]
+    if name in names:
+        return name
+    return next((v.name for v in variants if v.method == method and not (plain and v.set)), None)
+
+
+def _yaml_value(value: Any) -> str:
+    """JSON is YAML, except that PyYAML reads ``1e-10`` (no dot) as a string: write ``1.0e-10``."""
+    text = json.dumps(value)
+    if isinstance(value, float) and re.fullmatch(r"-?\d+e[-+]?\d+", text):
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Matrices
+# --------------------------------------------------------------------------------------------
+
+PRESETS = ("table1", "table2")
+
+
+def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matrix:
+    """A built-in matrix; ``batch_prompts`` (the task's) sizes HACPO's minibatch (half the batch)."""
+    if name == "table1":
+        variants = [
+            Variant("grpo-n8", "grpo"),
+            Variant("grpo-n16", "grpo", {"rollout.n": 16}),
+            Variant("grpo-n32", "grpo", {"rollout.n": 32}),
+            Variant("sgt", "sgt"),
+            # HACPO's recipe (SPEC 3): KL 1e-3 and half the prompt batch per optimizer step (64/128).
+            Variant(
+                "hacpo",
+                "hacpo",
+                {"train.kl_coef": 1e-3, "train.minibatch_prompts": max(1, batch_prompts // 2)},
+            ),
+            Variant("graft", "graft"),
+        ]
+        return Matrix(variants, baseline="grpo-n8", reference="graft", source="preset table1")
+    if name == "table2":
+        variants = [
+            Variant("graft", "graft"),
+            Variant("no-gate", "graft", {"graft.gate": False}),
+            Variant("delta-0", "graft", {"graft.delta": 0.0}),
+            Variant("delta-0.7", "graft", {"graft.delta": 0.7}),
+            Variant("delta-0.9", "graft", {"graft.delta": 0.9}),
+            Variant("no-balance", "graft", {"graft.balance": False}),
+            Variant("sequence-ratio", "graft", {"graft.ratio_level": "sequence"}),
+            Variant("random-prompts", "graft", {"graft.selection": "random_prompts"}),
+            Variant("random-admission", "graft", {"graft.admission": "random"}),
+            Variant("peer-first", "graft", {"graft.peer_position": "first"}),
+            Variant("peer-uniform", "graft", {"graft.peer_position": "uniform"}),
+            Variant("pooled", "graft", {"graft.groups": "pooled"}),
+            Variant("success-only", "graft", {"graft.transfer": "success_only"}),
+            Variant("luffy", "luffy"),
+            Variant("sgt+graft-which", "sgt", {"sgt.selection": "balanced"}),
+        ]
+        return Matrix(variants, reference="graft", source="preset table2")
+    raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+
+
+def parse_matrix(raw: Any, source: str = "<matrix>") -> Matrix:
+    """A matrix from parsed YAML: a list of rows, or ``{variants: [...], baseline:, reference:}``."""
+    baseline = reference = None
+    if isinstance(raw, dict):
+        unknown = set(raw) - {"variants", "baseline", "reference"}
+        if unknown:
+            raise CompareError(
+                f"{source}: unknown top-level key(s) {sorted(unknown)} (allowed: variants, baseline, reference)"
+            )
+        baseline, reference, raw = raw.get("baseline"), raw.get("reference"), raw.get("variants")
+    if not isinstance(raw, list) or not raw:
+        raise CompareError(f"{source}: expected a non-empty list of variants ({{variant:, method:, set:}})")
+    variants: list[Variant] = []
+    for index, row in enumerate(raw):
+        where = f"{source} variant {index}"
+        if not isinstance(row, dict):
+            raise CompareError(f"{where}: expected a mapping with 'variant' and 'method', got {row!r}")
+        name = row.get("variant")
+        if isinstance(name, str):
+            where = f"{source} variant {name!r}"
+        unknown = set(row) - _ROW_FIELDS
+        if unknown:
+            raise CompareError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: variant, method, set)")
+        if not isinstance(name, str) or not _NAME.match(name) or name == WARM_START:
+            raise CompareError(
+                f"{where}: 'variant' must be a name of letters, digits and _ . + - (not {WARM_START!r}), "
+                f"got {name!r}"
+            )
+        method = row.get("method")
+        if not isinstance(method, str) or not method:
+            raise CompareError(f"{where}: 'method' must be a method name, got {method!r}")
+        overrides = row.get("set") or {}
+        if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+            raise CompareError(f"{where}: 'set' must map dotted config keys to values, got {overrides!r}")
+        for key in ("method", "seed"):
+            if key in overrides:
+                raise CompareError(
+                    f"{where}: 'set' may not hold {key!r} (the row's method and --seeds decide it)"
+                )
+        variants.append(Variant(name, method, dict(overrides)))
+    names = [v.name for v in variants]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise CompareError(f"{source}: duplicate variant name(s) {duplicates}")
+    for label, value in (("baseline", baseline), ("reference", reference)):
+        if value is not None and value not in names:
+            raise CompareError(f"{source}: {label} {value!r} is not one of the variants {names}")
+    return Matrix(variants, baseline=baseline, reference=reference, source=source)
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    path = Path(path)
+    if not path.is_file():
+        raise CompareError(f"matrix file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise CompareError(f"matrix file {path} is not valid YAML: {error}") from None
+    return parse_matrix(raw, str(path))
+
+
+def check_methods(matrix: Matrix) -> None:
+    """Every variant's method must be registered now; the error names the variant."""
+    from graftrl.methods import METHODS
+
+    for variant in matrix.variants:
+        if variant.method not in METHODS:
+            raise CompareError(
+                f"variant {variant.name!r}: method {variant.method!r} is not registered in this "
+                f"installation (registered: {', '.join(sorted(METHODS))}); remove the row or add the method"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# The task and its cells
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompareTask:
+    """What every cell trains and is evaluated on."""
+
+    name: str
+    base_config: dict[str, Any]
+    """Raw config shared by all cells (policies, data, sizes); method and seed are set per cell."""
+    heldout: list[MathProblem]
+    """Held-out problems for pass@1."""
+    settings: DemoSettings
+    """Evaluation samples and response limit (``eval_samples``, ``max_new_tokens``), for the report."""
+
+
+def embedded_task(out_dir: Path, cache_dir: Path | None, quick: bool, console: Console) -> CompareTask:
+    """The demo's task: warm-started (cached) embedded models and a procedural train/held-out split."""
+    from graftrl.data import load_problems
+    from graftrl.demo import _write_jsonl, demo_config
+    from graftrl.embedded.task import make_split
+    from graftrl.embedded.warmstart import prepare_embedded_models
+
+    settings = QUICK if quick else DEFAULT
+    cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
+    console.print(f"[bold]warm-starting the embedded models[/bold] (cached in {cache_dir})")
+    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0)
+    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval)
+    _write_jsonl(train, out_dir / "data" / "train.jsonl")
+    _write_jsonl(heldout, out_dir / "data" / "heldout.jsonl")
+    base = demo_config(paths, out_dir / "data" / "train.jsonl", "grpo", 0, settings)
+    return CompareTask("embedded", base, load_problems(out_dir / "data" / "heldout.jsonl"), settings)
+
+
+def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
+    """The validated Config of one cell; errors name the variant."""
+    raw = copy.deepcopy(task.base_config)
+    raw.update(method=variant.method, seed=seed)
+    try:
+        if steps is not None:
+            apply_overrides(raw, [f"train.steps={steps}"])
+        apply_overrides(raw, variant.overrides())
+        config = config_from_dict(raw, "(base config + the row's overrides)")
+    except (ConfigError, KeyError, IndexError, TypeError, ValueError) as error:
+        raise CompareError(f"variant {variant.name!r}: {error}") from None
+    from graftrl.methods import build_method
+
+    try:
+        build_method(config.method, config)
+    except ValueError as error:
+        raise CompareError(f"variant {variant.name!r}: {error}") from None
+    return config
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _eval_key(task: CompareTask) -> list[Any]:
+    s = task.settings
+    return [s.eval_samples, s.max_new_tokens, [p.id for p in task.heldout]]
+
+
+def _read_done(path: Path, digest: str) -> dict[str, Any] | None:
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return done if done.get("digest") == digest else None
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(data, indent=2))
+    staging.replace(path)
+
+
+def _rollouts_per_model(run_dir: Path, batch_prompts: int, n: int) -> float:
+    """Responses sampled per model over the run (dynamic sampling logs its prompts per step)."""
+    from graftrl.metrics import read_metrics
+
+    per_model: dict[str, int] = defaultdict(int)
+    for row in read_metrics(run_dir):
+        per_model[row["model"]] += int(row.get("prompts_sampled") or batch_prompts) * n
+    return statistics.fmean(per_model.values()) if per_model else 0.0
+
+
+def run_cell(
+    task: CompareTask,
+    variant: Variant,
+    seed: int,
+    steps: int | None,
+    out_dir: Path,
+    verifier: Any,
+    console: Console,
+) -> tuple[dict[str, Any], bool]:
+    """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran)."""
+    from graftrl.demo import _evaluate
+    from graftrl.trainer import Trainer
+
+    config = cell_config(task, variant, seed, steps)
+    run_dir = out_dir / "runs" / f"{variant.name}-seed{seed}"
+    digest = _digest(dump_config(config), _eval_key(task))
+    done = _read_done(run_dir / "done.json", digest)
+    if done is not None:
+        console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
+        return done, False
+    if run_dir.exists():  # unfinished, or finished under another config: start it over
+        console.print(f"{variant.name} seed {seed}: discarding the unfinished run in {run_dir}")
+        shutil.rmtree(run_dir)
+    console.print(f"[bold]{variant.name}[/bold] ({variant.method}) seed {seed}: {config.train.steps} steps")
+    start = time.perf_counter()
+    trainer = Trainer(config, run_dir, verifier=verifier)
+    trainer.train()
+    wall = time.perf_counter() - start
+    scores = _evaluate(trainer.policies, task.heldout, verifier, task.settings, seed)
+    rows = [
+        {
+            "variant": variant.name,
+            "method": variant.method,
+            "model": model,
+            "seed": seed,
+            "n": config.rollout.n,
+            "pass_at_1": score,
+            "steps": config.train.steps,
+            "wall_s": round(wall, 2),
+        }
+        for model, score in scores.items()
+    ]
+    done = {
+        "digest": digest,
+        "rows": rows,
+        "set": variant.set,
+        "rollouts_per_model": _rollouts_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
+    }
+    _write_json_atomic(run_dir / "done.json", done)
+    return done, True
+
+
+def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Console) -> dict[str, Any]:
+    """pass@1 of the untrained policies (evaluated once; its marker is reused like any cell's)."""
+    from graftrl.demo import _evaluate
+    from graftrl.policy import Policy
+
+    config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
+    run_dir = out_dir / "runs" / WARM_START
+    digest = _digest([p.model_dump(mode="json") for p in config.policies], _eval_key(task))
+    done = _read_done(run_dir / "done.json", digest)
+    if done is not None:
+        return done
+    console.print("[bold]warm-start[/bold]: evaluating the initial policies")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    policies = [
+        Policy.from_pretrained(
+            p.name, p.path, dtype=p.dtype, device=p.device, template=p.template, chat_template=p.chat_template
+        )
+        for p in config.policies
+    ]
+    scores = _evaluate(policies, task.heldout, verifier, task.settings, seed=0)
+    rows = [
+        {
+            "variant": WARM_START,
+            "method": WARM_START,
+            "model": model,
+            "seed": 0,
+            "n": config.rollout.n,
+            "pass_at_1": score,
+            "steps": 0,
+            "wall_s": 0.0,
+        }
+        for model, score in scores.items()
+    ]
+    done = {"digest": digest, "rows": rows, "set": {}, "rollouts_per_model": 0.0}
+    _write_json_atomic(run_dir / "done.json", done)
+    return done
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """variant -> model -> {"mean", "std", "seeds", "wall_s"} over seeds.
+
+    std is the sample standard deviation (n - 1; 0 for one seed); wall_s the mean training
+    wall-clock per seed.
+    """
+    values: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        values[row["variant"]][row["model"]].append(row)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for variant, models in values.items():
+        for model, cells in models.items():
+            scores = [float(c["pass_at_1"]) for c in cells]
+            out.setdefault(variant, {})[model] = {
+                "mean": statistics.fmean(scores),
+                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                "seeds": len(scores),
+                "wall_s": statistics.fmean(float(c["wall_s"]) for c in cells),
+            }
+    return out
+
+
+def deltas(
+    summary: Mapping[str, Mapping[str, Mapping[str, Any]]], reference: str | None
+) -> dict[str, dict[str, float | None]]:
+    """variant -> model -> mean(variant) - mean(reference) (None without a reference score)."""
+    ref = summary.get(reference or "", {})
+    return {
+        variant: {
+            model: (s["mean"] - ref[model]["mean"]) if model in ref else None for model, s in models.items()
+        }
+        for variant, models in summary.items()
+    }
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def table_markdown(
+    summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    reference: str | None,
+    variants: Sequence[str],
+    extra: Mapping[str, Mapping[str, str]] | None = None,
+    delta_label: str = "Δ",
+) -> str:
+    """Rows = variants, per model "pass@1 mean ± std" (percent) and Δ vs ``reference`` (points).
+
+    ``extra``: variant -> {column: text}, appended after the model columns.
+    """
+    models = sorted({m for v in variants for m in summary.get(v, {})})
+    extra_columns = list(dict.fromkeys(c for cols in (extra or {}).values() for c in cols))
+    header = ["variant"]
+    for model in models:
+        header += [f"{model} pass@1 (%)", f"{delta_label} {model}"]
+    header += extra_columns
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    diff = deltas(summary, reference)
+    for variant in variants:
+        if variant not in summary:
+            continue
+        cells = [f"**{variant}**" if variant == reference else variant]
+        for model in models:
+            s = summary[variant].get(model)
+            d = diff[variant].get(model)
+            cells.append(f"{_pct(s['mean'])} ± {_pct(s['std'])}" if s else "")
+            cells.append("—" if variant == reference else ("" if d is None else f"{100 * d:+.2f}"))
+        cells += [(extra or {}).get(variant, {}).get(c, "") for c in extra_columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
+    """variant -> per (step, model) reward on the shared prompt batch, mean over the seeds run."""
+    from graftrl.metrics import read_metrics
+
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        points: dict[tuple[int, str], list[float]] = defaultdict(list)
+        for seed in range(seeds):
+            run_dir = out_dir / "runs" / f"{name}-seed{seed}"
+            if (run_dir / "metrics.jsonl").exists():
+                for row in read_metrics(run_dir):
+                    # the reward on the step's shared batch (dynamic sampling trains on other prompts)
+                    value = row.get("shared_reward_mean", row.get("reward_mean"))
+                    if value is not None:
+                        points[(row["step"], row["model"])].append(value)
+        if points:
+            curves[name] = [
+                {"step": step, "model": model, "reward_mean": statistics.fmean(v)}
+                for (step, model), v in sorted(points.items())
+            ]
+    return curves
+
+
+def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_report(
+    out_dir: Path,
+    matrix: Matrix,
+    rows: Sequence[Mapping[str, Any]],
+    cells: Mapping[str, Sequence[Mapping[str, Any]]],
+    task: CompareTask,
+    seeds: int,
+    steps: int | None,
+    total_wall_s: float,
+) -> Path:
+    """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), and the plots."""
+    from graftrl.plots import plot_pass_at_1, plot_training_curves
+
+    summary = summarize(rows)
+    names = [v.name for v in matrix.variants]
+    extra: dict[str, dict[str, str]] = {}
+    for variant in matrix.variants:
+        done = cells.get(variant.name, [])
+        walls = [float(r["wall_s"]) for d in done for r in d["rows"][:1]]
+        extra[variant.name] = {
+            "method": variant.method,
+            "overrides": ", ".join(f"`{k}={_yaml_value(v)}`" for k, v in variant.set.items()) or "",
+            "n": str(done[0]["rows"][0]["n"]) if done else "",
+            "rollouts/model": f"{statistics.fmean(d['rollouts_per_model'] for d in done):,.0f}"
+            if done
+            else "",
+            "seeds": str(len(done)),
+            "train wall-clock (s/seed)": f"{statistics.fmean(walls):.1f}" if walls else "",
+            "total (s)": f"{sum(walls):.1f}" if walls else "",
+        }
+    extra[WARM_START] = {"method": "—", "seeds": "1"}
+    s = task.settings
+    base = task.base_config
+    lines = [
+        f"# graftrl compare: {matrix.source or 'matrix'} on the {task.name} task",
+        "",
+        f"Seeds: {seeds}. Steps: {steps or base['train']['steps']}; per step, every model gets "
+        f"{base['train']['batch_prompts']} prompts x n rollouts ({base['rollout']['n']} unless a row "
+        f"sets `rollout.n`), minibatch {base['train']['minibatch_prompts']} prompts. Held-out pass@1: "
+        f"{len(task.heldout)} problems x {s.eval_samples} samples at T = 0.6, top-p 0.95, "
+        f"{s.max_new_tokens} new tokens; mean ± std over seeds (sample std), in percent. "
+        "Wall-clock is training only (evaluation excluded), per seed.",
+        "",
+    ]
+    baseline, reference = matrix.baseline_name, matrix.reference_name
+    if baseline is not None:
+        lines += [
+            f"## Table 1: pass@1 per model, Δ vs {baseline}",
+            "",
+            table_markdown(summary, baseline, [WARM_START, *names], extra, f"Δ vs {baseline}"),
+            "",
+        ]
+    if reference is not None:
+        lines += [
+            f"## Table 2: ablations, Δ vs full GRAFT ({reference})",
+            "",
+            table_markdown(summary, reference, names, extra, f"Δ vs {reference}"),
+            "",
+        ]
+    if baseline is None and reference is None:
+        lines += ["## Results", "", table_markdown(summary, None, [WARM_START, *names], extra), ""]
+    missing = [n for n in names if n not in summary]
+    if missing:
+        lines += [f"Not run yet: {', '.join(missing)}.", ""]
+    lines += [
+        "Plots: `training_curves.png` (reward per step, mean over seeds), `pass_at_1.png`.",
+        f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
+        "",
+    ]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    curves = _curves(out_dir, names, seeds)
+    if curves:
+        plot_training_curves(curves, out_dir / "training_curves.png")
+    if rows:
+        plot_pass_at_1([{**r, "method": r["variant"]} for r in rows], out_dir / "pass_at_1.png")
+    return report
+
+
+def run_compare(
+    out_dir: Path,
+    matrix: Matrix | str,
+    seeds: int = 1,
+    steps: int | None = None,
+    quick: bool = False,
+    cache_dir: Path | None = None,
+    console: Console | None = None,
+    task: CompareTask | None = None,
+) -> dict[str, Any]:
+    """Run (or continue) every (variant, seed) cell, then write results and the report.
+
+    ``matrix``: a Matrix or a preset name (sized on the task's batch). ``task``: default the
+    embedded task (``quick``: its smoke-test sizes, ``cache_dir``: where warm-started models live).
+    """
+    from graftrl.rewards import MathVerifier
+
+    console = console or Console()
+    if seeds < 1:
+        raise CompareError(f"--seeds must be >= 1, got {seeds}")
+    spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
+    check_methods(spec)  # before the warm-start
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    task = task or embedded_task(out_dir, cache_dir, quick, console)
+    if isinstance(matrix, str):
+        spec = preset_matrix(matrix, task.base_config["train"]["batch_prompts"])
+    for variant in spec.variants:  # every config is checked before the first cell trains
+        cell_config(task, variant, 0, steps)
+    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ran: list[str] = []
+    rows: list[dict[str, Any]] = []
+
+    def results() -> dict[str, Any]:
+        return {
+            "rows": rows,
+            "variants": [asdict(v) for v in spec.variants],
+            "baseline": spec.baseline_name,
+            "reference": spec.reference_name,
+            "task": task.name,
+            "settings": asdict(task.settings),
+            "seeds": seeds,
+            "steps": steps,
+            "ran": ran,
+            "total_wall_s": round(time.perf_counter() - started, 1),
+        }
+
+    with MathVerifier() as verifier:
+        rows += warm_start_cell(task, out_dir, verifier, console)["rows"]
+        for seed in range(seeds):
+            for variant in spec.variants:
+                done, did_run = run_cell(task, variant, seed, steps, out_dir, verifier, console)
+                cells[variant.name].append(done)
+                rows += done["rows"]
+                if did_run:
+                    ran.append(f"{variant.name}-seed{seed}")
+                _write_json_atomic(out_dir / "results.json", results())  # progress survives a crash
+    order = {WARM_START: -1, **{v.name: i for i, v in enumerate(spec.variants)}}
+    rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
+    final = results()
+    _write_json_atomic(out_dir / "results.json", final)
+    _write_csv(rows, out_dir / "results.csv")
+    report = write_report(out_dir, spec, rows, cells, task, seeds, steps, final["total_wall_s"])
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
+    return final

@@ -1,0 +1,64 @@
+"""LUFFY's regularised importance-sampling objective for off-policy tokens (SPEC 2.4, Appendix G)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from graftrl.core.losses import clipped_policy_loss
+
+
+def luffy_shaping(logp: Tensor, gamma: float = 0.1) -> Tensor:
+    """f(pi_theta(o_t)) with f(x) = x / (x + gamma), x = exp(logp). logp: [B, T] -> [B, T].
+
+    The behaviour probability is taken as 1, so x is pi_theta itself (no ratio to an old policy),
+    and d f(x) / d logp = gamma x / (x + gamma)^2: small both for near-certain tokens and for very
+    unlikely ones, which is LUFFY's point.
+    """
+    x = torch.exp(logp)
+    return x / (x + gamma)
+
+
+def luffy_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    is_peer: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    gamma: float = 0.1,
+    *,
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Return (-J, metrics): own rows use the clipped surrogate (eq. 10), peer rows f(pi_theta) * a.
+
+    logp, old_logp, mask: [B, T]; advantages, weights, is_peer: [B]. Peer tokens are never clipped
+    and ignore ``old_logp``. J = 1/sum_j |o_j| * sum_j w_j sum_t g_{j,t}, with g the clipped
+    surrogate on own rows and f(pi_theta(o_t)) a_j on peer rows: one token-mean over every kept
+    token of the minibatch, own and peer together (``normalizer`` overrides the count as in
+    ``clipped_policy_loss``). Rows with weight 0 are removed.
+    """
+    kept_rows = weights > 0
+    token_mask = mask.bool() & kept_rows.unsqueeze(-1)  # [B, T]
+    denominator = token_mask.sum().clamp(min=1) if normalizer is None else normalizer
+    own_loss, metrics = clipped_policy_loss(
+        logp,
+        old_logp,
+        advantages,
+        weights * ~is_peer,
+        mask,
+        eps_low,
+        eps_high,
+        normalizer=denominator,
+        is_peer=is_peer,
+    )
+    peer_mask = token_mask & is_peer.unsqueeze(-1)  # [B, T]
+    shaped = luffy_shaping(logp, gamma) * advantages.unsqueeze(-1) * weights.unsqueeze(-1)  # [B, T]
+    peer_loss = -(shaped * peer_mask).sum() / denominator
+    with torch.no_grad():
+        metrics["tokens"] = token_mask.sum().float()
+        metrics["peer_tokens"] = peer_mask.sum().float()
+        metrics["peer_clipped_tokens"] = torch.zeros(())
+    return own_loss + peer_loss, metrics

@@ -1,0 +1,31 @@
+"""SGT's choice of supervised peer responses (SPEC section 3; Liu et al. 2026b)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sgt_eligible(k_receiver: Tensor, k_source: Tensor) -> Tensor:
+    """Prompts where the receiver has no correct rollout and the source at least one (k_S = n too).
+
+    k_receiver, k_source: [P] success counts. Returns BoolTensor [P]. Unlike GRAFT's candidates
+    (eq. 4) an all-correct source group qualifies.
+    """
+    return (k_receiver == 0) & (k_source >= 1)
+
+
+def pick_one_success(rewards: Tensor, prompts: Tensor, generator: torch.Generator) -> Tensor:
+    """One correct response per selected prompt, drawn uniformly among that group's successes.
+
+    rewards: [P, n] source rewards in {0, 1}; prompts: BoolTensor [P]. Returns BoolTensor [P, n]
+    with exactly one True per selected prompt that has a success, none elsewhere. Draws go in
+    ascending prompt order, one ``randint`` each.
+    """
+    picked = torch.zeros(rewards.shape, dtype=torch.bool)
+    for p in prompts.nonzero().flatten().tolist():
+        successes = (rewards[p] > 0.5).nonzero().flatten()
+        if successes.numel():
+            j = int(torch.randint(successes.numel(), (1,), generator=generator))
+            picked[p, successes[j]] = True
+    return picked

@@ -1,0 +1,265 @@
+"""HACPO: K agents train on every agent's rollouts, with capability-aware corrections (SPEC 3).
+
+Zhang et al. 2026 (arXiv 2603.02604), as SPEC section 3 states it and the review
+(``papers/hacpo-deep-dive.txt``) describes it:
+
+- **Capability tracker.** P_hat^(k) = mean of agent k's per-step mean reward over the last
+  ``window`` (5) steps, the current step included (the review's eq. 9: the window t-K+1..t);
+  omega^(k,j) = clip(P_hat^(k) / P_hat^(j), 0.1, 10). It updates in ``plan`` and is the method's
+  checkpointed state. Undefined ratios mean "equally capable": before any step (empty window)
+  and for 0 / 0, omega = 1; x / 0 clips to 10 and 0 / x to 0.1.
+- **Capability-aware advantage** for learner k over the pooled K*n responses of a prompt:
+  mu^(k) = mean_i omega^(k, src_i) r_i, A = (r - mu^(k)) / (std_joint + eps), the same A for own
+  and peer responses; uniform pooled groups get A = 0; mu^(k) > 1 falls back to k's own group
+  mean. Every agent trains on every prompt's pooled group: its own group plus one peer group
+  (``peer=True``) per other agent, all with advantages A^(k).
+- **Own responses (J_homo):** GSPO, s = exp(mean_t log rho_t) over the receiver's own tokens
+  (EOS included, as GSPO's response mask), term min(s A, clip(s, 1 - 3e-4, 1 + 4e-4) A).
+- **Peer responses (J_hete):** s^(k,j) = exp(lbar(pi_theta^k, y^k) - lbar(pi_old^j, y^j)), the
+  current receiver on its own re-tokenization (content tokens: terminal EOS excluded on both
+  sides, as the compatibility score) against the source's behaviour mean from the record;
+  c = clip(s, lower_m, 1), lower_m = min(1, 0.8 + 0.025 m) at optimizer step m of the rollout
+  step (``LossInputs.minibatch_index``); term c * sg(c)^alpha * omega^(j,k) * A, alpha = 1.
+  The source mean reaches the loss as ``LossInputs.source_mean_logp`` (the trainer copies the
+  record's ``mean_logprob`` per row), so ``peer_weights`` is 1 for every peer response: HACPO
+  has no compatibility gate. No PPO min on the peer term (the review: cross-agent ratios do not
+  drift monotonically).
+- **Capability coefficient.** The review's "Model Capabilities Discrepancy Coefficient" (its
+  eq. 10, section 3.2) *is* omega^(j,k) = P_hat^(j) / P_hat^(k) on the peer term; there is no
+  further coefficient beyond it.
+- **KL** to the frozen initial policy with the k3 estimator on own responses only: the
+  trainer's ``train.kl_coef`` (HACPO: 1e-3) gives ``ref_logp``; this loss adds it.
+- **Aggregation** (``hacpo.loss_agg``). "seq-mean" (default): the review writes both terms as
+  sequence means (eqs. 47-53, 1/G sum_i); HACPO runs on verl's GSPO, whose loss is a sequence
+  mean over the minibatch's rows. So the loss of a minibatch is
+  -(sum of own and peer row terms) / (rows in the minibatch) + kl_coef * (sum over own rows of
+  their token-mean k3) / (rows in the minibatch). With pooled minibatches (K*n rows per prompt)
+  this is eq. 53 averaged over the minibatch's prompts divided by K, a constant factor.
+  "token-mean": each row's sequence term counts once per response token, over the minibatch's
+  token count (k3 token-mean over the same count), as ClippedSurrogate.
+- **Minibatches.** A minibatch holds whole prompts: each prompt's own and peer groups go into
+  the same optimizer step (``order_minibatches``; Algorithm 1 computes J_homo and J_hete on
+  the same mini-batch subset), ``train.minibatch_prompts`` prompts per step. The paper's
+  HACPO uses 128 prompts per step and minibatch 64 prompts (2 optimizer steps), G = 8.
+
+Where the review and the SPEC differ, this follows the SPEC and offers the review as a switch:
+the peer lower bound (SPEC 0.8 + 0.025 m; the review's 1 - delta + m delta_step = 0.2 +
+0.025 m is ``hacpo.clip_lower: 0.2``), the reweighting base (SPEC sg(c)^alpha; the review's
+sg(s)^alpha for s < 1 is ``hacpo.exp_ratio: raw``), and the peer advantage (SPEC and the
+review's eq. 53 use the learner's A^(k); the review's eq. 10 writes the source's A^(j)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from graftrl.core import (
+    capability_baseline,
+    capability_ratios,
+    content_mask,
+    gspo_own_terms,
+    hacpo_advantages,
+    hacpo_peer_terms,
+    k3_kl,
+    pooled_minibatch_order,
+    stepwise_lower_bound,
+)
+from graftrl.methods.base import ExchangePlan, GroupOutcomes, LossInputs, TrainGroup, register_method
+
+
+@register_method("hacpo")
+@dataclass
+class HACPO:
+    """K >= 2 agents; each trains on every prompt's pooled group with capability corrections."""
+
+    name: str = "hacpo"
+    window: int = 5
+    """Sliding window (steps) of the capability estimate P_hat."""
+    omega_min: float = 0.1
+    omega_max: float = 10.0
+    own_clip_low: float = 3e-4
+    own_clip_high: float = 4e-4
+    clip_lower: float = 0.8
+    """Peer clip lower bound at minibatch 0; lower_m = min(1, clip_lower + clip_step * m)."""
+    clip_step: float = 0.025
+    alpha: float = 1.0
+    exp_ratio: str = "clipped"
+    loss_agg: str = "seq-mean"
+    adv_eps: float = 1e-6
+    adv_std_unbiased: bool = True
+    peer_position: str = "pooled"
+    """Informational: HACPO lays out its own minibatches (``order_minibatches``)."""
+    history: dict[str, list[float]] = field(default_factory=dict)
+    """Per agent, its per-step mean rewards of the last ``window`` steps (oldest first)."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"hacpo window must be >= 1, got {self.window}")
+        if self.exp_ratio not in ("clipped", "raw"):
+            raise ValueError(f"hacpo exp_ratio must be 'clipped' or 'raw', got {self.exp_ratio!r}")
+        if self.loss_agg not in ("seq-mean", "token-mean"):
+            raise ValueError(f"hacpo loss_agg must be 'seq-mean' or 'token-mean', got {self.loss_agg!r}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> HACPO:
+        if len(config.policies) < 2:
+            raise ValueError(f"method 'hacpo' needs at least two policies, got {len(config.policies)}")
+        h = config.hacpo
+        return cls(
+            window=h.window,
+            omega_min=h.omega_min,
+            omega_max=h.omega_max,
+            own_clip_low=h.own_clip_low,
+            own_clip_high=h.own_clip_high,
+            clip_lower=h.clip_lower,
+            clip_step=h.clip_step,
+            alpha=h.alpha,
+            exp_ratio=h.exp_ratio,
+            loss_agg=h.loss_agg,
+            adv_eps=config.train.adv_eps,
+            adv_std_unbiased=config.train.adv_std_unbiased,
+        )
+
+    # ----- capability tracker ---------------------------------------------------------------
+    def observe(self, mean_rewards: Mapping[str, float]) -> None:
+        """Push one step's mean reward per agent into the sliding windows."""
+        for agent, value in mean_rewards.items():
+            window = self.history.setdefault(agent, [])
+            window.append(float(value))
+            del window[: -self.window]
+
+    def capability(self, agent: str) -> float:
+        """P_hat of ``agent``: the mean of its window; NaN before any step."""
+        window = self.history.get(agent, [])
+        return sum(window) / len(window) if window else math.nan
+
+    def omega(self, agents: list[str]) -> Tensor:
+        """[K, K] omega^(k,j) = clip(P_hat^(k) / P_hat^(j)) for ``agents`` in that order."""
+        p_hat = torch.tensor([self.capability(a) for a in agents], dtype=torch.float64)
+        return capability_ratios(p_hat, self.omega_min, self.omega_max)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"window": self.window, "history": {a: list(w) for a, w in self.history.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:  # a checkpoint without method state: start the tracker afresh
+            self.history = {}
+            return
+        unknown = set(state) - {"window", "history"}
+        if unknown:
+            raise ValueError(f"HACPO state has unknown keys {sorted(unknown)}")
+        self.history = {str(a): [float(x) for x in w][-self.window :] for a, w in state["history"].items()}
+
+    # ----- plan -----------------------------------------------------------------------------
+    def plan(
+        self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
+    ) -> dict[str, ExchangePlan]:
+        agents = list(outcomes)
+        if len(agents) < 2:
+            raise ValueError(f"HACPO needs at least two agents, got {len(agents)}")
+        self.observe({a: float(outcomes[a].rewards.float().mean()) for a in agents})
+        omega = self.omega(agents)
+        rewards = torch.stack([outcomes[a].rewards.float() for a in agents])  # [K, P, n]
+        plans: dict[str, ExchangePlan] = {}
+        for k, receiver in enumerate(agents):
+            advantages = hacpo_advantages(rewards, omega[k], k, self.adv_eps, self.adv_std_unbiased)
+            _, fell_back = capability_baseline(rewards, omega[k], k)
+            order = [k] + [j for j in range(len(agents)) if j != k]
+            groups = [
+                TrainGroup(prompt=p, source=agents[j], peer=j != k, advantages=advantages[j, p])
+                for p in range(rewards.shape[1])
+                for j in order
+            ]
+            diagnostics = {
+                "capability": self.capability(receiver),
+                "baseline_fallbacks": float(fell_back.sum()),
+            }
+            for j, source in enumerate(agents):
+                if j != k:
+                    diagnostics[f"omega/{source}"] = float(omega[j, k])  # on the peer term
+            plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
+        return plans
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        """Optimizer steps of whole prompts: each prompt's own and peer groups together."""
+        prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
+        return pooled_minibatch_order(prompts, prompts_per_minibatch)
+
+    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
+        """No gate: every peer response enters; the loss uses the source mean directly."""
+        return torch.ones_like(s)
+
+    # ----- loss -----------------------------------------------------------------------------
+    def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        logp = batch.logp
+        device = logp.device
+        mask = batch.mask.bool()
+        kept = batch.weights > 0
+        is_peer = batch.is_peer.bool() & kept
+        is_own = ~batch.is_peer.bool() & kept
+        if batch.is_nll is not None and bool(batch.is_nll.any()):
+            raise ValueError("HACPO plans no NLL groups")
+
+        own_term, own_s, own_clipped = gspo_own_terms(
+            logp, batch.old_logp, batch.advantages, mask, self.own_clip_low, self.own_clip_high
+        )
+        terms = torch.where(is_own, own_term, torch.zeros_like(own_term))
+        peer_clipped = torch.zeros_like(is_peer)
+        peer_s = torch.zeros_like(own_s)
+        lower = stepwise_lower_bound(batch.minibatch_index, self.clip_lower, self.clip_step)
+        if bool(is_peer.any()):
+            if batch.source_mean_logp is None or batch.finished is None:
+                raise ValueError("HACPO needs LossInputs.source_mean_logp and .finished for peer rows")
+            agents = sorted(set(batch.sources) | {batch.receiver})
+            omega = self.omega(agents)
+            receiver = agents.index(batch.receiver)
+            # omega^(j,k) = P_hat^(j) / P_hat^(k): source j over learner k.
+            row_omega = torch.tensor(
+                [float(omega[agents.index(src), receiver]) for src in batch.sources], device=device
+            )
+            peer_term, peer_s, peer_clipped = hacpo_peer_terms(
+                logp,
+                batch.source_mean_logp.to(device),
+                batch.advantages,
+                row_omega,
+                content_mask(mask, batch.finished),
+                lower,
+                self.alpha,
+                self.exp_ratio,  # type: ignore[arg-type]
+            )
+            terms = torch.where(is_peer, peer_term, terms)
+
+        lengths = mask.sum(dim=-1).to(logp.dtype)
+        if self.loss_agg == "seq-mean":
+            denominator = float(batch.num_rows) if batch.num_rows > 0 else float(kept.sum().clamp(min=1))
+            loss = -terms.sum() / denominator
+            kl_mask = (mask & is_own.unsqueeze(-1)).to(logp.dtype) / lengths.clamp(min=1).unsqueeze(-1)
+        else:
+            denominator = float(batch.normalizer)
+            loss = -(terms * lengths).sum() / denominator
+            kl_mask = (mask & is_own.unsqueeze(-1)).to(logp.dtype)
+
+        with torch.no_grad():
+            own_rows, peer_rows = is_own, is_peer
+            metrics: dict[str, Tensor] = {
+                "own_tokens": (lengths * own_rows).sum(),
+                "peer_tokens": (lengths * peer_rows).sum(),
+                "own_clipped_tokens": (lengths * (own_clipped & own_rows)).sum(),
+                "peer_clipped_tokens": (lengths * (peer_clipped & peer_rows)).sum(),
+                "own_s_mean": own_s[own_rows].mean() if bool(own_rows.any()) else own_s.new_zeros(()),
+                "peer_s_mean": peer_s[peer_rows].mean() if bool(peer_rows.any()) else own_s.new_zeros(()),
+                "peer_lower_bound": own_s.new_tensor(lower),
+            }
+        if batch.ref_logp is not None and batch.kl_coef > 0:
+            kl = k3_kl(logp, batch.ref_logp, kl_mask, normalizer=denominator)
+            loss = loss + batch.kl_coef * kl
+            metrics["kl"] = kl.detach()
+        return loss, metrics

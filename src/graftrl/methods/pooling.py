@@ -1,0 +1,85 @@
+"""Naive pooling (SPEC 3): every model trains on the pooled group of all models, no corrections.
+
+For every prompt, the groups of all K models (2n responses for a pair) form one pool; a single
+GRPO advantage (eq. 1, ``train.adv_eps`` and ``train.adv_std_unbiased``) is computed over the
+pool and shared by own and peer responses alike. Each model trains on the whole pool of every
+prompt: its own group (behaviour log-probs) and each peer's group (re-tokenized, with the
+receiver's old log-probs as the ratio's denominator, eq. 9). No corrections: no compatibility
+gate or weight (w = 1), the standard token clip of eq. 2 for every row, token-mean over all
+tokens of the minibatch, no balancing, no selection. Every prompt's pool trains in one optimizer
+step (``order_minibatches``), ``train.minibatch_prompts`` prompts per step, so the number of
+optimizer steps is GRPO's while each step holds K n responses per prompt.
+
+SPEC also names a GSPO variant of the pooled advantage's loss; this is the GRPO one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from graftrl.core import pooled_minibatch_order
+from graftrl.core.pooling import pooled_advantages
+from graftrl.methods.base import ClippedSurrogate, ExchangePlan, GroupOutcomes, TrainGroup, register_method
+
+
+@register_method("pooling")
+@dataclass(frozen=True)
+class Pooling(ClippedSurrogate):
+    """K >= 1 models; each trains on every prompt's pooled group with one shared GRPO advantage."""
+
+    name: str = "pooling"
+    adv_eps: float = 1e-6
+    """eps_adv of eq. 1."""
+    adv_std_unbiased: bool = True
+    """Unbiased std of eq. 1 (over the pool)."""
+    peer_position: str = "pooled"
+    """Informational: each prompt's groups share an optimizer step (``order_minibatches``)."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> Pooling:
+        return cls(adv_eps=config.train.adv_eps, adv_std_unbiased=config.train.adv_std_unbiased)
+
+    def plan(
+        self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
+    ) -> dict[str, ExchangePlan]:
+        models = list(outcomes)
+        rewards = [outcomes[m].rewards for m in models]
+        advantages = dict(
+            zip(models, pooled_advantages(rewards, self.adv_eps, self.adv_std_unbiased), strict=True)
+        )
+        pool = torch.cat([r.float() for r in rewards], dim=-1)  # [P, K n]
+        mixed = ~(pool == pool[:, :1]).all(dim=-1)  # [P] pools with a learning signal
+        plans: dict[str, ExchangePlan] = {}
+        for receiver in models:
+            rcv = outcomes[receiver]
+            order = [receiver] + [m for m in models if m != receiver]
+            groups = [
+                TrainGroup(prompt=p, source=m, peer=m != receiver, advantages=advantages[m][p])
+                for p in range(rcv.num_prompts)
+                for m in order
+            ]
+            # Prompts where the receiver's own group had no signal but the pool has one.
+            own_uniform = (rcv.rewards == rcv.rewards[:, :1]).all(dim=-1)
+            diagnostics = {
+                "pooled_prompts": float(rcv.num_prompts),
+                "mixed_pools": float(mixed.sum()),
+                "pool_rescued": float((own_uniform & mixed).sum()),
+            }
+            diagnostics.update({f"pooled/{m}": float(rcv.num_prompts) for m in order[1:]})
+            plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
+        return plans
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        """Optimizer steps of whole prompts: each prompt's own and peer groups together."""
+        prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
+        return pooled_minibatch_order(prompts, prompts_per_minibatch)
+
+    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
+        return torch.ones_like(s)

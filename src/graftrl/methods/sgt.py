@@ -1,0 +1,136 @@
+"""SGT (Liu et al. 2026b): GRPO plus a supervised NLL term on one verified peer success (SPEC 3).
+
+Which: whenever the receiver has no correct rollout on a prompt (k_R = 0) and the peer has at
+least one (k_S >= 1, an all-correct peer group included), one of the peer's correct responses is
+drawn uniformly (the step's ``generator``; direction A -> B first, then B -> A, prompts
+ascending). Both directions, no balancing, no compatibility weight. ``selection: balanced`` is
+"SGT + GRAFT which" (Appendix G): the draw is restricted to GRAFT's complementary, balanced
+selection (eq. 4, m = min of the two directions, boundary ties).
+
+How: the receiver keeps every own group with its own advantages (plain GRPO, the failed group
+included: its advantages are 0), and the drawn responses become NLL groups
+(``TrainGroup(peer=True, nll=True, keep=one-hot)``), re-tokenized by the receiver after its own
+prompt template, response tokens as the trainer encodes them (the terminal EOS of a finished
+response included, so the model also learns where to stop). Per minibatch the loss is
+
+    L = -J_GRPO + lambda * (1 / N_nll) * sum_{NLL rows j} sum_t -log pi_theta(o^R_{j,t} | q, o^R_{j,<t})
+
+with J_GRPO the token-mean clipped surrogate over the minibatch's surrogate tokens (SPEC eq. 2;
+NLL rows are outside it: no old log-probs, weight 0), N_nll the minibatch's NLL token count
+(``LossInputs.nll_normalizer``) and lambda = ``sgt.nll_coef`` = 0.1. A minibatch without NLL
+rows is exactly GRPO.
+
+Where the NLL rows train (``sgt.peer_position``): "with_prompt" (default) puts each NLL group in
+the optimizer step of its prompt's own group, so every step is GRPO + lambda NLL of its own
+prompts, as SGT adds the term to the GRPO loss of the same batch, and the number of optimizer
+steps is GRPO's. "last" / "first" / "uniform" order them like peer groups (GRAFT's
+``minibatch_order``); there the NLL groups fill minibatches of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from graftrl.core import balanced_selection, minibatch_order, nll_loss, pooled_minibatch_order
+from graftrl.core.sgt import pick_one_success, sgt_eligible
+from graftrl.methods.base import (
+    ClippedSurrogate,
+    ExchangePlan,
+    GroupOutcomes,
+    LossInputs,
+    TrainGroup,
+    own_groups,
+    register_method,
+)
+
+
+@register_method("sgt")
+@dataclass(frozen=True)
+class SGT(ClippedSurrogate):
+    """GRPO on own groups + nll_coef * token-mean NLL of one drawn peer success per eligible prompt."""
+
+    name: str = "sgt"
+    nll_coef: float = 0.1
+    """lambda: weight of the NLL term."""
+    selection: str = "all"
+    """all: SGT's rule (k_R = 0, k_S >= 1); balanced: GRAFT's balanced selection ("SGT + GRAFT which")."""
+    peer_position: str = "with_prompt"
+    """Optimizer step of the NLL groups: with_prompt (their prompt's step), last, first or uniform."""
+
+    def __post_init__(self) -> None:
+        if self.selection not in ("all", "balanced"):
+            raise ValueError(f"sgt.selection must be 'all' or 'balanced', got {self.selection!r}")
+        if self.peer_position not in ("with_prompt", "last", "first", "uniform"):
+            raise ValueError(f"sgt.peer_position: unknown position {self.peer_position!r}")
+        if self.nll_coef < 0:
+            raise ValueError(f"sgt.nll_coef must be >= 0, got {self.nll_coef}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> SGT:
+        if len(config.policies) != 2:
+            raise ValueError(f"method 'sgt' pairs exactly two policies, got {len(config.policies)}")
+        s = config.sgt
+        return cls(nll_coef=s.nll_coef, selection=s.selection, peer_position=s.peer_position)
+
+    def plan(
+        self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
+    ) -> dict[str, ExchangePlan]:
+        if len(outcomes) != 2:
+            raise ValueError(f"SGT pairs exactly two policies, got {len(outcomes)}")
+        (name_a, a), (name_b, b) = outcomes.items()
+        if self.selection == "balanced":
+            a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=True)
+        else:
+            a_to_b, b_to_a = sgt_eligible(b.successes, a.successes), sgt_eligible(a.successes, b.successes)
+        picked_a_to_b = pick_one_success(a.rewards, a_to_b, generator)  # [P, n], A -> B drawn first
+        picked_b_to_a = pick_one_success(b.rewards, b_to_a, generator)
+        return {
+            name_b: self._plan_for(name_b, name_a, b, a_to_b, picked_a_to_b),
+            name_a: self._plan_for(name_a, name_b, a, b_to_a, picked_b_to_a),
+        }
+
+    @staticmethod
+    def _plan_for(
+        receiver: str, source: str, rcv: GroupOutcomes, eligible: Tensor, picked: Tensor
+    ) -> ExchangePlan:
+        nll = [
+            TrainGroup(
+                prompt=p,
+                source=source,
+                peer=True,
+                advantages=torch.zeros(rcv.n),
+                keep=picked[p].clone(),
+                nll=True,
+            )
+            for p in picked.any(dim=-1).nonzero().flatten().tolist()
+        ]
+        diagnostics = {
+            f"eligible/{source}": float(eligible.sum()),
+            f"nll_responses/{source}": float(len(nll)),
+        }
+        return ExchangePlan(groups=own_groups(receiver, rcv) + nll, diagnostics=diagnostics)
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        """Group indices per optimizer step (the trainer's hook); see ``peer_position``."""
+        if self.peer_position == "with_prompt":
+            prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
+            return pooled_minibatch_order(prompts, prompts_per_minibatch)
+        is_peer = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
+        return minibatch_order(is_peer, prompts_per_minibatch, self.peer_position, generator)  # type: ignore[arg-type]
+
+    def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, metrics = super().loss(batch)  # NLL rows have weight 0: outside the surrogate
+        if batch.is_nll is not None and bool(batch.is_nll.any()):
+            nll_mask = batch.mask.bool() & batch.is_nll.bool().unsqueeze(-1)  # [B, T]
+            nll = nll_loss(batch.logp, nll_mask, normalizer=batch.nll_normalizer)
+            loss = loss + self.nll_coef * nll
+            metrics["nll"] = nll.detach()
+            metrics["nll_tokens"] = nll_mask.sum().float()
+        return loss, metrics

@@ -1,0 +1,162 @@
+"""Validation during training and best-checkpoint selection (the paper's rule, section 5.1).
+
+Every ``validation.every`` completed steps (and after the last step) each policy is evaluated on
+the validation benchmarks with the evaluation protocol (``validation.samples`` samples per
+problem at ``validation.temperature`` / ``validation.top_p``, the training prompt format,
+verifier and length limit). Its aggregate is the unweighted mean of the benchmarks' pass@1. The
+same rule holds for every method: a policy's checkpoint is kept when its aggregate is strictly
+higher than its best so far.
+
+Files in the run directory:
+
+- ``validation.jsonl``: one row per (validation, policy), keyed like ``metrics.jsonl``:
+  ``step`` (the 0-based training step just completed), ``model`` (the policy name),
+  ``aggregate``, ``pass_at_1/<benchmark>`` per benchmark, ``best`` (the new best?) and
+  ``time_validation`` (seconds). A resumed run re-validates the steps it repeats; readers should
+  take the last row per (step, model).
+- ``best/<policy>/``: the best checkpoint (``save_pretrained`` model + tokenizer), replaced
+  atomically: written to ``best/<policy>.tmp`` and renamed into place.
+- ``best/best.json``: ``{policy: {"step": s, "completed_steps": s + 1, "aggregate": A}}`` with
+  ``step`` 0-based as in ``metrics.jsonl`` (the weights after ``s + 1`` training steps, like
+  ``checkpoints/step_{s+1:06d}``), replaced atomically.
+
+Validation uses the same sampling seed at every step (so checkpoints are compared on the same
+random stream) and restores the global RNG state afterwards, so it never changes training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graftrl.benchmarks import Benchmark, load_benchmarks
+from graftrl.config import Config
+from graftrl.evaluation import EvalProtocol, sample_correctness, summarize_benchmark
+from graftrl.policy import Policy
+from graftrl.rollout import HFRolloutEngine
+
+__all__ = ["Validator"]
+
+
+class Validator:
+    """Called by the trainer after every step; validates when due and keeps the best checkpoints."""
+
+    def __init__(
+        self,
+        config: Config,
+        run_dir: str | Path,
+        verifier: Any,
+        engine: HFRolloutEngine | None = None,
+        *,
+        benchmarks: Sequence[Benchmark] | None = None,
+        console: Any = None,
+    ) -> None:
+        settings = config.validation
+        self.run_dir = Path(run_dir)
+        self.every = settings.every
+        self.total_steps = config.train.steps
+        self.verifier = verifier
+        self.engine = engine or HFRolloutEngine(config.rollout.max_batch_size)
+        self.benchmarks = (
+            list(benchmarks)
+            if benchmarks is not None
+            else load_benchmarks(settings.specs(), settings.max_problems)
+        )
+        if not self.benchmarks:
+            raise ValueError("Validator: no validation benchmarks (set `validation.files`)")
+        self.protocol = EvalProtocol(
+            samples=settings.samples,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_new_tokens=settings.max_new_tokens or config.rollout.max_new_tokens,
+            prompt_suffix=config.data.prompt_suffix,
+            runs=1,
+            seed=config.seed,
+        )
+        if console is None and config.logging.progress:
+            from rich import get_console
+
+            console = get_console()
+        self.console = console
+        self.best_dir = self.run_dir / "best"
+        self.log_path = self.run_dir / "validation.jsonl"
+        best_file = self.best_dir / "best.json"
+        self.best: dict[str, dict[str, Any]] = (
+            json.loads(best_file.read_text()) if best_file.is_file() else {}
+        )
+
+    def due(self, step: int) -> bool:
+        """Validate after training step ``step`` (0-based)?"""
+        completed = step + 1
+        return completed % self.every == 0 or completed == self.total_steps
+
+    def __call__(self, step: int, policies: Sequence[Policy]) -> list[dict[str, Any]] | None:
+        """Validate every policy after training step ``step`` (0-based) when due; returns the rows."""
+        if not self.due(step):
+            return None
+        return self.validate(step, policies)
+
+    def validate(self, step: int, policies: Sequence[Policy]) -> list[dict[str, Any]]:
+        """Validate every policy now (after 0-based training step ``step``); returns the rows."""
+        rows = []
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            for policy in policies:
+                start = time.perf_counter()
+                scores = {
+                    b.name: summarize_benchmark(
+                        sample_correctness(
+                            policy, b.problems, self.verifier, self.protocol, self.protocol.seed, self.engine
+                        )
+                    )["pass_at_1"]
+                    for b in self.benchmarks
+                }
+                aggregate = statistics.fmean(scores.values())
+                previous = self.best.get(policy.name)
+                is_best = previous is None or aggregate > float(previous["aggregate"])
+                if is_best:
+                    self._save_best(policy, step, aggregate)
+                row = {
+                    "step": step,
+                    "model": policy.name,
+                    "aggregate": aggregate,
+                    **{f"pass_at_1/{name}": value for name, value in scores.items()},
+                    "best": is_best,
+                    "time_validation": time.perf_counter() - start,
+                }
+                rows.append(row)
+                with self.log_path.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+        if self.console is not None:
+            self.console.print(
+                f"validation after {step + 1} steps: "
+                + "  ".join(
+                    f"{r['model']} {100 * r['aggregate']:.2f}{' (best)' if r['best'] else ''}" for r in rows
+                )
+            )
+        return rows
+
+    def _save_best(self, policy: Policy, step: int, aggregate: float) -> None:
+        self.best_dir.mkdir(parents=True, exist_ok=True)
+        final = self.best_dir / policy.name
+        staging = self.best_dir / f"{policy.name}.tmp"
+        retired = self.best_dir / f"{policy.name}.old"
+        shutil.rmtree(staging, ignore_errors=True)
+        policy.save(str(staging))
+        shutil.rmtree(retired, ignore_errors=True)
+        if final.exists():
+            final.rename(retired)
+        staging.rename(final)
+        shutil.rmtree(retired, ignore_errors=True)
+        self.best[policy.name] = {"step": step, "completed_steps": step + 1, "aggregate": aggregate}
+        tmp = self.best_dir / "best.json.tmp"
+        tmp.write_text(json.dumps(self.best, indent=1) + "\n")
+        os.replace(tmp, self.best_dir / "best.json")

@@ -1,0 +1,243 @@
+"""`graftrl analyze` on a real two-step GRAFT run (tiny models, scripted rewards) with a store."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from graftrl.analyze import AnalysisError, analyze_run
+from graftrl.cli import app
+from graftrl.config import config_from_dict
+from graftrl.core import grpo_advantages
+from graftrl.metrics import read_metrics
+from graftrl.store import TrajectoryStore, TrajectoryWriter, rows_from_rollout, tokenizer_id
+from graftrl.trainer import Trainer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# llama fails prompt 0 entirely while gpt2 is mixed there; the reverse on prompt 1.
+CROSSED = [
+    [[0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],  # llama
+    [[1, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],  # gpt2
+]
+SECTIONS = [
+    "## Complementarity (paper Figure 1)",
+    "## Exchange volume",
+    "## Admission and compatibility (s, w)",
+    "## Clipping (paper Table 9)",
+    "## Reward and response length",
+    "## Validation",
+    "## Compute (paper Appendix D)",
+    "## Trajectory store",
+]
+
+
+class ScriptedRewards:
+    """Rewards by call (one call per policy per step, in policy order); remembers what it gave."""
+
+    def __init__(self, patterns: Sequence[list[list[float]]]) -> None:
+        self.patterns = patterns
+        self.given: list[list[list[float]]] = []
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        pattern = self.patterns[len(self.given) % len(self.patterns)]
+        self.given.append(pattern)
+        return [float(r) for group in pattern for r in group]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
+    """A real GRAFT run (2 steps, n = 4) whose rollouts are also written to run/store."""
+    run = tmp_path_factory.mktemp("analyze") / "run"
+    config = config_from_dict(
+        {
+            "method": "graft",
+            "seed": 3,
+            "policies": [
+                {"name": "llama", "path": str(tiny_checkpoints["llama"]), "template": "{problem}="},
+                {"name": "gpt2", "path": str(tiny_checkpoints["gpt2"]), "template": "Q: {problem}\nA: "},
+            ],
+            "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
+            "rollout": {"n": 4, "max_new_tokens": 8},
+            "train": {"steps": 2, "batch_prompts": 4, "minibatch_prompts": 2, "micro_batch_size": 5},
+            "optim": {"lr": 1e-2},
+            "graft": {"delta": 0.5},
+            "logging": {"progress": False},
+        }
+    )
+    rewards = ScriptedRewards(CROSSED)
+    writer = TrajectoryWriter(run / "store")
+    rollouts = []
+
+    def store_step(step: int, metrics) -> None:
+        problems = trainer.sampler.batch(step)
+        rows = []
+        for (policy, rollout), pattern in zip(rollouts, rewards.given[-len(rollouts) :], strict=True):
+            import torch
+
+            r = torch.tensor(pattern, dtype=torch.float32)
+            rows += rows_from_rollout(
+                step, policy.name, tokenizer_id(policy.tokenizer), problems, rollout, r, grpo_advantages(r)
+            )
+        writer.write_step(step, rows)
+        rollouts.clear()
+
+    trainer = Trainer(config, run, verifier=rewards, step_callback=store_step)
+    generate = trainer.engine.generate
+
+    def recording_generate(policy, prompts, params):
+        rollout = generate(policy, prompts, params)
+        rollouts.append((policy, rollout))
+        return rollout
+
+    trainer.engine.generate = recording_generate
+    trainer.train()
+    # best/best.json and validation.jsonl as graftrl.validation writes them
+    (run / "best").mkdir()
+    best = {
+        "llama": {"step": 0, "completed_steps": 1, "aggregate": 0.25},
+        "gpt2": {"step": 1, "completed_steps": 2, "aggregate": 0.5},
+    }
+    (run / "best" / "best.json").write_text(json.dumps(best))
+    validation = [
+        {"step": s, "model": m, "aggregate": a, "pass_at_1/tiny": a, "best": True, "time_validation": 3.0}
+        for s, m, a in [
+            (0, "llama", 0.0),
+            (0, "llama", 0.25),
+            (0, "gpt2", 0.1),
+            (1, "llama", 0.2),
+            (1, "gpt2", 0.5),
+        ]
+    ]  # the first row is repeated by a resume: the last one counts
+    (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in validation))
+    return run
+
+
+def test_analysis_report_plots_and_numbers(run_dir, tmp_path):
+    result = analyze_run(run_dir, tmp_path / "out")
+    text = (tmp_path / "out" / "analysis.md").read_text()
+    positions = [text.index(section) for section in SECTIONS]
+    assert positions == sorted(positions)
+    for name in (
+        "reward",
+        "response_length",
+        "complementarity",
+        "exchange",
+        "compatibility_s",
+        "compatibility_w",
+        "clipping",
+        "compute",
+        "validation",
+    ):
+        path = tmp_path / "out" / f"{name}.png"
+        assert path.exists() and path.read_bytes()[:4] == b"\x89PNG", name
+        assert f"]({name}.png)" in text
+    assert result.delta == 0.5 and result.models == ["llama", "gpt2"] and result.steps == [0, 1]
+
+    rows = read_metrics(run_dir)
+    # zero-peer-clipping share by hand: among (step, model) rows with peer tokens, clip_frac_peer == 0
+    peer_rows = [r for r in rows if r.get("clip_frac_peer") is not None]
+    assert peer_rows  # steps where some grafted response was admitted (s > delta)
+    expected_share = sum(r["clip_frac_peer"] == 0 for r in peer_rows) / len(peer_rows)
+    assert result.clipping.zero_peer_share() == pytest.approx(expected_share)
+    for model in ("llama", "gpt2"):
+        mine = [r for r in peer_rows if r["model"] == model]
+        assert result.clipping.zero_peer_share(model) == pytest.approx(
+            sum(r["clip_frac_peer"] == 0 for r in mine) / len(mine)
+        )
+        own = statistics.fmean(r["clip_frac_own"] for r in rows if r["model"] == model)
+        assert result.clipping.own[model] == pytest.approx(own)
+    # accelerator-hours by hand: 1 accelerator per policy x summed time_step
+    hours = {m: sum(r["time_step"] for r in rows if r["model"] == m) / 3600 for m in ("llama", "gpt2")}
+    for model, value in hours.items():
+        assert result.compute.hours(model) == pytest.approx(value)
+    to_best = {
+        "llama": sum(r["time_step"] for r in rows if r["model"] == "llama" and r["step"] == 0) / 3600,
+        "gpt2": hours["gpt2"],  # best after the last step
+    }
+    for model, value in to_best.items():
+        assert result.compute.hours_to_best(model) == pytest.approx(value)
+    assert result.compute.total_hours == pytest.approx(sum(hours.values()))
+    assert result.compute.total_hours_to_best == pytest.approx(sum(to_best.values()))
+    assert f"| total | 2 | – | {sum(r['time_step'] for r in rows):.4g} | {sum(hours.values()):.4g} |" in text
+    assert "Validation wall-clock, excluded above: 12 s." in text
+    assert len(result.validation) == 4 and "| aggregate | llama | 0.25 | 0 |" in text
+
+    # complementarity: metrics say 1.0 each step; the store's rewards agree
+    for comp in result.complementarity:
+        assert comp.by_step == {0: 1.0, 1: 1.0}
+        assert comp.store_by_step == comp.by_step and not comp.mismatches
+    assert text.count("agrees on 2 step(s)") == 2
+    assert result.store_ok is True
+
+    # exchange: one prompt, four responses each way each step; admitted = s > delta in compatibility.jsonl
+    compat = [json.loads(line) for line in (run_dir / "compatibility.jsonl").read_text().splitlines()]
+    for ex in result.exchange:
+        assert ex.selected == [1.0, 1.0] and ex.transferred == [4, 4]
+        scores = [s for c in compat if c["receiver"] == ex.receiver for s in c["s"]]
+        assert ex.admitted == [sum(s > 0.5 for s in c["s"]) for c in compat if c["receiver"] == ex.receiver]
+        assert ex.w == [min(s, 1.0) if s > 0.5 else 0.0 for s in scores]
+
+
+def test_store_disagreement_is_reported(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    copy.mkdir()
+    rows = read_metrics(run_dir)
+    for row in rows:
+        if row["model"] == "llama" and row["step"] == 1:
+            row["complementarity/gpt2"] = 0.5
+    (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = analyze_run(copy, store_dir=run_dir / "store")
+    llama = next(c for c in result.complementarity if c.receiver == "llama")
+    assert llama.mismatches == [(1, 0.5, 1.0)]
+    assert "DISAGREES at steps 1 (metrics 0.5, store 1)" in result.report.read_text()
+    assert TrajectoryStore(run_dir / "store").verify().ok
+
+
+def test_cli_analyze(run_dir, tmp_path):
+    result = CliRunner().invoke(app, ["analyze", str(run_dir), "--out", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cli" / "analysis.md").exists()
+    missing = CliRunner().invoke(app, ["analyze", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "no metrics.jsonl" in " ".join(missing.output.split())
+
+
+def test_metrics_only_run_with_a_torn_last_line(tmp_path):
+    """A single-model run with nothing but metrics.jsonl, cut mid-append by a crash."""
+    rows = [
+        {
+            "step": s,
+            "model": "solo",
+            "reward_mean": 0.1 * s,
+            "all_fail_frac": 0.5,
+            "all_pass_frac": 0.0,
+            "response_length": 10.0,
+            "clip_frac_own": 0.01,
+            "clip_frac_peer": None,
+            "time_rollout": 1.0,
+            "time_reward": 0.5,
+            "time_update": 2.0,
+        }
+        for s in range(3)
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "mod'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    (tmp_path / "config.yaml").write_text("policies:\n  - {name: solo, path: x, accelerators: 4}\n")
+    result = analyze_run(tmp_path)
+    assert result.compute.hours("solo") == pytest.approx(
+        4 * 3 * 3.5 / 3600
+    )  # phases summed without time_step
+    assert result.clipping.zero_peer_share() is None and not result.exchange
+    report = result.report.read_text()
+    assert "incomplete last line skipped" in report and "No exchange in this run" in report
+    (tmp_path / "metrics.jsonl").write_text("not json\n" + text)
+    with pytest.raises(AnalysisError, match=r"metrics\.jsonl line 1: not valid JSON"):
+        analyze_run(tmp_path)

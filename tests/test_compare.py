@@ -1,0 +1,256 @@
+"""`graftrl compare`: matrices, presets, table arithmetic, outputs and resuming a partial matrix."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_trainer import make_config
+from typer.testing import CliRunner
+
+import graftrl.compare as compare
+from graftrl.cli import app
+from graftrl.compare import (
+    ROW_KEYS,
+    CompareError,
+    CompareTask,
+    Matrix,
+    Variant,
+    cell_config,
+    check_methods,
+    deltas,
+    parse_matrix,
+    preset_matrix,
+    summarize,
+    table_markdown,
+)
+from graftrl.config import apply_overrides
+from graftrl.data import load_problems
+from graftrl.demo import DemoSettings
+from graftrl.methods import METHODS
+from graftrl.trainer import Trainer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PLOTS = ("training_curves.png", "pass_at_1.png")
+
+
+@pytest.fixture
+def tiny_task(tiny_checkpoints) -> CompareTask:
+    """The tiny random checkpoints on the fixture problems: cells take seconds, not minutes."""
+    base = make_config(tiny_checkpoints, steps=1)
+    del base["method"], base["seed"]
+    settings = DemoSettings(
+        steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
+    )
+    return CompareTask("tiny", base, load_problems(FIXTURES / "math_small.jsonl")[:3], settings)
+
+
+# ----- tables --------------------------------------------------------------------------------
+
+SYNTHETIC = [
+    {"variant": "grpo-n8", "method": "grpo", "model": "a", "seed": 0, "pass_at_1": 0.30, "wall_s": 10.0},
+    {"variant": "grpo-n8", "method": "grpo", "model": "a", "seed": 1, "pass_at_1": 0.40, "wall_s": 12.0},
+    {"variant": "grpo-n8", "method": "grpo", "model": "b", "seed": 0, "pass_at_1": 0.10, "wall_s": 10.0},
+    {"variant": "grpo-n8", "method": "grpo", "model": "b", "seed": 1, "pass_at_1": 0.20, "wall_s": 12.0},
+    {"variant": "graft", "method": "graft", "model": "a", "seed": 0, "pass_at_1": 0.50, "wall_s": 20.0},
+    {"variant": "graft", "method": "graft", "model": "a", "seed": 1, "pass_at_1": 0.60, "wall_s": 22.0},
+    {"variant": "graft", "method": "graft", "model": "b", "seed": 0, "pass_at_1": 0.05, "wall_s": 20.0},
+    {"variant": "no-gate", "method": "graft", "model": "a", "seed": 0, "pass_at_1": 0.45, "wall_s": 21.0},
+]
+
+
+def test_table_arithmetic_against_hand_values():
+    summary = summarize(SYNTHETIC)
+    a = summary["grpo-n8"]["a"]
+    assert a["mean"] == pytest.approx(0.35) and a["std"] == pytest.approx(0.0707107, abs=1e-6)
+    assert a["seeds"] == 2 and a["wall_s"] == pytest.approx(11.0)
+    assert summary["graft"]["b"] == pytest.approx({"mean": 0.05, "std": 0.0, "seeds": 1, "wall_s": 20.0})
+    vs_grpo = deltas(summary, "grpo-n8")
+    assert vs_grpo["graft"]["a"] == pytest.approx(0.20) and vs_grpo["graft"]["b"] == pytest.approx(-0.10)
+    assert vs_grpo["grpo-n8"]["a"] == 0.0
+    vs_graft = deltas(summary, "graft")
+    assert vs_graft["no-gate"]["a"] == pytest.approx(-0.10)
+    assert deltas(summary, None)["graft"]["a"] is None
+
+    table = table_markdown(summary, "grpo-n8", ["grpo-n8", "graft", "no-gate"], {"graft": {"wall": "21.0"}})
+    lines = table.splitlines()
+    assert lines[0] == "| variant | a pass@1 (%) | Δ a | b pass@1 (%) | Δ b | wall |"
+    assert lines[2] == "| **grpo-n8** | 35.00 ± 7.07 | — | 15.00 ± 7.07 | — |  |"
+    assert lines[3] == "| graft | 55.00 ± 7.07 | +20.00 | 5.00 ± 0.00 | -10.00 | 21.0 |"
+    assert lines[4] == "| no-gate | 45.00 ± 0.00 | +10.00 |  |  |  |"
+
+
+# ----- matrices ------------------------------------------------------------------------------
+
+
+def test_parse_matrix_forms_and_errors():
+    rows = [
+        {"variant": "base", "method": "grpo"},
+        {"variant": "g7", "method": "graft", "set": {"graft.delta": 0.7}},
+    ]
+    plain = parse_matrix(rows)
+    assert [v.name for v in plain.variants] == ["base", "g7"] and plain.variants[1].set == {
+        "graft.delta": 0.7
+    }
+    assert plain.baseline_name == "base" and plain.reference_name is None  # no plain graft row
+    full = parse_matrix({"variants": rows, "baseline": "base", "reference": "g7"})
+    assert (full.baseline_name, full.reference_name) == ("base", "g7")
+    bad = [
+        ([{"variant": "x", "method": "grpo", "sett": {}}], r"variant 'x': unknown key"),
+        ([{"variant": "x y", "method": "grpo"}], r"'variant' must be a name"),
+        ([{"variant": "x", "method": "grpo"}, {"variant": "x", "method": "graft"}], "duplicate variant"),
+        ([{"variant": "x", "method": "grpo", "set": {"seed": 3}}], r"variant 'x': 'set' may not hold 'seed'"),
+        ({"variants": rows, "baseline": "nope"}, "baseline 'nope' is not one of"),
+        ([], "non-empty list"),
+    ]
+    for raw, message in bad:
+        with pytest.raises(CompareError, match=message):
+            parse_matrix(raw)
+
+
+def test_presets_and_overrides_build_valid_configs(tiny_task):
+    table1 = preset_matrix("table1", batch_prompts=32)
+    assert [v.name for v in table1.variants] == ["grpo-n8", "grpo-n16", "grpo-n32", "sgt", "hacpo", "graft"]
+    assert table1.variants[1].set == {"rollout.n": 16}
+    assert table1.variants[4].set["train.minibatch_prompts"] == 16
+    table2 = preset_matrix("table2")
+    assert table2.reference_name == "graft" and len(table2.variants) == 15
+    # every preset row whose method is registered yields a valid config on a real task
+    for matrix in (preset_matrix("table1", batch_prompts=4), table2):
+        for variant in matrix.variants:
+            if variant.method in METHODS:
+                config = cell_config(tiny_task, variant, seed=2, steps=5)
+                assert config.method == variant.method and config.seed == 2 and config.train.steps == 5
+    assert cell_config(tiny_task, table1.variants[2], 0, None).rollout.n == 32
+    assert cell_config(tiny_task, table1.variants[0], 0, None).rollout.n == 4  # the task's n
+    with pytest.raises(CompareError, match="unknown preset"):
+        preset_matrix("table3")
+
+
+def test_unknown_methods_and_keys_name_the_variant(tiny_task, tmp_path):
+    with pytest.raises(CompareError, match=r"variant 'mystery': method 'no-such-method' is not registered"):
+        check_methods(Matrix([Variant("grpo", "grpo"), Variant("mystery", "no-such-method")]))
+    with pytest.raises(CompareError, match=r"(?s)variant 'typo'.*graft\.dleta: unknown key"):
+        cell_config(tiny_task, Variant("typo", "graft", {"graft.dleta": 0.5}), 0, None)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump([{"variant": "later", "method": "not-yet-merged"}]))
+    result = CliRunner().invoke(app, ["compare", "--matrix", str(matrix), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "variant 'later'" in result.output and "not registered" in result.output
+    # values keep their YAML type through apply_overrides, including exponent-only floats
+    raw = apply_overrides(
+        {}, Variant("v", "grpo", {"a.b": 1e-10, "a.c": False, "a.d": "x y", "a.e": 3}).overrides()
+    )
+    assert raw == {"a": {"b": 1e-10, "c": False, "d": "x y", "e": 3}}
+
+
+# ----- the harness ---------------------------------------------------------------------------
+
+
+def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch):
+    calls: list[str] = []
+    quick_flags: list[bool] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        calls.append(self.run_dir.name)
+        return original_train(self, resume)
+
+    def fake_embedded_task(out_dir, cache_dir, quick, console):
+        quick_flags.append(quick)
+        return tiny_task
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    monkeypatch.setattr(compare, "embedded_task", fake_embedded_task)
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(
+        yaml.safe_dump(
+            [
+                {"variant": "grpo-n4", "method": "grpo", "set": {"rollout.n": 4}},
+                {"variant": "graft", "method": "graft"},
+            ]
+        )
+    )
+    out = tmp_path / "cmp"
+    args = ["compare", "--matrix", str(matrix), "--quick", "--seeds", "1", "--out", str(out)]
+    args += ["--cache", str(tmp_path / "cache")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert quick_flags == [True]
+    assert sorted(calls) == ["graft-seed0", "grpo-n4-seed0"]
+
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert all(set(row) == set(ROW_KEYS) for row in rows)
+    assert {(r["variant"], r["method"], r["model"]) for r in rows} == {
+        (v, m, model)
+        for v, m in (("warm-start", "warm-start"), ("grpo-n4", "grpo"), ("graft", "graft"))
+        for model in ("llama", "gpt2")
+    }
+    trained = [r for r in rows if r["variant"] != "warm-start"]
+    assert all(r["n"] == 4 and r["steps"] == 1 and r["seed"] == 0 and r["wall_s"] > 0 for r in trained)
+    assert all(0.0 <= r["pass_at_1"] <= 1.0 for r in rows)
+    assert results["baseline"] == "grpo-n4" and results["reference"] == "graft"
+    with (out / "results.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == list(ROW_KEYS) and len(table) == len(rows)
+    report = (out / "report.md").read_text()
+    assert "Table 1: pass@1 per model, Δ vs grpo-n4" in report
+    assert "Table 2: ablations, Δ vs full GRAFT (graft)" in report
+    assert "train wall-clock (s/seed)" in report and "rollouts/model" in report
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 1000, name
+
+    # a finished cell is skipped; an unfinished one is restarted from scratch
+    grpo_metrics = out / "runs" / "grpo-n4-seed0" / "metrics.jsonl"
+    grpo_mtime = grpo_metrics.stat().st_mtime_ns
+    graft_dir = out / "runs" / "graft-seed0"
+    (graft_dir / "done.json").unlink()
+    (graft_dir / "leftover.txt").write_text("from the interrupted run")
+    calls.clear()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert calls == ["graft-seed0"]
+    assert grpo_metrics.stat().st_mtime_ns == grpo_mtime
+    assert not (graft_dir / "leftover.txt").exists() and (graft_dir / "done.json").exists()
+    rerun = json.loads((out / "results.json").read_text())
+    assert rerun["ran"] == ["graft-seed0"]
+    assert len(rerun["rows"]) == len(rows)
+    assert [r for r in rerun["rows"] if r["variant"] == "grpo-n4"] == [
+        r for r in rows if r["variant"] == "grpo-n4"
+    ]
+
+
+@pytest.mark.slow
+def test_quick_compare_on_the_embedded_task(tmp_path):
+    """The real `--quick` path: warm-started embedded models, two variants, one seed."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(
+        yaml.safe_dump(
+            [
+                {"variant": "grpo-n4", "method": "grpo", "set": {"rollout.n": 4}},
+                {"variant": "graft", "method": "graft"},
+            ]
+        )
+    )
+    out = tmp_path / "cmp"
+    args = [
+        "compare",
+        "--matrix",
+        str(matrix),
+        "--quick",
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"warm-start", "grpo-n4", "graft"}
+    assert {r["model"] for r in rows} == {"llama-char", "gpt2-bpe"}
+    for name in ("report.md", "results.csv", *PLOTS):
+        assert (out / name).exists(), name

@@ -1,0 +1,138 @@
+"""Recording trajectories, training against a stored peer (SPEC 2.3), K > 2 GRAFT, byte scores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_trainer import CROSSED, ScriptedRewards, make_config
+
+from graftrl.config import config_from_dict
+from graftrl.core import multi_source_selection, transfer_candidates
+from graftrl.metrics import read_metrics
+from graftrl.policy import Policy
+from graftrl.rollout import content_mean_logprob
+from graftrl.store import StoreError, TrajectoryStore
+from graftrl.trainer import Trainer
+
+LLAMA, GPT2 = CROSSED  # [P, n] reward patterns: llama fails prompt 0, gpt2 fails prompt 1
+
+
+def single(config: dict, name: str, **extra) -> dict:
+    """The config with one policy kept."""
+    return {**config, "policies": [p for p in config["policies"] if p["name"] == name], **extra}
+
+
+def record_gpt2(tiny_checkpoints, tmp_path, steps=2):
+    config = single(make_config(tiny_checkpoints, method="grpo", steps=steps), "gpt2", store={"record": True})
+    Trainer(config_from_dict(config), tmp_path / "gpt2-grpo", verifier=ScriptedRewards([GPT2])).train()
+    return tmp_path / "gpt2-grpo" / "store"
+
+
+def test_recorded_store_holds_every_group(tiny_checkpoints, tmp_path):
+    store = TrajectoryStore(record_gpt2(tiny_checkpoints, tmp_path))
+    assert store.steps() == [0, 1]
+    rows = store.read_step(0)
+    assert len(rows) == 4 * 4 and {r.source for r in rows} == {"gpt2"}
+    assert [r.reward for r in sorted(rows, key=lambda r: (r.group_index, r.index))] == [
+        x for g in GPT2 for x in g
+    ]
+    assert store.verify().ok
+
+
+def test_training_against_a_stored_peer_transfers_what_the_rule_selects(tiny_checkpoints, tmp_path):
+    store_path = record_gpt2(tiny_checkpoints, tmp_path)
+    config = single(
+        make_config(tiny_checkpoints, steps=2), "llama", peers=[{"name": "gpt2", "path": str(store_path)}]
+    )
+    trainer = Trainer(
+        config_from_dict(config), tmp_path / "llama-stored", verifier=ScriptedRewards([LLAMA, GPT2])
+    )
+    assert [p.name for p in trainer.policies] == ["llama"]  # the partner model is never loaded
+    trainer.train()
+    expected = transfer_candidates(torch.tensor(LLAMA).sum(-1), torch.tensor(GPT2).sum(-1), 4)  # one-way: all
+    rows = read_metrics(tmp_path / "llama-stored")
+    assert [r["model"] for r in rows] == ["llama", "llama"]
+    for row in rows:
+        assert row["candidates/gpt2"] == row["selected/gpt2"] == float(expected.sum())
+        assert row["peer_responses"] == 4 * int(expected.sum())
+        assert row["stored_reward_changes/gpt2"] == 0.0
+    # the grafted responses are the stored texts of the selected prompts
+    compat = [
+        json.loads(line)
+        for line in (tmp_path / "llama-stored" / "compatibility.jsonl").read_text().splitlines()
+    ]
+    stored = TrajectoryStore(store_path).read_step(0)
+    selected = expected.nonzero().flatten().tolist()
+    assert compat[0]["reward"] == [
+        r.reward for r in sorted(stored, key=lambda r: (r.group_index, r.index)) if r.group_index in selected
+    ]
+
+
+def test_stored_peer_errors_name_the_fix(tiny_checkpoints, tmp_path):
+    store_path = record_gpt2(tiny_checkpoints, tmp_path, steps=1)
+    config = single(
+        make_config(tiny_checkpoints, steps=2), "llama", peers=[{"name": "gpt2", "path": str(store_path)}]
+    )
+    trainer = Trainer(config_from_dict(config), tmp_path / "run", verifier=ScriptedRewards([LLAMA, GPT2]))
+    with pytest.raises(StoreError, match="match: prompt_id"):
+        trainer.train()  # step 1 was never recorded
+    by_id = single(
+        make_config(tiny_checkpoints, steps=2),
+        "llama",
+        peers=[{"name": "gpt2", "path": str(store_path), "match": "prompt_id"}],
+    )
+    # by prompt id the step-0 groups serve any step whose prompts they cover; step 1 has new ones
+    with pytest.raises(StoreError, match="no group of source 'gpt2'"):
+        Trainer(config_from_dict(by_id), tmp_path / "run2", verifier=ScriptedRewards([LLAMA, GPT2])).train()
+
+
+def test_graft_with_three_policies_follows_the_multi_source_rule(tiny_checkpoints, tmp_path):
+    config = make_config(tiny_checkpoints, steps=1)
+    config["policies"].append(
+        {"name": "llama2", "path": str(tiny_checkpoints["llama"]), "template": "{problem}="}
+    )
+    third = [[1, 0, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]
+    trainer = Trainer(
+        config_from_dict(config), tmp_path / "k3", verifier=ScriptedRewards([LLAMA, GPT2, third])
+    )
+    trainer.train()
+    successes = torch.tensor([LLAMA, GPT2, third]).sum(-1)
+    chosen = multi_source_selection(successes, 4)
+    names = ["llama", "gpt2", "llama2"]
+    rows = {row["model"]: row for row in read_metrics(tmp_path / "k3")}
+    for r, receiver in enumerate(names):
+        for j, source in enumerate(names):
+            if j != r:
+                assert rows[receiver][f"selected/{source}"] == float((chosen[r] == j).sum())
+
+
+def test_byte_normalised_compatibility(tiny_checkpoints, tmp_path):
+    config = make_config(tiny_checkpoints, steps=1)
+    config["graft"] = {"compat_normalization": "byte"}
+    fresh = Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ")
+    trainer = Trainer(config_from_dict(config), tmp_path / "byte", verifier=ScriptedRewards(CROSSED))
+    captured = {}
+    original = trainer._training_rows
+
+    def spy(step, policy, rollout, plan, records, *rest):
+        captured[policy.name] = records
+        return original(step, policy, rollout, plan, records, *rest)
+
+    trainer._training_rows = spy
+    trainer.train()
+    compat = {
+        c["receiver"]: c
+        for c in map(json.loads, (tmp_path / "byte" / "compatibility.jsonl").read_text().splitlines())
+    }
+    records = captured["gpt2"]["llama"][4:8]  # gpt2 receives llama's group on prompt 1
+    for record, s in zip(records, compat["gpt2"]["s"], strict=True):
+        ids = fresh.encode_response(record.response, record.finished)
+        problem = trainer.sampler.batch(0)[1].problem
+        logprobs = fresh.score(fresh.encode_prompts([problem]), [ids])[0]
+        content = content_mean_logprob(logprobs, record.finished) * (len(ids) - int(record.finished))
+        expected = torch.exp(
+            torch.tensor((content - record.mean_logprob * record.num_tokens) / max(record.num_bytes, 1))
+        )
+        assert s == pytest.approx(float(expected), rel=1e-3, abs=1e-5)
