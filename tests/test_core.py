@@ -674,3 +674,35 @@ def test_nll_loss_is_token_mean():
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     assert float(nll_loss(logp, mask)) == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# GRAFT among K > 2 models (graftrl's extension; K = 2 must be the paper exactly)
+# --------------------------------------------------------------------------------------------
+@settings(max_examples=75, deadline=None)
+@given(
+    k=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=12),
+    balance=st.booleans(),
+)
+def test_multi_source_selection_with_two_models_is_balanced_selection(k, balance):
+    from graftrl.core import multi_source_selection
+
+    successes = torch.tensor(k).T  # [2, P]
+    chosen = multi_source_selection(successes, 4, balance)
+    a_to_b, b_to_a = balanced_selection(successes[0], successes[1], 4, balance=balance)
+    assert torch.equal(chosen[1] == 0, a_to_b) and torch.equal(chosen[0] == 1, b_to_a)
+    assert bool(((chosen == -1) | (chosen == torch.tensor([[1], [0]]))).all())
+
+
+def test_multi_source_selection_three_models_by_hand():
+    from graftrl.core import multi_source_selection
+
+    # n = 4; rows are models 0, 1, 2; columns prompts 0..3
+    successes = torch.tensor([[0, 0, 3, 0], [2, 0, 0, 1], [3, 1, 0, 0]])
+    # unbalanced: each all-fail receiver takes its best mixed source (ties -> lower index)
+    assert multi_source_selection(successes, 4, balance=False).tolist() == [[2, 2, -1, 1], [-1, 2, 0, -1], [-1, -1, 0, 1]]
+    # balanced per pair: {0,2} has C_2->0 = {0, 1} and C_0->2 = {2}, so m = 1 keeps prompt 0 (k = 3)
+    assert multi_source_selection(successes, 4, balance=True).tolist() == [[2, -1, -1, 1], [-1, 2, 0, -1], [-1, -1, 0, 1]]
+    # a receiver never takes a group where it succeeded, nor an all-pass / all-fail source group
+    chosen = multi_source_selection(torch.tensor([[4, 0], [2, 0], [0, 0]]), 4, balance=False)
+    assert chosen.tolist() == [[-1, -1], [-1, -1], [1, -1]]

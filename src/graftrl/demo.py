@@ -208,7 +208,9 @@ def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any
             entry = out.setdefault(method, {}).setdefault(
                 row["model"], {"complementarity": [], "selected": [], "peer_responses": [], "admitted": []}
             )
-            entry["complementarity"] += [v for k, v in row.items() if k.startswith("complementarity/")]
+            entry["complementarity"] += [
+                v for k, v in row.items() if k.startswith("complementarity/") and v is not None
+            ]
             entry["selected"] += [v for k, v in row.items() if k.startswith("selected/")]
             entry["peer_responses"].append(row.get("peer_responses", 0))
             entry["admitted"].append(row.get("peer_admitted", 0))

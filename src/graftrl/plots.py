@@ -40,17 +40,34 @@ def plot_training_curves(
     plt.close(fig)
 
 
-def plot_complementarity(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
-    """Paper Figure 1: fraction of each model's all-fail prompts that the peer solves."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+def plot_complementarity(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, smooth: int = 5
+) -> None:
+    """Paper Figure 1: fraction of each model's all-fail prompts that the peer solves.
+
+    ``runs`` maps labels like "graft seed 0" to metrics rows; seeds of one method are averaged
+    per step (steps where a model had no all-fail prompt are undefined and skipped), then
+    smoothed with a trailing mean over ``smooth`` steps.
+    """
+    series: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for label, rows in runs.items():
-        for model in sorted({r["model"] for r in rows}):
-            keys = [k for r in rows if r["model"] == model for k in r if k.startswith("complementarity/")]
-            for key in sorted(set(keys)):
-                steps, values = _series(rows, model, key)
-                ax.plot(steps, values, label=f"{label}: {key.split('/', 1)[1]} solves {model}'s all-fail")
+        method = label.split(" seed ")[0]
+        for row in rows:
+            for key, value in row.items():
+                if key.startswith("complementarity/") and value is not None:
+                    name = f"{method}: {key.split('/', 1)[1]} solves {row['model']}'s all-fail"
+                    series[name][row["step"]].append(value)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, by_step in sorted(series.items()):
+        steps = sorted(by_step)
+        means = [sum(by_step[t]) / len(by_step[t]) for t in steps]
+        smoothed = [
+            sum(means[max(0, i - smooth + 1) : i + 1]) / len(means[max(0, i - smooth + 1) : i + 1])
+            for i in range(len(means))
+        ]
+        ax.plot(steps, smoothed, label=name)
     ax.set_xlabel("step")
-    ax.set_ylabel("complementarity")
+    ax.set_ylabel(f"complementarity ({smooth}-step mean)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -8,12 +8,12 @@ from torch import Tensor
 def complementarity(k_receiver: Tensor, k_source: Tensor) -> Tensor:
     """Fraction of the receiver's all-fail prompts that the source solves at least once (Figure 1).
 
-    k_receiver, k_source: [P] success counts. Returns a scalar; 0 when the receiver has no
-    all-fail prompt.
+    k_receiver, k_source: [P] success counts. Returns a scalar; NaN (undefined, logged as null)
+    when the receiver has no all-fail prompt.
     """
     all_fail = k_receiver == 0
     solved = all_fail & (k_source >= 1)
-    return solved.sum().float() / all_fail.sum().clamp(min=1).float()
+    return solved.sum().float() / all_fail.sum().float()
 
 
 def group_outcome_fractions(rewards: Tensor) -> tuple[Tensor, Tensor]:
