@@ -52,7 +52,9 @@ def test_bad_values_name_the_field():
 
 
 def test_graft_accepts_a_stored_peer_or_more_policies():
-    stored = config_from_dict({**minimal(peers=[{"name": "b", "path": "runs/b/store"}]), "policies": [{"name": "a", "path": "x"}]})
+    stored = config_from_dict(
+        {**minimal(peers=[{"name": "b", "path": "runs/b/store"}]), "policies": [{"name": "a", "path": "x"}]}
+    )
     assert stored.peers[0].match == "step"
     three = config_from_dict({**minimal(), "policies": [{"name": f"p{i}", "path": "x"} for i in range(3)]})
     assert len(three.policies) == 3

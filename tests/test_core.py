@@ -700,9 +700,17 @@ def test_multi_source_selection_three_models_by_hand():
     # n = 4; rows are models 0, 1, 2; columns prompts 0..3
     successes = torch.tensor([[0, 0, 3, 0], [2, 0, 0, 1], [3, 1, 0, 0]])
     # unbalanced: each all-fail receiver takes its best mixed source (ties -> lower index)
-    assert multi_source_selection(successes, 4, balance=False).tolist() == [[2, 2, -1, 1], [-1, 2, 0, -1], [-1, -1, 0, 1]]
+    assert multi_source_selection(successes, 4, balance=False).tolist() == [
+        [2, 2, -1, 1],
+        [-1, 2, 0, -1],
+        [-1, -1, 0, 1],
+    ]
     # balanced per pair: {0,2} has C_2->0 = {0, 1} and C_0->2 = {2}, so m = 1 keeps prompt 0 (k = 3)
-    assert multi_source_selection(successes, 4, balance=True).tolist() == [[2, -1, -1, 1], [-1, 2, 0, -1], [-1, -1, 0, 1]]
+    assert multi_source_selection(successes, 4, balance=True).tolist() == [
+        [2, -1, -1, 1],
+        [-1, 2, 0, -1],
+        [-1, -1, 0, 1],
+    ]
     # a receiver never takes a group where it succeeded, nor an all-pass / all-fail source group
     chosen = multi_source_selection(torch.tensor([[4, 0], [2, 0], [0, 0]]), 4, balance=False)
     assert chosen.tolist() == [[-1, -1], [-1, -1], [1, -1]]

@@ -97,7 +97,9 @@ def test_policy_requires_eos(tiny_checkpoints):
 
 def test_bf16_compute_keeps_float32_master_weights(tiny_checkpoints):
     """dtype: bfloat16 autocasts the forward pass; parameters and updates stay float32."""
-    policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]), dtype="bfloat16", template="{problem}=")
+    policy = Policy.from_pretrained(
+        "llama", str(tiny_checkpoints["llama"]), dtype="bfloat16", template="{problem}="
+    )
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
     assert policy.compute_dtype == torch.bfloat16
     prompt = policy.encode_prompts(["1+2"])[0]
