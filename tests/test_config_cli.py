@@ -135,4 +135,6 @@ def test_readme_config_reference_is_current():
     """The README's table is `graftrl config-reference --markdown`; regenerate it when fields change."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     missing = [key for key, _, _ in config_reference() if f"| `{key}` |" not in readme]
-    assert not missing, f"README config reference lacks {missing}: paste `graftrl config-reference --markdown`"
+    assert not missing, (
+        f"README config reference lacks {missing}: paste `graftrl config-reference --markdown`"
+    )

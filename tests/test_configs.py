@@ -30,7 +30,11 @@ def test_every_config_validates(path):
     assert config.policies and config.data.train
 
 
-PAPER_FILES = [p for p in FILES if p.name.startswith(("pair", "grpo-")) and "hacpo" not in p.name]
+PAPER_FILES = [
+    p
+    for p in FILES
+    if p.name.startswith(("pair", "grpo-")) and "hacpo" not in p.name and "stored" not in p.name
+]
 
 
 def test_hacpo_config_has_the_reviews_settings():
@@ -84,11 +88,13 @@ def test_pairs_are_the_papers():
         assert [p.path for p in config.policies] == paths
 
 
-def test_stored_peer_stub_is_marked_and_not_a_config():
-    (stub,) = CONFIGS.glob("*stored*")
-    text = stub.read_text()
-    assert stub.name.endswith(".yaml.stub") and "trajectory store" in text
-    assert all(not line.strip() or line.startswith("#") for line in text.splitlines())
+def test_stored_peer_config_replays_the_partners_grpo_run():
+    config = load_config(CONFIGS / "pair1-graft-stored-peer.yaml")
+    partner = load_config(CONFIGS / "grpo-n8-qwen3.yaml")
+    assert config.method == "graft" and [p.name for p in config.policies] == ["smollm3"]
+    assert [(p.name, p.match) for p in config.peers] == [(partner.policies[0].name, "step")]
+    assert config.seed == partner.seed and config.train.batch_prompts == partner.train.batch_prompts
+    assert config.rollout.n == partner.rollout.n == 8 and not config.graft.balance
 
 
 def test_validation_section_forms():
