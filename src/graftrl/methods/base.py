@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from graftrl.core import clipped_policy_loss, compatibility_weight, k3_kl
+from graftrl.core import clipped_policy_loss, compatibility_weight, k3_kl, pooled_minibatch_order
 
 
 @dataclass(frozen=True)
@@ -215,6 +215,19 @@ class ClippedSurrogate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
+
+class WholePromptMinibatches:
+    """Mixin for pooled methods: each optimizer step holds whole prompts (own + peer groups).
+
+    The trainer uses ``order_minibatches`` when a method defines it, instead of peer-last order.
+    """
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
+        return pooled_minibatch_order(prompts, prompts_per_minibatch)
 
 
 METHODS: dict[str, Callable[..., Method]] = {}

@@ -67,15 +67,21 @@ from graftrl.core import (
     hacpo_advantages,
     hacpo_peer_terms,
     k3_kl,
-    pooled_minibatch_order,
     stepwise_lower_bound,
 )
-from graftrl.methods.base import ExchangePlan, GroupOutcomes, LossInputs, TrainGroup, register_method
+from graftrl.methods.base import (
+    ExchangePlan,
+    GroupOutcomes,
+    LossInputs,
+    TrainGroup,
+    WholePromptMinibatches,
+    register_method,
+)
 
 
 @register_method("hacpo")
 @dataclass
-class HACPO:
+class HACPO(WholePromptMinibatches):
     """K >= 2 agents; each trains on every prompt's pooled group with capability corrections."""
 
     name: str = "hacpo"
@@ -185,13 +191,6 @@ class HACPO:
                     diagnostics[f"omega/{source}"] = float(omega[j, k])  # on the peer term
             plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
         return plans
-
-    def order_minibatches(
-        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
-    ) -> list[Tensor]:
-        """Optimizer steps of whole prompts: each prompt's own and peer groups together."""
-        prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
-        return pooled_minibatch_order(prompts, prompts_per_minibatch)
 
     def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
         """No gate: every peer response enters; the loss uses the source mean directly."""

@@ -22,14 +22,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graftrl.core import pooled_minibatch_order
 from graftrl.core.pooling import pooled_advantages
-from graftrl.methods.base import ClippedSurrogate, ExchangePlan, GroupOutcomes, TrainGroup, register_method
+from graftrl.methods.base import (
+    ClippedSurrogate,
+    ExchangePlan,
+    GroupOutcomes,
+    TrainGroup,
+    WholePromptMinibatches,
+    register_method,
+)
 
 
 @register_method("pooling")
 @dataclass(frozen=True)
-class Pooling(ClippedSurrogate):
+class Pooling(WholePromptMinibatches, ClippedSurrogate):
     """K >= 1 models; each trains on every prompt's pooled group with one shared GRPO advantage."""
 
     name: str = "pooling"
@@ -73,13 +79,6 @@ class Pooling(ClippedSurrogate):
             diagnostics.update({f"pooled/{m}": float(rcv.num_prompts) for m in order[1:]})
             plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
         return plans
-
-    def order_minibatches(
-        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
-    ) -> list[Tensor]:
-        """Optimizer steps of whole prompts: each prompt's own and peer groups together."""
-        prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
-        return pooled_minibatch_order(prompts, prompts_per_minibatch)
 
     def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
         return torch.ones_like(s)
