@@ -91,14 +91,14 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
         rollouts.clear()
 
     trainer = Trainer(config, run, verifier=rewards, step_callback=store_step)
-    generate = trainer.engine.generate
+    for worker in trainer.workers:
 
-    def recording_generate(policy, prompts, params):
-        rollout = generate(policy, prompts, params)
-        rollouts.append((policy, rollout))
-        return rollout
+        def recording_generate(policy, prompts, params, seed=None, generate=worker.engine.generate):
+            rollout = generate(policy, prompts, params, seed)
+            rollouts.append((policy, rollout))
+            return rollout
 
-    trainer.engine.generate = recording_generate
+        worker.engine.generate = recording_generate
     trainer.train()
     # best/best.json and validation.jsonl as graftrl.validation writes them
     (run / "best").mkdir()

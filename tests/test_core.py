@@ -24,6 +24,7 @@ from graftrl.core import (
     minibatch_order,
     select_with_ties,
     transfer_candidates,
+    truncated_is_weights,
 )
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -714,3 +715,28 @@ def test_multi_source_selection_three_models_by_hand():
     # a receiver never takes a group where it succeeded, nor an all-pass / all-fail source group
     chosen = multi_source_selection(torch.tensor([[4, 0], [2, 0], [0, 0]]), 4, balance=False)
     assert chosen.tolist() == [[-1, -1], [-1, -1], [1, -1]]
+
+
+# ----- truncated importance sampling (rollout/trainer mismatch) ----------------------------------
+def test_truncated_is_weights_by_hand():
+    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.9]]))
+    # ratios 2.0, 0.5, 1.0; the cap 1.5 truncates the first
+    expected = torch.tensor([[1.5, 0.5, 1.0]])
+    assert torch.allclose(truncated_is_weights(trainer, rollout, cap=1.5), expected)
+    assert not truncated_is_weights(trainer.requires_grad_(), rollout, 1.5).requires_grad
+
+
+def test_clipped_loss_token_weights_scale_each_token():
+    logp = torch.log(torch.tensor([[0.5, 0.5], [0.3, 0.3]]))
+    old = logp.clone()  # ratio 1: every token's surrogate equals its advantage
+    advantages = torch.tensor([1.0, -2.0])
+    weights = torch.ones(2)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    token_weights = torch.tensor([[2.0, 0.5], [1.5, 9.0]])  # the masked token's 9 must not count
+    loss, _ = clipped_policy_loss(logp, old, advantages, weights, mask, token_weights=token_weights)
+    # J = (1*2 + 1*0.5 - 2*1.5) / 3 tokens
+    assert loss.item() == pytest.approx(-(2.0 + 0.5 - 3.0) / 3)
+    plain, _ = clipped_policy_loss(logp, old, advantages, weights, mask)
+    ones, _ = clipped_policy_loss(logp, old, advantages, weights, mask, token_weights=torch.ones(2, 2))
+    assert plain.item() == pytest.approx(ones.item())

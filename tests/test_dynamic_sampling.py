@@ -82,14 +82,14 @@ def test_dynamic_sampling_keeps_mixed_groups_and_refills(tiny_checkpoints, tmp_p
     rewards = AnswerRewards(4, mixed=ANSWERS[:6], solved=ANSWERS[6:8])
     trainer = Trainer(config_from_dict(dynamic_config(tiny_checkpoints)), tmp_path / "run", verifier=rewards)
     captured = []
-    original = trainer._rollout_policy
+    for worker in trainer.workers:
 
-    def spy(step, index, policy, problems, timings):
-        result = original(step, index, policy, problems, timings)
-        captured.append((step, policy.name, problems, result))
-        return result
+        def spy(step, problems, worker=worker, original=worker.rollout):
+            result = original(step, problems)
+            captured.append((step, worker.name, problems, result))
+            return result
 
-    trainer._rollout_policy = spy
+        worker.rollout = spy
     trainer.train()
     metrics = {(r["step"], r["model"]): r for r in read_metrics(tmp_path / "run")}
     assert len(captured) == 2 * 2
@@ -168,7 +168,7 @@ def test_dynamic_sampling_resume_is_exact(tiny_checkpoints, tmp_path):
 
     def comparable(run):
         return [
-            {k: v for k, v in row.items() if not k.startswith("time_")}
+            {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))}
             for row in read_metrics(tmp_path / run)
         ]
 

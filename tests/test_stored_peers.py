@@ -114,13 +114,13 @@ def test_byte_normalised_compatibility(tiny_checkpoints, tmp_path):
     fresh = Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ")
     trainer = Trainer(config_from_dict(config), tmp_path / "byte", verifier=ScriptedRewards(CROSSED))
     captured = {}
-    original = trainer._training_rows
+    for worker in trainer.workers:
 
-    def spy(step, policy, rollout, plan, records, *rest):
-        captured[policy.name] = records
-        return original(step, policy, rollout, plan, records, *rest)
+        def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
+            captured[worker.name] = records
+            return original(step, rollout, plan, records, *rest)
 
-    trainer._training_rows = spy
+        worker._training_rows = spy
     trainer.train()
     compat = {
         c["receiver"]: c

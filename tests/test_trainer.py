@@ -101,14 +101,14 @@ def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, 
     config = config_from_dict(make_config(tiny_checkpoints))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(CROSSED))
     captured = {}
-    original = trainer._training_rows
+    for worker in trainer.workers:
 
-    def spy(step, policy, rollout, plan, records, *rest):
-        rows, info = original(step, policy, rollout, plan, records, *rest)
-        captured[policy.name] = (rows, rollout, records, plan)
-        return rows, info
+        def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
+            rows, info = original(step, rollout, plan, records, *rest)
+            captured[worker.name] = (rows, rollout, records, plan)
+            return rows, info
 
-    trainer._training_rows = spy
+        worker._training_rows = spy
     trainer.logger = MetricsLogger(tmp_path / "run")
     trainer.step(0)
     # gpt2 receives llama's group on prompt 1; gpt2 is updated after llama, so when it scored the
@@ -183,7 +183,7 @@ def test_resume_is_exact(tiny_checkpoints, tmp_path):
 
     def comparable(run):
         return [
-            {k: v for k, v in row.items() if not k.startswith("time_")}
+            {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))}
             for row in read_metrics(tmp_path / run)
         ]
 
@@ -221,7 +221,8 @@ def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract
             batches.append(batch)
             return method.loss(batch)
 
-    trainer.method = Spy()
+    for worker in trainer.workers:
+        worker.method = Spy()
     trainer.train()
     assert {b.receiver for b in batches} == {"llama", "gpt2"}
     assert all(bool((b.advantages == 0).all()) for b in batches)
@@ -230,3 +231,23 @@ def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract
         assert b.num_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
         assert b.finished is not None and b.source_mean_logp is not None
         assert b.source_mean_logp.shape == b.advantages.shape == b.finished.shape
+
+
+def test_truncated_importance_sampling_on_the_hf_engine(tiny_checkpoints, tmp_path):
+    """HF samples from the trainer's own weights: the TIS weights are 1 up to float noise."""
+    config = make_config(tiny_checkpoints, steps=1)
+    config["rollout"]["tis_cap"] = 2.0
+    trainer = Trainer(config_from_dict(config), tmp_path / "run", verifier=ScriptedRewards(CROSSED))
+    trainer.train()
+    for row in read_metrics(tmp_path / "run"):
+        assert row["tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert row["tis_truncated_frac"] == 0.0
+        assert row["time_old_logprob"] > 0
+        assert row["memory_peak_mb"] > 0
+
+
+def test_tis_is_refused_for_methods_with_their_own_ratio(tiny_checkpoints):
+    config = make_config(tiny_checkpoints, method="hacpo")
+    config["rollout"]["tis_cap"] = 2.0
+    with pytest.raises(ValueError, match=r"rollout\.tis_cap"):
+        config_from_dict(config)

@@ -20,6 +20,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+class ResourcesConfig(_Section):
+    num_gpus: float = Field(default=0, ge=0)
+    """GPUs of the policy's Ray actor (trainer and its colocated rollout engine); fractions share a
+    GPU. Ray sets CUDA_VISIBLE_DEVICES for the actor, so `device: auto` picks its own GPU."""
+    num_cpus: float = Field(default=1, gt=0)
+    """CPUs of the policy's Ray actor; also its torch intra-op threads (rounded down, at least 1)."""
+
+
 class PolicyConfig(_Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     """Short unique name; used in logs, records and checkpoint folders."""
@@ -40,6 +48,23 @@ class PolicyConfig(_Section):
     """`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ..."""
     lr: float | None = Field(default=None, gt=0)
     """Per-policy learning rate; overrides `optim.lr` for this policy."""
+    resources: ResourcesConfig = ResourcesConfig()
+    """What the policy's Ray actor reserves (`backend: ray`); ignored by the local backend."""
+
+
+class VLLMConfig(_Section):
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    """Share of the GPU's memory vLLM may take (weights + KV cache), leaving the rest to the
+    colocated trainer."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture (faster start; graphs help only long runs of small batches)."""
+    sleep: bool | None = None
+    """Release vLLM's GPU memory while the trainer updates (vLLM sleep mode, CUDA only); None =
+    on where supported."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Context length of the engine (None: the model's)."""
+    kv_cache_space_gib: float = Field(default=1.0, gt=0)
+    """KV-cache size of the CPU backend (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs."""
 
 
 class RolloutConfig(_Section):
@@ -59,6 +84,16 @@ class RolloutConfig(_Section):
     informative groups are kept or `max_sampling_rounds` is reached; it then trains on what it has."""
     max_sampling_rounds: int = Field(default=3, ge=1)
     """Cap on generation rounds per policy and step under `dynamic_sampling` (the first included)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Sampler: `hf` (transformers `generate` on the trainer's own weights) or `vllm` (a vLLM engine
+    colocated with each policy's trainer; it takes the new weights after every update)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """vLLM engine settings (`engine: vllm` only)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling for the rollout/trainer mismatch (off by default): when set,
+    the trainer recomputes its own old log-probs for its own responses and weights each token's
+    surrogate by min(pi_trainer / pi_rollout, tis_cap) (Yao et al. 2025; e.g. 2.0). Useful with
+    `engine: vllm`, whose kernels give slightly different log-probs than the trainer's."""
 
 
 class OptimConfig(_Section):
@@ -251,9 +286,25 @@ class StoreConfig(_Section):
     """Store folder; default `<run dir>/store`."""
 
 
+class RayConfig(_Section):
+    address: str | None = None
+    """`ray.init(address=...)`: None starts a local Ray; `auto` or `ray://host:10001` joins an
+    existing cluster (multi-node; the run folder must be on storage every node sees)."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs of a Ray started here (None: all)."""
+    num_gpus: int | None = Field(default=None, ge=0)
+    """GPUs of a Ray started here (None: all)."""
+
+
 class Config(_Section):
     seed: int = 0
     """Seed for prompt order, sampling and method randomness."""
+    backend: Literal["local", "ray"] = "local"
+    """`local`: every policy in this process, one after another. `ray`: each policy in its own Ray
+    actor (`policies[].resources`), rollouts and updates of all policies concurrent, records moved
+    through Ray's object store; same results as `local` for the same seed."""
+    ray: RayConfig = RayConfig()
+    """Ray cluster (`backend: ray` only)."""
     method: str = "graft"
     """Training method, a name registered in graftrl.methods (grpo, graft, ...)."""
     policies: list[PolicyConfig] = Field(min_length=1)
@@ -306,6 +357,11 @@ class Config(_Section):
             raise ValueError(
                 "method 'graft' needs at least two models: add a policy to `policies` or a stored peer "
                 "to `peers`"
+            )
+        if self.rollout.tis_cap is not None and self.method in ("hacpo", "luffy"):
+            raise ValueError(
+                f"rollout.tis_cap: method {self.method!r} has its own ratio handling; truncated importance "
+                "sampling is available for grpo, graft, sgt and pooling (remove rollout.tis_cap)"
             )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(

@@ -7,6 +7,7 @@ re-tokenized with its own tokenizer (SPEC 2.2), and every log-prob it reports is
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class Policy:
         self.compute_dtype = compute_dtype
         """Autocast dtype for forward passes (None: the parameters' dtype)."""
         self.optimizer: torch.optim.Optimizer | None = None
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         if tokenizer.eos_token_id is None:
             raise ValueError(
                 f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
@@ -164,17 +166,25 @@ class Policy:
 
     def response_logprobs(self, batch: PaddedBatch) -> Tensor:
         """Per-token log-probs of the response tokens under logits / temperature. Returns [B, Lr]."""
-        with self.autocast():
-            logits = self.model(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).logits
         width = batch.response_ids.shape[1]
-        # Only the columns that predict response tokens: saves the vocab-sized softmax on prompts.
-        logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width].float()
-        logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
+        inputs = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+            "use_cache": False,
+        }
+        with self.autocast():
+            if self._keeps_logits:
+                # The LM head runs only on the width + 1 last columns (those predicting response
+                # tokens, and the final one): no vocab-sized projection or softmax on the prompt.
+                logits = self.model(**inputs, logits_to_keep=width + 1).logits[:, :width]
+            else:  # a model whose forward has no `logits_to_keep`
+                logits = self.model(**inputs).logits
+                logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+        logits = logits.float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
         return logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
 
     def micro_batches(self, count: int) -> Iterator[slice]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -96,15 +97,48 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
 
 
+class RolloutEngine(Protocol):
+    """What the trainer needs of a sampler: one engine per policy (``rollout.engine``)."""
+
+    def generate(
+        self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """n samples per problem on the policy's own prompt template, with behaviour log-probs.
+
+        The same (weights, problems, params, seed) give the same samples."""
+        ...
+
+    def sync_weights(self, policy: Policy) -> None:
+        """Take the trainer's current weights (after every optimizer update of the policy)."""
+        ...
+
+    def close(self) -> None:
+        """Free the engine's resources."""
+        ...
+
+
 class HFRolloutEngine:
-    """Sampling with Hugging Face ``generate``; batched over prompts, KV cache on."""
+    """Sampling with Hugging Face ``generate``; batched over prompts, KV cache on.
+
+    It samples from the trainer's own model object, so ``sync_weights`` has nothing to do.
+    """
 
     def __init__(self, max_batch_size: int = 512) -> None:
         self.max_batch_size = max_batch_size
         """Rows (prompt x sample) generated per ``generate`` call."""
 
+    def sync_weights(self, policy: Policy) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
     @torch.no_grad()
-    def generate(self, policy: Policy, problems: Sequence[str], params: SamplingParams) -> RolloutBatch:
+    def generate(
+        self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        if seed is not None:
+            torch.manual_seed(seed)
         prompt_ids = policy.encode_prompts(problems)
         prompts_per_call = max(1, self.max_batch_size // params.n)
         response_ids: list[list[int]] = []

@@ -31,7 +31,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,34 +107,53 @@ class Validator:
     def validate(self, step: int, policies: Sequence[Policy]) -> list[dict[str, Any]]:
         """Validate every policy now (after 0-based training step ``step``); returns the rows."""
         rows = []
+        for policy in policies:
+            start = time.perf_counter()
+            scores = self.scores(policy)
+            rows.append(self.record(step, policy.name, scores, policy.save, time.perf_counter() - start))
+        self.report(step, rows)
+        return rows
+
+    def scores(self, policy: Policy) -> dict[str, float]:
+        """pass@1 per benchmark of the policy's current weights; training's RNG is left untouched."""
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
-            for policy in policies:
-                start = time.perf_counter()
-                scores = {
-                    b.name: summarize_benchmark(
-                        sample_correctness(
-                            policy, b.problems, self.verifier, self.protocol, self.protocol.seed, self.engine
-                        )
-                    )["pass_at_1"]
-                    for b in self.benchmarks
-                }
-                aggregate = statistics.fmean(scores.values())
-                previous = self.best.get(policy.name)
-                is_best = previous is None or aggregate > float(previous["aggregate"])
-                if is_best:
-                    self._save_best(policy, step, aggregate)
-                row = {
-                    "step": step,
-                    "model": policy.name,
-                    "aggregate": aggregate,
-                    **{f"pass_at_1/{name}": value for name, value in scores.items()},
-                    "best": is_best,
-                    "time_validation": time.perf_counter() - start,
-                }
-                rows.append(row)
-                with self.log_path.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
+            return {
+                b.name: summarize_benchmark(
+                    sample_correctness(
+                        policy, b.problems, self.verifier, self.protocol, self.protocol.seed, self.engine
+                    )
+                )["pass_at_1"]
+                for b in self.benchmarks
+            }
+
+    def record(
+        self,
+        step: int,
+        name: str,
+        scores: dict[str, float],
+        save: Callable[[str], None],
+        seconds: float,
+    ) -> dict[str, Any]:
+        """Log one policy's scores and keep its weights when they are its best (``save(folder)``)."""
+        aggregate = statistics.fmean(scores.values())
+        previous = self.best.get(name)
+        is_best = previous is None or aggregate > float(previous["aggregate"])
+        if is_best:
+            self._save_best(name, save, step, aggregate)
+        row = {
+            "step": step,
+            "model": name,
+            "aggregate": aggregate,
+            **{f"pass_at_1/{bench}": value for bench, value in scores.items()},
+            "best": is_best,
+            "time_validation": seconds,
+        }
+        with self.log_path.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        return row
+
+    def report(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         if self.console is not None:
             self.console.print(
                 f"validation after {step + 1} steps: "
@@ -142,21 +161,20 @@ class Validator:
                     f"{r['model']} {100 * r['aggregate']:.2f}{' (best)' if r['best'] else ''}" for r in rows
                 )
             )
-        return rows
 
-    def _save_best(self, policy: Policy, step: int, aggregate: float) -> None:
+    def _save_best(self, name: str, save: Callable[[str], None], step: int, aggregate: float) -> None:
         self.best_dir.mkdir(parents=True, exist_ok=True)
-        final = self.best_dir / policy.name
-        staging = self.best_dir / f"{policy.name}.tmp"
-        retired = self.best_dir / f"{policy.name}.old"
+        final = self.best_dir / name
+        staging = self.best_dir / f"{name}.tmp"
+        retired = self.best_dir / f"{name}.old"
         shutil.rmtree(staging, ignore_errors=True)
-        policy.save(str(staging))
+        save(str(staging))
         shutil.rmtree(retired, ignore_errors=True)
         if final.exists():
             final.rename(retired)
         staging.rename(final)
         shutil.rmtree(retired, ignore_errors=True)
-        self.best[policy.name] = {"step": step, "completed_steps": step + 1, "aggregate": aggregate}
+        self.best[name] = {"step": step, "completed_steps": step + 1, "aggregate": aggregate}
         tmp = self.best_dir / "best.json.tmp"
         tmp.write_text(json.dumps(self.best, indent=1) + "\n")
         os.replace(tmp, self.best_dir / "best.json")

@@ -17,7 +17,13 @@ from graftrl.core.hacpo import (
     sequence_mean,
     stepwise_lower_bound,
 )
-from graftrl.core.losses import clipped_policy_loss, clipped_token_mask, k3_kl, nll_loss
+from graftrl.core.losses import (
+    clipped_policy_loss,
+    clipped_token_mask,
+    k3_kl,
+    nll_loss,
+    truncated_is_weights,
+)
 from graftrl.core.schedule import PeerPosition, minibatch_order
 from graftrl.core.selection import (
     balanced_selection,
@@ -52,4 +58,5 @@ __all__ = [
     "sequence_mean",
     "stepwise_lower_bound",
     "transfer_candidates",
+    "truncated_is_weights",
 ]

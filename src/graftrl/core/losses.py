@@ -27,6 +27,7 @@ def clipped_policy_loss(
     *,
     normalizer: float | Tensor | None = None,
     is_peer: Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Return (-J, metrics) with J of eq. 10 — GRPO's DAPO objective when every weight is 1.
 
@@ -36,6 +37,8 @@ def clipped_policy_loss(
     Rows with weight 0 are removed responses: they count in neither numerator nor denominator.
     ``normalizer`` replaces the token count of this call, so micro-batches of one minibatch can
     share the minibatch's denominator. ``is_peer`` [B] splits the clip metrics own vs peer.
+    ``token_weights`` [B, T] (detached) multiply each token's term: truncated importance sampling
+    (``truncated_is_weights``); None = 1.
     Metrics are detached counts (sum them across calls) plus this call's fractions.
     """
     kept_rows = weights > 0
@@ -44,6 +47,8 @@ def clipped_policy_loss(
     adv = advantages.unsqueeze(-1)  # [B, 1]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [B, T]
     weighted = surrogate * weights.unsqueeze(-1) * token_mask
+    if token_weights is not None:
+        weighted = weighted * token_weights
     token_count = token_mask.sum()
     denominator = token_count.clamp(min=1) if normalizer is None else normalizer
     loss = -weighted.sum() / denominator
@@ -64,6 +69,16 @@ def clipped_policy_loss(
             metrics["own_tokens"] = own_tokens.sum().float()
             metrics["own_clipped_tokens"] = (clipped & own_tokens).sum().float()
     return loss, metrics
+
+
+def truncated_is_weights(trainer_logp: Tensor, rollout_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (TIS): min(pi_trainer / pi_rollout, cap) per token.
+
+    trainer_logp, rollout_logp: [B, T] log-probs of the sampled tokens under the trainer's old
+    policy and under the rollout engine that sampled them (the same weights, different kernels).
+    Returns [B, T], detached: the correction reweights the gradient, it is not differentiated.
+    """
+    return torch.exp(trainer_logp - rollout_logp).clamp(max=cap).detach()
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:

@@ -147,6 +147,9 @@ class LossInputs:
     finished: Tensor | None = None
     """[B] bool: the response ended with EOS, so its last response token is outside lbar's
     content tokens (SPEC 2.2); None when not provided."""
+    token_weights: Tensor | None = None
+    """[B, T] truncated importance-sampling weights for the rollout/trainer mismatch
+    (``rollout.tis_cap``); None = no correction."""
 
 
 class Method(Protocol):
@@ -201,6 +204,7 @@ class ClippedSurrogate:
             batch.eps_high,
             normalizer=batch.normalizer,
             is_peer=batch.is_peer,
+            token_weights=batch.token_weights,
         )
         if batch.ref_logp is not None and batch.kl_coef > 0:
             own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)

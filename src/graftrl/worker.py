@@ -1,0 +1,707 @@
+"""One policy and everything that touches its weights: the unit a backend places.
+
+A ``PolicyWorker`` owns a policy (model, tokenizer, optimizer), its rollout engine, its frozen
+reference (for a KL penalty) and its copy of the method's loss. The trainer (the driver) asks it
+to sample and score a step's prompts, then to update on the planned groups given every model's
+tokenizer-neutral records. Nothing else crosses between models, so the same worker runs in the
+trainer's process (``backend: local``) or in its own Ray actor (``backend: ray``) unchanged, and
+both give the same results for the same seed: every random draw is derived from (seed, step,
+policy index), never from the order in which workers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from graftrl.config import Config
+from graftrl.core import (
+    compatibility_score,
+    group_outcome_fractions,
+    grpo_advantages,
+    minibatch_order,
+    truncated_is_weights,
+)
+from graftrl.data import MathProblem, PromptSampler
+from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, build_method
+from graftrl.policy import Policy
+from graftrl.records import TrajectoryRecord
+from graftrl.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingParams, content_mean_logprob
+
+
+def step_seed(seed: int, step: int, stream: int = 0) -> int:
+    """A seed derived from (run seed, step, stream): randomness needs no state to resume."""
+    return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**63 - 1)
+
+
+# Streams of step_seed: 0 = the method's plan (driver); 1 + index + 1000 * round = a policy's
+# sampling; UPDATE_STREAM + index = a policy's update (minibatch order, random admission).
+UPDATE_STREAM = 500_000
+EXTRA_PROMPT_STREAM = 999_983
+
+
+def with_suffix(problem: str, suffix: str | None) -> str:
+    return f"{problem} {suffix}" if suffix else problem
+
+
+def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]], n: int) -> RolloutBatch:
+    """The chosen groups (prompt indices) of one or more rollout batches, in order, as one batch."""
+    rows = [(batch, g * n + i) for batch, groups in parts for g in groups for i in range(n)]
+    return RolloutBatch(
+        prompt_ids=[batch.prompt_ids[g] for batch, groups in parts for g in groups],
+        response_ids=[batch.response_ids[r] for batch, r in rows],
+        behaviour_logprobs=[batch.behaviour_logprobs[r] for batch, r in rows],
+        finished=[batch.finished[r] for batch, r in rows],
+        texts=[batch.texts[r] for batch, r in rows],
+        n=n,
+    )
+
+
+def rollout_records(
+    step: int,
+    source: str,
+    problems: Sequence[MathProblem],
+    rollout: RolloutBatch,
+    rewards: Tensor,
+    advantages: Tensor,
+) -> list[TrajectoryRecord]:
+    """The tokenizer-neutral records of a rollout batch (row = p * n + i)."""
+    n = rollout.n
+    return [
+        TrajectoryRecord(
+            prompt_id=problems[row // n].id,
+            step=step,
+            source=source,
+            index=row % n,
+            response=rollout.texts[row],
+            reward=float(rewards.view(-1)[row]),
+            advantage=float(advantages.view(-1)[row]),
+            mean_logprob=rollout.content_mean_logprob(row),
+            num_tokens=rollout.content_length(row),
+            num_bytes=len(rollout.texts[row].encode("utf-8")),
+            finished=rollout.finished[row],
+        )
+        for row in range(len(rollout.texts))
+    ]
+
+
+def make_engine(config: Config, policy: Policy) -> RolloutEngine:
+    """The configured rollout engine for one policy (``rollout.engine``)."""
+    if config.rollout.engine == "hf":
+        return HFRolloutEngine(config.rollout.max_batch_size)
+    try:
+        from graftrl.rollout_vllm import VLLMOptions, VLLMRolloutEngine
+    except ImportError as error:
+        raise RuntimeError(
+            f"rollout.engine: vllm needs vLLM ({error}); install it with `bash scripts/setup_vllm.sh` "
+            "or set rollout.engine: hf"
+        ) from None
+    options = VLLMOptions(**config.rollout.vllm.model_dump())
+    return VLLMRolloutEngine(policy, options, seed=config.seed)
+
+
+@dataclass
+class PolicyRollout:
+    """One policy's scored groups at a step: what the driver needs, no token ids or tensors of
+    log-probs (those stay with the worker for its update)."""
+
+    problems: list[MathProblem]
+    """The prompts it trains on (the shared batch, unless dynamic sampling replaced some)."""
+    outcomes: GroupOutcomes
+    records: list[TrajectoryRecord]
+    shared: GroupOutcomes
+    """Its outcomes on the step's shared prompt batch (the first round), for complementarity."""
+    info: dict[str, Any]
+    """Dynamic-sampling metrics ({} when off) and the mean response length."""
+    timings: dict[str, float]
+    store_rows: list[Any] = field(default_factory=list)
+    """Trajectory-store rows of the kept groups (only when the run records)."""
+
+
+@dataclass
+class TrainingRows:
+    """Everything one receiver optimises on this step, one entry per response row."""
+
+    group: list[int] = field(default_factory=list)
+    """Index of the row's group in the plan."""
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    response_ids: list[list[int]] = field(default_factory=list)
+    old_logprobs: list[Tensor | None] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    is_peer: list[bool] = field(default_factory=list)
+    is_nll: list[bool] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+    finished: list[bool] = field(default_factory=list)
+    """The response ended with EOS (its last token is outside lbar's content tokens)."""
+    source_mean_logp: list[float] = field(default_factory=list)
+    """lbar of the sampling policy on its own tokenization (the record's mean_logprob)."""
+    tis_weights: list[Tensor | None] = field(default_factory=list)
+    """Per-token truncated importance-sampling weights of own rows (``rollout.tis_cap``), else None."""
+
+    def append(
+        self,
+        group: int,
+        prompt: list[int],
+        response: list[int],
+        old: Tensor | None,
+        advantage: float,
+        peer: bool,
+        nll: bool,
+        source: str,
+        finished: bool = False,
+        source_mean_logp: float = 0.0,
+    ) -> None:
+        self.group.append(group)
+        self.prompt_ids.append(prompt)
+        self.response_ids.append(response)
+        self.old_logprobs.append(old)
+        self.advantages.append(advantage)
+        # NLL rows are outside the surrogate (weight 0 there); the method's loss trains them.
+        self.weights.append(0.0 if nll else 1.0)
+        self.is_peer.append(peer)
+        self.is_nll.append(nll)
+        self.source.append(source)
+        self.finished.append(finished)
+        self.source_mean_logp.append(source_mean_logp)
+        self.tis_weights.append(None)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's, or the process's peak RSS (Linux clear_refs)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    # 5 resets VmHWM to the current RSS; elsewhere the peak stays the process's lifetime peak.
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory since ``reset_peak_memory``: CUDA allocator peak, else the peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**10  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+class PolicyWorker:
+    """Samples, scores and updates one policy; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        index: int,
+        run_dir: str | Path,
+        problems: Sequence[MathProblem],
+        *,
+        policy: Policy | None = None,
+        verifier: Any = None,
+        method: Method | None = None,
+        threads: int | None = None,
+    ) -> None:
+        if threads is not None:  # a Ray actor: as many torch threads as the CPUs it reserved
+            torch.set_num_threads(max(1, threads))
+        self.config = config
+        self.index = index
+        self.run_dir = Path(run_dir)
+        spec = config.policies[index]
+        self.policy = policy or Policy.from_pretrained(
+            spec.name,
+            spec.path,
+            dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
+            device=spec.device,
+            template=spec.template,
+            chat_template=spec.chat_template,
+        )
+        self.name = self.policy.name
+        self.policy.temperature = config.rollout.temperature
+        self.policy.micro_batch_size = config.train.micro_batch_size
+        if self.policy.optimizer is None:
+            self.policy.configure_optimizer(
+                spec.lr or config.optim.lr, config.optim.betas, config.optim.weight_decay
+            )
+        self.method = method or build_method(config.method, config)
+        # A frozen copy of the initial policy, for a KL penalty (off unless train.kl_coef > 0).
+        self.reference = self.policy.frozen_copy() if config.train.kl_coef > 0 else None
+        # Dynamic sampling's extra prompts: a second stream, one slot per (step, policy, round).
+        self.extra_sampler = PromptSampler(
+            list(problems), config.train.batch_prompts, step_seed(config.seed, 0, EXTRA_PROMPT_STREAM)
+        )
+        self.sampling = SamplingParams(
+            n=config.rollout.n,
+            temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p,
+            max_new_tokens=config.rollout.max_new_tokens,
+        )
+        self.engine: RolloutEngine = make_engine(config, self.policy)
+        self._owns_verifier = verifier is None
+        if verifier is None:
+            from graftrl.rewards import MathVerifier
+
+            verifier = MathVerifier(timeout_s=config.reward.timeout_s, workers=config.reward.workers)
+        self.verifier = verifier
+        self.tokenizer_id = ""
+        if config.store.record:
+            from graftrl.store import tokenizer_id
+
+            self.tokenizer_id = tokenizer_id(self.policy.tokenizer)
+        self.validator = None  # built on first use (backend: ray scores validation here)
+        self._rollout: RolloutBatch | None = None
+
+    # ----- sampling -------------------------------------------------------------------------
+    def reset_peak_memory(self) -> None:
+        """Called at the start of every step: ``memory_peak_mb`` is then the step's peak (the
+        process's, so under the local backend all policies' together)."""
+        reset_peak_memory(self.policy.device)
+
+    def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout:
+        """Sample, score and compute GRPO advantages on the step's prompts.
+
+        With ``rollout.dynamic_sampling`` (DAPO, SPEC 3) the policy keeps only groups whose rewards
+        are not all equal; round r >= 1 draws ``batch_prompts`` more prompts from the auxiliary
+        stream at slot (step, policy, r), which depends only on (seed, step, policy, round) so
+        resume stays exact, skipping prompts already drawn at this step. It stops once
+        ``batch_prompts`` informative groups are kept (the surplus of the last round is cut, in
+        draw order) or after ``max_sampling_rounds`` rounds, and then trains on what it kept: fewer
+        groups, or none (no optimizer step for this policy at this step).
+        """
+        config, n, index = self.config, self.sampling.n, self.index
+        dynamic = config.rollout.dynamic_sampling
+        rounds = config.rollout.max_sampling_rounds if dynamic else 1
+        target = config.train.batch_prompts
+        seen = {p.id for p in problems}
+        batch = problems
+        parts: list[tuple[RolloutBatch, list[int]]] = []
+        kept_problems: list[MathProblem] = []
+        kept_rewards: list[Tensor] = []
+        first_rewards: Tensor | None = None
+        timings = {"time_rollout": 0.0, "time_reward": 0.0}
+        rounds_run = prompts_sampled = 0
+        for round_ in range(rounds):
+            if round_:
+                slot = (step * len(config.policies) + index) * (rounds - 1) + round_ - 1
+                batch = []
+                for problem in self.extra_sampler.batch(slot):
+                    if problem.id not in seen:
+                        seen.add(problem.id)
+                        batch.append(problem)
+                if not batch:
+                    continue
+            start = time.perf_counter()
+            prompts = [with_suffix(p.problem, config.data.prompt_suffix) for p in batch]
+            seed = step_seed(config.seed, step, 1 + index + 1000 * round_)
+            rollout = self.engine.generate(self.policy, prompts, self.sampling, seed)
+            timings["time_rollout"] += time.perf_counter() - start
+
+            start = time.perf_counter()
+            answers = [p.answer for p in batch for _ in range(n)]
+            rewards = torch.tensor(self.verifier.score(rollout.texts, answers), dtype=torch.float32)
+            rewards = rewards.view(len(batch), n)
+            timings["time_reward"] += time.perf_counter() - start
+            first_rewards = rewards if first_rewards is None else first_rewards
+            rounds_run += 1
+            prompts_sampled += len(batch)
+            keep = list(range(len(batch)))
+            if dynamic:
+                informative = [p for p in keep if bool((rewards[p] != rewards[p, 0]).any())]
+                keep = informative[: target - len(kept_problems)]
+            parts.append((rollout, keep))
+            kept_problems += [batch[p] for p in keep]
+            kept_rewards.append(rewards[keep])
+            if len(kept_problems) >= target:
+                break
+
+        start = time.perf_counter()
+        if len(parts) == 1 and len(parts[0][1]) == len(parts[0][0].prompt_ids):
+            rollout = parts[0][0]  # every group kept: the batch as generated
+        else:
+            rollout = select_groups(parts, n)
+        rewards = torch.cat(kept_rewards)
+        advantages = (
+            grpo_advantages(rewards, config.train.adv_eps, config.train.adv_std_unbiased)
+            if len(rewards)
+            else torch.zeros_like(rewards)  # every group dropped
+        )
+        outcomes = GroupOutcomes(rewards, advantages)
+        records = rollout_records(step, self.name, kept_problems, rollout, rewards, advantages)
+        shared, info = outcomes, {}
+        if dynamic:
+            assert first_rewards is not None
+            all_fail, all_pass = group_outcome_fractions(first_rewards)
+            shared = GroupOutcomes(first_rewards, torch.zeros_like(first_rewards))
+            info = {
+                "sampling_rounds": rounds_run,
+                "prompts_sampled": prompts_sampled,
+                "groups_kept": len(kept_problems),
+                "shared_reward_mean": float(first_rewards.mean()),
+                "shared_all_fail_frac": float(all_fail),
+                "shared_all_pass_frac": float(all_pass),
+            }
+        info["response_length"] = (
+            statistics.fmean(rollout.content_length(r) for r in range(len(rollout.response_ids)))
+            if rollout.response_ids
+            else None
+        )
+        timings["time_reward"] += time.perf_counter() - start
+        store_rows = []
+        if config.store.record:
+            from graftrl.store import rows_from_rollout
+
+            store_rows = rows_from_rollout(
+                step,
+                self.name,
+                self.tokenizer_id,
+                kept_problems,
+                rollout,
+                outcomes.rewards,
+                outcomes.advantages,
+                prompt_texts=[with_suffix(p.problem, config.data.prompt_suffix) for p in kept_problems],
+            )
+        self._rollout = rollout
+        return PolicyRollout(kept_problems, outcomes, records, shared, info, timings, store_rows)
+
+    # ----- the update -----------------------------------------------------------------------
+    def update(
+        self,
+        step: int,
+        plan: ExchangePlan,
+        records: dict[str, list[TrajectoryRecord]],
+        method_state: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Train on the planned groups (own rollout of this step + peers' records); returns metrics.
+
+        ``method_state``: the driver's method state after planning (a worker in another process
+        holds its own copy of the method, e.g. HACPO's capability tracker); None when shared.
+        """
+        if self._rollout is None:
+            raise RuntimeError(f"policy {self.name!r}: update() before rollout() at step {step}")
+        if method_state is not None:
+            self.method.load_state_dict(method_state)
+        timings: dict[str, float] = {}
+        generator = torch.Generator().manual_seed(
+            step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
+        )
+        rows, info = self._training_rows(step, self._rollout, plan, records, timings, generator)
+        info.update(self._optimize(rows, plan, timings, generator))
+        self._rollout = None
+        start = time.perf_counter()
+        self.engine.sync_weights(self.policy)
+        timings["time_weight_sync"] = time.perf_counter() - start
+        info.update(timings)
+        info["memory_peak_mb"] = peak_memory_mb(self.policy.device)
+        return info
+
+    def _training_rows(
+        self,
+        step: int,
+        rollout: RolloutBatch,
+        plan: ExchangePlan,
+        records: dict[str, list[TrajectoryRecord]],
+        timings: dict[str, float],
+        generator: torch.Generator,
+    ) -> tuple[TrainingRows, dict[str, Any]]:
+        """The receiver's rows for every planned group; peer rows re-tokenized and re-scored."""
+        policy, n = self.policy, rollout.n
+        rows = TrainingRows()
+        peer_rows: list[int] = []
+        peer_records: list[TrajectoryRecord] = []
+        own_rows: list[int] = []
+        for group_index, group in enumerate(plan.groups):
+            for i in range(n):
+                if group.keep is not None and not bool(group.keep[i]):
+                    continue
+                flat = group.prompt * n + i
+                if group.peer:
+                    record = records[group.source][flat]
+                    response = policy.encode_response(record.response, record.finished)
+                    old: Tensor | None = torch.zeros(len(response))  # unused by NLL rows
+                    if not group.nll:  # scored below, in one batched pass
+                        peer_rows.append(len(rows.response_ids))
+                        peer_records.append(record)
+                    finished, mean_logp = record.finished, record.mean_logprob
+                else:
+                    own_rows.append(len(rows.response_ids))
+                    response, old = rollout.response_ids[flat], rollout.behaviour_logprobs[flat]
+                    finished, mean_logp = rollout.finished[flat], rollout.content_mean_logprob(flat)
+                rows.append(
+                    group_index,
+                    rollout.prompt_ids[group.prompt],
+                    response,
+                    old,
+                    float(group.advantages[i]),
+                    group.peer,
+                    group.nll,
+                    group.source,
+                    finished,
+                    mean_logp,
+                )
+        info: dict[str, Any] = {"peer_responses": len(peer_rows)}
+        cap = self.config.rollout.tis_cap
+        if cap is not None and own_rows:
+            # Truncated importance sampling: the trainer's own old log-probs replace the rollout
+            # engine's in the ratio, and min(pi_trainer / pi_rollout, cap) weighs each token.
+            start = time.perf_counter()
+            trainer_old = policy.score(
+                [rows.prompt_ids[r] for r in own_rows], [rows.response_ids[r] for r in own_rows]
+            )
+            for r, old in zip(own_rows, trainer_old, strict=True):
+                behaviour = rows.old_logprobs[r]
+                assert behaviour is not None
+                rows.tis_weights[r] = truncated_is_weights(old, behaviour, cap)
+                rows.old_logprobs[r] = old
+            weights = torch.cat([rows.tis_weights[r] for r in own_rows])  # type: ignore[misc]
+            info.update(
+                tis_weight_mean=float(weights.mean()),
+                tis_truncated_frac=float((weights >= cap).float().mean()),
+            )
+            timings["time_old_logprob"] = time.perf_counter() - start
+        if not peer_rows:
+            return rows, info
+        start = time.perf_counter()
+        # The receiver's old policy on its own tokenization of every grafted response (eq. 9),
+        # which also gives lbar for the compatibility score (eq. 7, EOS excluded on both sides).
+        old_logprobs = policy.score(
+            [rows.prompt_ids[r] for r in peer_rows], [rows.response_ids[r] for r in peer_rows]
+        )
+        receiver_mean = torch.tensor(
+            [
+                content_mean_logprob(lp, rec.finished)
+                for lp, rec in zip(old_logprobs, peer_records, strict=True)
+            ]
+        )
+        source_mean = torch.tensor([rec.mean_logprob for rec in peer_records])
+        if self.config.graft.compat_normalization == "byte":
+            # Total log-likelihood of the same string under each model, per UTF-8 byte.
+            receiver_tokens = torch.tensor(
+                [len(lp) - int(rec.finished) for lp, rec in zip(old_logprobs, peer_records, strict=True)]
+            )
+            num_bytes = torch.tensor([max(rec.num_bytes, 1) for rec in peer_records])
+            source_tokens = torch.tensor([rec.num_tokens for rec in peer_records])
+            receiver_mean = receiver_mean * receiver_tokens / num_bytes
+            source_mean = source_mean * source_tokens / num_bytes
+        s = compatibility_score(receiver_mean, source_mean)
+        w = self.method.peer_weights(s, generator)
+        for k, row in enumerate(peer_rows):
+            rows.old_logprobs[row] = old_logprobs[k]
+            rows.weights[row] = float(w[k])
+        timings["time_peer_logprob"] = time.perf_counter() - start
+        info.update(
+            peer_admitted=int((w > 0).sum()),
+            admit_rate=float((w > 0).float().mean()),
+            s_mean=float(s.mean()),
+            s_median=float(s.median()),
+            s_min=float(s.min()),
+            s_max=float(s.max()),
+            w_mean=float(w.mean()),
+        )
+        # The driver appends it to compatibility.jsonl (one writer, whatever the backend).
+        info["_compatibility"] = {
+            "step": step,
+            "receiver": policy.name,
+            "source": [rec.source for rec in peer_records],
+            "s": [round(float(x), 5) for x in s],
+            "reward": [rec.reward for rec in peer_records],
+        }
+        return rows, info
+
+    def _optimize(
+        self, rows: TrainingRows, plan: ExchangePlan, timings: dict[str, float], generator: torch.Generator
+    ) -> dict[str, Any]:
+        """The optimizer steps over the planned groups, in the method's minibatch order."""
+        policy, train = self.policy, self.config.train
+        start = time.perf_counter()
+        is_peer_group = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
+        # A method may lay out its own optimizer steps (HACPO: each prompt's pooled groups together).
+        custom_order = getattr(self.method, "order_minibatches", None)
+        if custom_order is not None:
+            order = custom_order(plan, train.minibatch_prompts, generator)
+        else:
+            order = minibatch_order(
+                is_peer_group, train.minibatch_prompts, self.method.peer_position, generator
+            )
+        rows_of_group: dict[int, list[int]] = defaultdict(list)
+        for row, group in enumerate(rows.group):
+            rows_of_group[group].append(row)
+        assert policy.optimizer is not None
+        policy.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        losses, grad_norms = [], []
+        minibatch_index = 0
+        for _ in range(train.update_epochs):
+            for groups in order:
+                members = [r for g in groups.tolist() for r in rows_of_group[g]]
+                kept = [r for r in members if rows.weights[r] > 0]
+                nll_rows = [r for r in members if rows.is_nll[r]]
+                normalizer = sum(len(rows.response_ids[r]) for r in kept)
+                nll_normalizer = sum(len(rows.response_ids[r]) for r in nll_rows)
+                # Rows with zero advantage add only to the denominator: their gradient is exactly
+                # zero, so skipping their forward pass changes nothing but the cost — except own
+                # rows under a KL penalty, whose KL term still has a gradient.
+                active = sorted(
+                    [
+                        r
+                        for r in kept
+                        if rows.advantages[r] != 0 or (train.kl_coef > 0 and not rows.is_peer[r])
+                    ]
+                    + nll_rows,
+                    key=lambda r: len(rows.prompt_ids[r]) + len(rows.response_ids[r]),
+                )
+                for r in kept:
+                    totals["peer_tokens" if rows.is_peer[r] else "own_tokens"] += len(rows.response_ids[r])
+                policy.optimizer.zero_grad(set_to_none=False)
+                loss_value = 0.0
+                for part in policy.micro_batches(len(active)):
+                    idx = active[part]
+                    loss, m = self.method.loss(
+                        self._loss_inputs(rows, idx, normalizer, nll_normalizer, len(kept), minibatch_index)
+                    )
+                    loss.backward()
+                    loss_value += float(loss.detach())
+                    for key in ("own_clipped_tokens", "peer_clipped_tokens"):
+                        totals[key] += float(m.get(key, 0.0))
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    policy.model.parameters(), self.config.optim.grad_clip
+                )
+                policy.optimizer.step()
+                minibatch_index += 1
+                losses.append(loss_value)
+                grad_norms.append(float(grad_norm))
+        timings["time_update"] = time.perf_counter() - start
+        return {
+            "loss": statistics.fmean(losses) if losses else 0.0,
+            "grad_norm": statistics.fmean(grad_norms) if grad_norms else 0.0,
+            "optimizer_steps": len(losses),
+            "clip_frac_own": totals["own_clipped_tokens"] / max(totals["own_tokens"], 1),
+            "clip_frac_peer": totals["peer_clipped_tokens"] / totals["peer_tokens"]
+            if totals["peer_tokens"]
+            else None,
+            "train_tokens": totals["own_tokens"] + totals["peer_tokens"],
+        }
+
+    def _loss_inputs(
+        self,
+        rows: TrainingRows,
+        idx: list[int],
+        normalizer: int,
+        nll_normalizer: int,
+        num_rows: int,
+        minibatch_index: int,
+    ) -> LossInputs:
+        """One micro-batch: the forward pass with grad, padded old log-probs and the row fields."""
+        policy, train = self.policy, self.config.train
+        batch = policy.pad([rows.prompt_ids[r] for r in idx], [rows.response_ids[r] for r in idx])
+        logp = policy.response_logprobs(batch)  # [B, T]
+        device = logp.device
+        width = logp.shape[1]
+        old = torch.nn.utils.rnn.pad_sequence([rows.old_logprobs[r] for r in idx], batch_first=True)  # type: ignore[misc]
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp = self.reference.response_logprobs(batch)
+        token_weights = None
+        if any(rows.tis_weights[r] is not None for r in idx):
+            token_weights = torch.nn.utils.rnn.pad_sequence(
+                [
+                    w if (w := rows.tis_weights[r]) is not None else torch.ones(len(rows.response_ids[r]))
+                    for r in idx
+                ],
+                batch_first=True,
+            ).to(device)[:, :width]
+
+        def column(values: list[Any]) -> Tensor:
+            return torch.tensor(values, device=device)
+
+        return LossInputs(
+            logp=logp,
+            old_logp=old.to(device)[:, :width],
+            advantages=column([rows.advantages[r] for r in idx]),
+            weights=column([rows.weights[r] for r in idx]),
+            mask=batch.response_mask,
+            is_peer=column([rows.is_peer[r] for r in idx]),
+            normalizer=max(normalizer, 1),
+            eps_low=train.eps_low,
+            eps_high=train.eps_high,
+            is_nll=column([rows.is_nll[r] for r in idx]),
+            nll_normalizer=max(nll_normalizer, 1),
+            sources=tuple(rows.source[r] for r in idx),
+            receiver=policy.name,
+            minibatch_index=minibatch_index,
+            ref_logp=ref_logp,
+            kl_coef=train.kl_coef,
+            num_rows=max(num_rows, 1),
+            source_mean_logp=column([rows.source_mean_logp[r] for r in idx]),
+            finished=column([rows.finished[r] for r in idx]),
+            token_weights=token_weights,
+        )
+
+    # ----- checkpoints and validation ---------------------------------------------------------
+    def save(self, folder: str | Path) -> None:
+        """Weights and tokenizer (save_pretrained) plus the optimizer state into ``folder``."""
+        self.policy.save(str(folder))
+        assert self.policy.optimizer is not None
+        torch.save(self.policy.optimizer.state_dict(), Path(folder) / "optimizer.pt")
+
+    def save_policy(self, folder: str | Path) -> None:
+        """Weights and tokenizer only (best-checkpoint copies)."""
+        self.policy.save(str(folder))
+
+    def load(self, folder: str | Path) -> None:
+        """Weights and optimizer state from a ``save`` folder; the engine takes the weights."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        policy = self.policy
+        weights = {}
+        for shard in sorted(folder.glob("*.safetensors")):
+            weights.update(load_file(str(shard), device=str(policy.device)))
+        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+        # Tied embeddings are saved once; anything else missing is a broken checkpoint.
+        tied = set(getattr(policy.model, "_tied_weights_keys", None) or [])
+        if unexpected or (set(missing) - tied):
+            raise RuntimeError(f"checkpoint {folder}: missing {missing}, unexpected {unexpected}")
+        assert policy.optimizer is not None
+        policy.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        self.engine.sync_weights(policy)
+
+    def validation_scores(self) -> dict[str, float]:
+        """pass@1 per validation benchmark of the current weights (``graftrl.validation``)."""
+        if self.validator is None:
+            from graftrl.validation import Validator
+
+            engine = self.engine if isinstance(self.engine, HFRolloutEngine) else None
+            self.validator = Validator(self.config, self.run_dir, self.verifier, engine)
+        return self.validator.scores(self.policy)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The model's weights (for tests comparing backends)."""
+        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+
+    def close(self) -> None:
+        self.engine.close()
+        if self._owns_verifier and hasattr(self.verifier, "close"):
+            self.verifier.close()
+
+
+def write_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
