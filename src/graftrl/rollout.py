@@ -79,7 +79,10 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.previous is not None:
             self.steps.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        scores = scores.float()
+        if self.temperature != 1.0:  # a full-vocabulary pass that would change nothing
+            scores = scores / self.temperature
+        logprobs = torch.log_softmax(scores, dim=-1)
         self.previous = logprobs
         if self.top_p >= 1.0:
             return logprobs
