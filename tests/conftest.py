@@ -34,3 +34,25 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
         tokenizer.save_pretrained(root / name)
         paths[name] = root / name
     return paths
+
+
+@pytest.fixture(scope="session")
+def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Like ``tiny_checkpoints`` with 32-wide attention heads, the smallest vLLM's CPU kernels run."""
+    from graftrl.data import load_problems
+    from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
+
+    root = tmp_path_factory.mktemp("vllm_checkpoints")
+    corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
+    corpus += [f"\\boxed{{{i}}}" for i in range(200)]
+    specs = {
+        "llama": ("llama", build_char_tokenizer()),
+        "gpt2": ("gpt2", build_bpe_tokenizer(corpus, vocab_size=300)),
+    }
+    paths = {}
+    for name, (arch, tokenizer) in specs.items():
+        model = build_model(arch, tokenizer, hidden=64, layers=2, heads=2, max_positions=512, seed=1)
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = root / name
+    return paths

@@ -65,6 +65,11 @@ class VLLMConfig(_Section):
     """Context length of the engine (None: the model's)."""
     kv_cache_space_gib: float = Field(default=1.0, gt=0)
     """KV-cache size of the CPU backend (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine dtype; `auto` = the policy's compute dtype, so behaviour and trainer log-probs agree
+    (vLLM's own `auto` would run a float32 checkpoint in half precision)."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Sequences decoded together per engine step (None: vLLM's default)."""
 
 
 class RolloutConfig(_Section):

@@ -1,0 +1,480 @@
+"""vLLM rollout engine: the ``RolloutEngine`` contract of ``rollout.py`` on a colocated ``vllm.LLM``.
+
+Needs vLLM (``scripts/setup_vllm.sh`` builds ``.venv-vllm``); importing this module does not.
+Design, and why (checked against vLLM 0.32):
+
+- **In-process engine.** The engine core and its single worker run inside the trainer's process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ``InprocClient`` + ``UniProcExecutor``). A weight push
+  hands vLLM the trainer's own tensors by reference: no pickling, no copy through ZMQ, no CUDA
+  IPC handles, no ``VLLM_ALLOW_INSECURE_SERIALIZATION`` for the function sent to the worker, and
+  no ``if __name__ == "__main__"`` guard. It is also how verl colocates vLLM with its trainer.
+  Costs: no overlap of vLLM's scheduler with the forward pass (small next to a training step),
+  and the trainer's process carries vLLM's globals — a world-size-1 ``torch.distributed`` group
+  shared by all engines of the process (so a trainer that runs its own ``torch.distributed`` job
+  needs vLLM's external-launcher mode instead), its environment cache, on CUDA its memory pool.
+- **Weights** go in through the worker's ``reload_weights`` (vLLM's in-place reload): it puts each
+  layer back in checkpoint layout, runs the model's own ``load_weights`` — which maps HF names
+  (fused qkv / gate_up for Llama, transposed Conv1D for GPT-2) — and re-runs
+  ``process_weights_after_loading``. That last step matters on CPU, where vLLM repacks each
+  linear weight for oneDNN and drops the plain tensor, so a bare ``model.load_weights`` would
+  leave the engine sampling from the old weights. A tied ``lm_head`` needs one more step
+  (``_worker_reload_weights``).
+- **Behaviour log-probs** must be log softmax(logits / T) of the sampled token *before* top-p
+  truncation (what ``Policy.response_logprobs`` recomputes). No ``logprobs_mode`` of vLLM gives
+  that when top_p < 1: ``raw_logprobs`` is before the temperature, ``processed_logprobs`` after
+  top-k/top-p, renormalised over the nucleus (off by -log(nucleus mass), ~0.1 at top_p = 0.9).
+  So the engine folds T into the model's ``LogitsProcessor.scale`` (the logits leave the model
+  already divided by T), samples with vLLM temperature 1 and the requested top_p, and reads
+  ``raw_logprobs``: the sampling distribution is unchanged and the value reported is exactly
+  log softmax(logits / T).
+- **Sleep mode** (CUDA/ROCm; vLLM has none on CPU): after ``generate`` the engine sleeps at level 1
+  (weights offloaded to CPU RAM, KV cache released), so the trainer's update gets the memory;
+  ``generate``, ``sync_weights`` and ``close`` wake it first. vLLM's sleep allocator is one per
+  process, so a sleeping engine takes the memory of every sleep-enabled engine of the process
+  with it: such engines sleep and wake together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import logging
+import os
+import random
+import struct
+import tempfile
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from graftrl.policy import Policy
+from graftrl.rollout import RolloutBatch, SamplingParams
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+_GIB = 1 << 30
+
+_OPEN_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
+"""Engines of this process not yet closed; they share vLLM's process-global state. Weak, so that an
+engine dropped without ``close()`` is still closed (by ``__del__``) the way this module does it."""
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """Engine settings; the defaults suit an engine colocated with its trainer on one device."""
+
+    gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory vLLM may take (weights + KV cache + activations); the trainer's
+    model, gradients and optimizer state need the rest. Not used on CPU (``kv_cache_space_gib``)."""
+    kv_cache_space_gib: float = 1.0
+    """KV-cache size in GiB on the CPU backend (vLLM's ``VLLM_CPU_KVCACHE_SPACE``, passed as
+    ``kv_cache_memory_bytes``: vLLM would otherwise size it as a fraction of RAM minus this process's
+    footprint, which includes the trainer). Ignored on GPUs (``gpu_memory_utilization`` there)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: start-up in seconds, and no graph memory held next to the
+    trainer. False trades a slower start for faster decoding on long runs."""
+    sleep: bool | None = None
+    """Release the engine's GPU memory between rollouts (vLLM sleep mode). None: on where vLLM
+    supports it (CUDA, ROCm), off on CPU. True where it is unsupported raises."""
+    max_model_len: int | None = None
+    """Prompt + response token limit (responses are cut there). None: the model's
+    ``max_position_embeddings``."""
+    dtype: str = "auto"
+    """vLLM's weight/compute dtype. "auto": the trainer's compute dtype (the policy's autocast
+    dtype, else its parameter dtype), so behaviour and training log-probs agree; vLLM's own
+    "auto" would run a float32 checkpoint in half precision."""
+    max_num_seqs: int | None = None
+    """Sequences decoded together per step. None: vLLM's default."""
+
+
+def _request_seed(seed: int, prompt: int, sample: int) -> int:
+    """A 63-bit seed for one (call seed, prompt index, sample index).
+
+    Hashing rather than seed + index keeps neighbouring calls' and prompts' streams apart.
+    """
+    packed = struct.pack("<QQQ", seed % 2**64, prompt, sample)
+    digest = hashlib.blake2b(packed, digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
+    """The model's state in checkpoint names, each shared (tied) tensor once, as save_pretrained.
+
+    A tied ``lm_head.weight`` is the embedding itself: it is sent once, under the embedding's name.
+    """
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out.append((name, tensor.detach()))
+    return out
+
+
+# ----- functions run on the vLLM worker (an object of this process) ------------------------------
+def _worker_model(worker: Any) -> torch.nn.Module:
+    return worker.model_runner.get_model()
+
+
+def _worker_reload_weights(worker: Any, weights: list[tuple[str, Tensor]]) -> None:
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    # A tied lm_head shares the embedding's parameter, so the reload counts it as "not loaded"
+    # and keeps what was derived from the old values: on CPU, the oneDNN-packed copy the logits
+    # matmul reads. Re-deriving it is idempotent for embeddings (their weight stays in place).
+    for module in _worker_model(worker).modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
+
+
+def _worker_logit_scales(worker: Any) -> list[float]:
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    return [m.scale for m in _worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
+
+
+def _worker_set_logit_scales(worker: Any, scales: list[float]) -> None:
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    processors = [m for m in _worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
+    for module, scale in zip(processors, scales, strict=True):
+        module.scale = scale
+
+
+# ----- process hygiene around an in-process engine ----------------------------------------------
+@contextlib.contextmanager
+def _preserved_rng() -> Iterator[None]:
+    """Restore the global RNG states (``random``, numpy, torch CPU and CUDA) after a block.
+
+    In-process, vLLM shares the trainer's global generators: it seeds them at start-up, and its
+    sampler draws from them on every step even when all requests carry their own seeds.
+    """
+    import numpy as np
+
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextlib.contextmanager
+def _in_process_vllm() -> Iterator[None]:
+    """Build the next engine in this process, and leave the process as it was.
+
+    - vLLM freezes its environment variables once an engine has started (``enable_envs_cache``),
+      so the cache is dropped first, or a second engine would reuse the first one's values.
+    - vLLM seeds the global RNGs with the engine seed: the trainer's streams are put back.
+    - The CPU worker replaces ``torch.set_num_threads`` with a no-op (it pins threads in its own
+      process); in the trainer's process that would silently drop the trainer's own settings.
+    - With no tokenizer loaded (prompts arrive as ids) vLLM's chat-template warm-up logs a
+      traceback on every start; that warning is muted.
+    """
+    import vllm.envs as envs
+
+    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    set_num_threads = torch.set_num_threads
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    envs.disable_envs_cache()
+    try:
+        with _preserved_rng(), _quiet("vllm.renderers.base"):
+            yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if previous is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """Raise vLLM loggers to ERROR for a block (routine messages repeated at every call)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _keep_distributed_state() -> Iterator[None]:
+    """Let one engine shut down without tearing down the state the other open engines use.
+
+    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory``, which destroys vLLM's
+    process-global model-parallel groups and the ``torch.distributed`` group that all in-process
+    engines share; the next step of any other engine would fail. Only its memory part runs here.
+    """
+    import vllm.v1.engine.core as core
+
+    full = core.cleanup_dist_env_and_memory
+
+    def release_memory(*args: object, **kwargs: object) -> None:
+        gc.unfreeze()
+        gc.collect()
+
+    core.cleanup_dist_env_and_memory = release_memory
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = full
+
+
+class VLLMRolloutEngine:
+    """Samples with a colocated, in-process vLLM engine; same contract and output as ``HFRolloutEngine``.
+
+    One engine serves one policy. It holds its own copy of the weights, so the trainer must call
+    ``sync_weights(policy)`` after every optimizer update (``HFRolloutEngine`` samples from the
+    trainer's model object and needs none). Call ``close()`` (or use it as a context manager)
+    to free the engine: several can live in one process.
+    """
+
+    def __init__(self, policy: Policy, options: VLLMOptions = VLLMOptions(), seed: int = 0) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.options = options
+        self.seed = seed
+        """Engine seed: ``generate`` calls without a seed take theirs from a stream it starts."""
+        self._call_seeds = random.Random(seed)
+        self.policy_name = policy.name
+        on_cpu = current_platform.is_cpu()
+        supported = current_platform.is_sleep_mode_available() and not on_cpu
+        if options.sleep and not supported:
+            raise ValueError(f"vLLM has no sleep mode on {current_platform.device_name}")
+        self.sleep_enabled: bool = supported if options.sleep is None else options.sleep
+        """Whether the engine releases its GPU memory between rollouts."""
+        self._asleep = False
+        self._temperature = 1.0
+        self._closed = True  # until the engine exists
+
+        extra: dict[str, Any] = {}
+        if options.max_model_len is not None:
+            extra["max_model_len"] = options.max_model_len
+        if options.max_num_seqs is not None:
+            extra["max_num_seqs"] = options.max_num_seqs
+        if on_cpu:
+            extra["kv_cache_memory_bytes"] = int(options.kv_cache_space_gib * _GIB)
+            # vLLM 0.32 rewinds a seeded request's generator when a prefill chunk samples nothing,
+            # and a CPU generator cannot rewind ("CPU Generator does not use offset"): a seeded
+            # batch larger than one prefill step crashes. Whole prefills avoid the rewind (vLLM
+            # then raises the token budget to at least max_model_len).
+            extra["enable_chunked_prefill"] = False
+        # Start from a checkpoint of the policy as it is now (built in memory, resumed, ...);
+        # vLLM reads the config and weights from it once, then the folder can go.
+        with tempfile.TemporaryDirectory(prefix="graftrl-vllm-") as folder:
+            policy.save(folder)
+            with _in_process_vllm():
+                self.llm: LLM = LLM(
+                    model=folder,
+                    skip_tokenizer_init=True,  # prompts arrive as the policy's own token ids
+                    dtype=self._dtype(policy),
+                    seed=seed,
+                    gpu_memory_utilization=options.gpu_memory_utilization,
+                    enforce_eager=options.enforce_eager,
+                    enable_sleep_mode=self.sleep_enabled,
+                    generation_config="vllm",  # no sampling defaults or stop ids from the checkpoint
+                    logprobs_mode="raw_logprobs",  # with T folded into the model (module docstring)
+                    max_logprobs=0,
+                    enable_prefix_caching=True,
+                    **extra,
+                )
+        self._closed = False
+        _OPEN_ENGINES.add(self)
+        if not hasattr(self.llm.llm_engine, "model_executor"):
+            self.close()
+            raise RuntimeError("vLLM started a separate engine process; this engine needs it in-process")
+        self._base_scales: list[float] = self._rpc(_worker_logit_scales)
+        self.sync_weights(policy)
+        self._warm_up(policy, on_cpu)
+
+    # ----- the RolloutEngine contract ------------------------------------------------------------
+    @torch.no_grad()
+    def sync_weights(self, policy: Policy) -> None:
+        """Load the trainer's current weights into the running engine, then drop its prefix cache.
+
+        vLLM copies the tensors (passed by reference) into its own parameters, in its dtype and
+        fused layout. Cached prefixes hold KV computed with the old weights, hence the reset.
+        """
+        self._check(policy)
+        self._wake()
+        with _quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
+            # layerwise: "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync,
+            # expected (no weights / tied to the embedding); block_pool: "reset prefix cache".
+            self._rpc(_worker_reload_weights, _unique_tensors(policy.model))
+            self.llm.reset_prefix_cache()
+
+    def generate(
+        self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
+    ) -> RolloutBatch:
+        """n samples per problem, in ``HFRolloutEngine``'s format (prompt-major rows).
+
+        Each (prompt, sample) is its own request with seed hash(seed, prompt, sample), so a
+        seeded call is reproducible and a prompt's samples do not depend on the other prompts.
+        A call without a seed takes the next one of a stream started from the engine seed: runs
+        are reproducible, and the trainer's global RNG is neither used nor advanced.
+        """
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check(policy)
+        if params.temperature <= 0:
+            raise ValueError("temperature must be > 0 (behaviour log-probs are log softmax(logits / T))")
+        self._wake()
+        self._set_temperature(params.temperature)
+        if seed is None:
+            seed = self._call_seeds.getrandbits(62)
+        prompt_ids = policy.encode_prompts(problems)
+        eos = policy.eos_token_id
+        prompts: list[TokensPrompt] = []
+        sampling: list[VLLMSamplingParams] = []
+        for p, ids in enumerate(prompt_ids):
+            for i in range(params.n):
+                prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
+                sampling.append(
+                    VLLMSamplingParams(
+                        n=1,
+                        temperature=1.0,  # T is applied inside the model (logit scale)
+                        top_p=params.top_p,
+                        top_k=0,
+                        max_tokens=params.max_new_tokens,
+                        seed=_request_seed(seed, p, i),
+                        ignore_eos=True,  # stop at the policy's EOS only (stop_token_ids)
+                        stop_token_ids=[eos],
+                        logprobs=0,  # the sampled token's log-prob only
+                        detokenize=False,
+                    )
+                )
+        with _preserved_rng():
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        response_ids: list[list[int]] = []
+        logprobs: list[Tensor] = []
+        finished: list[bool] = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            steps = completion.logprobs or []
+            response_ids.append(ids)
+            logprobs.append(
+                torch.tensor(
+                    [step[t].logprob for step, t in zip(steps, ids, strict=True)], dtype=torch.float32
+                )
+            )
+            finished.append(completion.finish_reason == "stop" and bool(ids) and ids[-1] == eos)
+        texts = [
+            policy.decode_response(ids[:-1] if done else ids)
+            for ids, done in zip(response_ids, finished, strict=True)
+        ]
+        self._sleep()
+        return RolloutBatch(prompt_ids, response_ids, logprobs, finished, texts, params.n)
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (weights, KV cache; the distributed state
+        with the last open engine of the process). Idempotent."""
+        if self._closed:
+            return
+        self._wake()  # freeing memory that is asleep is not supported by vLLM's allocator
+        self._closed = True
+        _OPEN_ENGINES.discard(self)
+        llm = self.__dict__.pop("llm")
+        keep = _keep_distributed_state() if _OPEN_ENGINES else contextlib.nullcontext()
+        with keep:
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __del__(self) -> None:
+        # Dropped without close(), the engine would be shut down by vLLM's own finalizer, which
+        # also tears down the distributed state the other open engines share.
+        if not getattr(self, "_closed", True):
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def __enter__(self) -> VLLMRolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- helpers -------------------------------------------------------------------------------
+    def _rpc(self, fn: Any, *args: Any) -> Any:
+        """``fn(worker, *args)`` on the single worker; in-process, arguments go by reference."""
+        return self.llm.collective_rpc(fn, args=args)[0]
+
+    def _warm_up(self, policy: Policy, on_cpu: bool) -> None:
+        """One token from a one-token prompt, so that a model vLLM cannot run (e.g. a head size its
+        CPU attention lacks) fails at start-up, with a hint, rather than in the first rollout."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        try:
+            with _preserved_rng():
+                self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=[policy.eos_token_id])],
+                    VLLMSamplingParams(max_tokens=1, seed=0, detokenize=False),
+                    use_tqdm=False,
+                )
+        except RuntimeError as error:
+            self.close()
+            hint = ""
+            if on_cpu and "attention" in str(error):
+                from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+                sizes = CPUAttentionBackend.get_supported_head_sizes()
+                hint = f" (vLLM's CPU attention needs a head size in {sizes})"
+            raise RuntimeError(f"vLLM cannot run policy {policy.name!r}: {error}{hint}") from error
+
+    def _dtype(self, policy: Policy) -> str:
+        if self.options.dtype != "auto":
+            return self.options.dtype
+        dtype = policy.compute_dtype or next(policy.model.parameters()).dtype
+        return str(dtype).removeprefix("torch.")
+
+    def _set_temperature(self, temperature: float) -> None:
+        if temperature != self._temperature:
+            self._rpc(_worker_set_logit_scales, [scale / temperature for scale in self._base_scales])
+            self._temperature = temperature
+
+    def _sleep(self) -> None:
+        """Sleep (level 1) with every other sleep-enabled engine: they share one allocator."""
+        if not self.sleep_enabled:
+            return
+        for engine in list(_OPEN_ENGINES):
+            if engine.sleep_enabled and not engine._asleep:
+                engine.llm.sleep(level=1)
+                engine._asleep = True
+
+    def _wake(self) -> None:
+        if not self._asleep:
+            return
+        for engine in list(_OPEN_ENGINES):
+            if engine._asleep:
+                engine.llm.wake_up()
+                engine._asleep = False
+
+    def _check(self, policy: Policy) -> None:
+        if self._closed:
+            raise RuntimeError("the vLLM engine is closed")
+        if policy.name != self.policy_name:
+            raise ValueError(f"this engine serves policy {self.policy_name!r}, not {policy.name!r}")
