@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Every model in the tests is built here: never wait on a hub that this machine cannot reach.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The test models are tiny: one intra-op thread is as fast, and two threads per process thrash
 # when several test processes or workers share the 2 cores.
