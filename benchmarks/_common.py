@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import sys
@@ -200,3 +201,22 @@ def embedded_train_file(out_dir: Path, n_train: int = 1200, seed: int = 0) -> Pa
         "".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in train)
     )
     return path
+
+
+class CoinVerifier:
+    """0/1 rewards at random (p = 0.5), seeded; MathVerifier's interface (score / close / context)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def score(self, texts, answers, *args, **kwargs) -> list[float]:
+        return [float(self.rng.random() < 0.5) for _ in texts]
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

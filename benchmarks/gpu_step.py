@@ -223,19 +223,6 @@ def build_model_dir(args) -> Path:
 
 
 # ----- the run --------------------------------------------------------------------------------------
-class RandomVerifier:
-    """0/1 rewards drawn at random (p = 0.5), reproducible per call; same interface as MathVerifier."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-
-    def score(self, texts, answers, *args, **kwargs) -> list[float]:
-        return [float(self.rng.random() < 0.5) for _ in texts]
-
-    def close(self) -> None:
-        return None
-
-
 def make_problems(args):
     from graftrl.data import MathProblem
 
@@ -314,7 +301,7 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
             Path(tmp) / "run",
             problems=problems,
             policies=[policy],
-            verifier=RandomVerifier(args.seed),
+            verifier=C.CoinVerifier(args.seed),
             step_callback=callback,
         )
         built = time.perf_counter() - start
@@ -405,8 +392,9 @@ def _capture(worker, captured: dict[str, Any]) -> None:
 def vllm_available() -> str | None:
     """None when the vLLM engine imports, else why not."""
     try:
-        import graftrl.rollout_vllm  # noqa: F401
         import vllm  # noqa: F401
+
+        import graftrl.rollout_vllm  # noqa: F401
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     return None

@@ -86,31 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-class CoinVerifier:
-    """0/1 rewards at random (p = 0.5), seeded; MathVerifier's interface (score / close / context)."""
-
-    def __init__(self, seed: int) -> None:
-        import random
-
-        self.rng = random.Random(seed)
-
-    def score(self, texts, answers, *args, **kwargs) -> list[float]:
-        return [float(self.rng.random() < 0.5) for _ in texts]
-
-    def close(self) -> None:
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def make_verifier(args):
     """A fresh verifier per framework run (a shared one would hand the second run a warm answer cache)."""
     if args.reward == "random":
-        return CoinVerifier(args.seed)
+        return C.CoinVerifier(args.seed)
     from graftrl.rewards import MathVerifier
 
     return MathVerifier()

@@ -18,13 +18,11 @@ torch.set_num_threads(1)
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A char-level Llama and a BPE GPT-2 (random init), saved with save_pretrained."""
+def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:
+    """A char-level Llama and a BPE GPT-2 (random init), saved with save_pretrained under root."""
     from graftrl.data import load_problems
     from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
 
-    root = tmp_path_factory.mktemp("checkpoints")
     corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
     corpus += [f"\\boxed{{{i}}}" for i in range(200)]
     specs = {
@@ -33,30 +31,20 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     }
     paths = {}
     for name, (arch, tokenizer) in specs.items():
-        model = build_model(arch, tokenizer, hidden=32, layers=2, heads=2, max_positions=512, seed=1)
+        model = build_model(arch, tokenizer, hidden=hidden, layers=2, heads=heads, max_positions=512, seed=1)
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
         paths[name] = root / name
     return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tiny heterogeneous checkpoints (hidden 32, 2 heads), loaded by path as real ones are."""
+    return build_checkpoints(tmp_path_factory.mktemp("checkpoints"), hidden=32, heads=2)
 
 
 @pytest.fixture(scope="session")
 def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Like ``tiny_checkpoints`` with 32-wide attention heads, the smallest vLLM's CPU kernels run."""
-    from graftrl.data import load_problems
-    from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
-
-    root = tmp_path_factory.mktemp("vllm_checkpoints")
-    corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
-    corpus += [f"\\boxed{{{i}}}" for i in range(200)]
-    specs = {
-        "llama": ("llama", build_char_tokenizer()),
-        "gpt2": ("gpt2", build_bpe_tokenizer(corpus, vocab_size=300)),
-    }
-    paths = {}
-    for name, (arch, tokenizer) in specs.items():
-        model = build_model(arch, tokenizer, hidden=64, layers=2, heads=2, max_positions=512, seed=1)
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        paths[name] = root / name
-    return paths
+    """The same with 32-wide attention heads, the smallest vLLM's CPU kernels run."""
+    return build_checkpoints(tmp_path_factory.mktemp("vllm_checkpoints"), hidden=64, heads=2)
