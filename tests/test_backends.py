@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 import zlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from test_trainer import make_config
+from test_trainer import comparable_metrics, make_config
 
 from graftrl.config import config_from_dict
 from graftrl.metrics import read_metrics
@@ -30,13 +29,6 @@ class TextRewards:
 
     def close(self) -> None:
         pass
-
-
-def comparable(run: Path) -> list[dict]:
-    """Metrics rows without wall-clock and memory figures, which are measurements."""
-    return [
-        {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))} for row in read_metrics(run)
-    ]
 
 
 def checkpoint_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -73,7 +65,7 @@ def test_ray_backend_matches_local_and_resumes(tiny_checkpoints, tmp_path, metho
     resumed.train(resume=True)
     assert resumed.start_step == 2
 
-    assert comparable(tmp_path / "ray") == comparable(tmp_path / "local")
+    assert comparable_metrics(tmp_path / "ray") == comparable_metrics(tmp_path / "local")
     local_weights, ray_weights = checkpoint_weights(local), checkpoint_weights(resumed)
     assert local_weights.keys() == ray_weights.keys()
     for key, value in local_weights.items():

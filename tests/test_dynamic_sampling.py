@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import make_config, weights_of
+from test_trainer import comparable_metrics, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.data import load_problems
@@ -166,14 +166,8 @@ def test_dynamic_sampling_resume_is_exact(tiny_checkpoints, tmp_path):
     for key, value in full_weights.items():
         assert torch.equal(value, resumed_weights[key]), key
 
-    def comparable(run):
-        return [
-            {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))}
-            for row in read_metrics(tmp_path / run)
-        ]
-
-    assert comparable("full") == comparable("cut")
-    assert any(r["sampling_rounds"] > 1 for r in comparable("full"))
+    assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut")
+    assert any(r["sampling_rounds"] > 1 for r in comparable_metrics(tmp_path / "full"))
 
 
 def test_dynamic_sampling_needs_grpo(tiny_checkpoints):

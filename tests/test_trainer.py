@@ -41,6 +41,13 @@ class ScriptedRewards:
         pass
 
 
+def comparable_metrics(run: Path) -> list[dict]:
+    """Metrics rows without wall-clock and memory figures, which are measurements, not results."""
+    return [
+        {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))} for row in read_metrics(run)
+    ]
+
+
 def make_config(paths: dict[str, Path], method: str = "graft", **train) -> dict:
     return {
         "method": method,
@@ -181,13 +188,7 @@ def test_resume_is_exact(tiny_checkpoints, tmp_path):
     for key, value in full_weights.items():
         assert torch.equal(value, resumed_weights[key]), key
 
-    def comparable(run):
-        return [
-            {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))}
-            for row in read_metrics(tmp_path / run)
-        ]
-
-    assert comparable("full") == comparable("cut")
+    assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut")
 
 
 def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
