@@ -36,12 +36,14 @@ from typing import Any
 
 import yaml
 
+from graftrl.errors import UserError
+
 DEFAULT_DELTA = 0.8
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
 _STORE_TOLERANCE = 1e-6
 
 
-class AnalysisError(ValueError):
+class AnalysisError(UserError):
     """A run folder that cannot be analysed, with the file named and what to do."""
 
 

@@ -43,6 +43,7 @@ from rich.console import Console
 from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_config
 from graftrl.data import MathProblem
 from graftrl.demo import DEFAULT, QUICK, DemoSettings
+from graftrl.errors import UserError
 
 __all__ = [
     "ROW_KEYS",
@@ -67,7 +68,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 _ROW_FIELDS = {"variant", "method", "set"}
 
 
-class CompareError(ValueError):
+class CompareError(UserError):
     """A matrix or comparison problem; the message names the variant and what to fix."""
 
 

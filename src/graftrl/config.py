@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from graftrl.data import PAPER_PROMPT_SUFFIX
+from graftrl.errors import UserError
 
 
 class _Section(BaseModel):
@@ -381,7 +382,7 @@ class Config(_Section):
         return self
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration problem, described with the offending key and what to do."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from graftrl.errors import UserError
+
 __all__ = [
     "PAPER_PROMPT_SUFFIX",
     "DataError",
@@ -30,7 +32,7 @@ __all__ = [
 PAPER_PROMPT_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A problem file is malformed; the message names the file, record and field to fix."""
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graftrl.errors import UserError
 from graftrl.records import TrajectoryRecord
 
 SCHEMA_VERSION = 1
@@ -84,7 +85,7 @@ _MEAN_TOLERANCE = 1e-3
 """|mean(token_logprobs) - mean_logprob| allowed (float32 storage, float32 means)."""
 
 
-class StoreError(ValueError):
+class StoreError(UserError):
     """A trajectory store problem, naming the file and field, and what to do about it."""
 
 
