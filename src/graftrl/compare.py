@@ -44,6 +44,7 @@ from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_
 from graftrl.data import MathProblem
 from graftrl.demo import DEFAULT, QUICK, DemoSettings
 from graftrl.errors import UserError
+from graftrl.stats import PairedDifference, mean_std, paired_difference
 
 __all__ = [
     "ROW_KEYS",
@@ -54,6 +55,8 @@ __all__ = [
     "deltas",
     "embedded_task",
     "load_matrix",
+    "paired_deltas",
+    "paired_markdown",
     "preset_matrix",
     "run_compare",
     "summarize",
@@ -63,6 +66,10 @@ __all__ = [
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
 WARM_START = "warm-start"
+PAIRED_NOTE = (
+    "mean [95% paired t interval over seeds] in points; `*` marks an interval that excludes 0, "
+    "the only differences the seeds run resolve"
+)
 """Pseudo-variant of the untrained policies (evaluated once, shown in Table 1)."""
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 _ROW_FIELDS = {"variant", "method", "set"}
@@ -437,11 +444,11 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for variant, models in values.items():
         for model, cells in models.items():
-            scores = [float(c["pass_at_1"]) for c in cells]
+            scores = mean_std([float(c["pass_at_1"]) for c in cells])
             out.setdefault(variant, {})[model] = {
-                "mean": statistics.fmean(scores),
-                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                "seeds": len(scores),
+                "mean": scores.mean,
+                "std": scores.std,
+                "seeds": scores.n,
                 "wall_s": statistics.fmean(float(c["wall_s"]) for c in cells),
             }
     return out
@@ -458,6 +465,37 @@ def deltas(
         }
         for variant, models in summary.items()
     }
+
+
+def paired_deltas(
+    rows: Sequence[Mapping[str, Any]], reference: str | None
+) -> dict[str, dict[str, PairedDifference]]:
+    """variant -> model -> pass@1(variant) - pass@1(reference), paired by seed (t interval)."""
+    scores: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for row in rows:
+        scores[row["variant"]][row["model"]][int(row["seed"])] = float(row["pass_at_1"])
+    ref = scores.get(reference or "", {})
+    out: dict[str, dict[str, PairedDifference]] = {}
+    for variant, models in scores.items():
+        if variant in (reference, WARM_START):
+            continue
+        for model, by_seed in models.items():
+            if model in ref and (diff := paired_difference(by_seed, ref[model])) is not None:
+                out.setdefault(variant, {})[model] = diff
+    return out
+
+
+def paired_markdown(rows: Sequence[Mapping[str, Any]], reference: str, variants: Sequence[str]) -> str:
+    """Rows = variants, per model the paired Δ vs ``reference`` in points with its 95% interval."""
+    diffs = paired_deltas(rows, reference)
+    models = sorted({m for v in variants for m in diffs.get(v, {})})
+    header = ["variant", *[f"paired Δ {model} (points, 95% CI)" for model in models]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for variant in variants:
+        if variant in diffs:
+            cells = [diffs[variant][m].format(scale=100, digits=2) if m in diffs[variant] else "" for m in models]
+            lines.append("| " + " | ".join([variant, *cells]) + " |")
+    return "\n".join(lines)
 
 
 def _pct(value: float) -> str:
@@ -583,12 +621,21 @@ def write_report(
             "",
             table_markdown(summary, baseline, [WARM_START, *names], extra, f"Δ vs {baseline}"),
             "",
+            f"Paired by seed (same warm-start, prompts and evaluation problems), Δ vs {baseline}: "
+            f"{PAIRED_NOTE}.",
+            "",
+            paired_markdown(rows, baseline, names),
+            "",
         ]
     if reference is not None:
         lines += [
             f"## Table 2: ablations, Δ vs full GRAFT ({reference})",
             "",
             table_markdown(summary, reference, names, extra, f"Δ vs {reference}"),
+            "",
+            f"Paired by seed, Δ vs {reference}: {PAIRED_NOTE}.",
+            "",
+            paired_markdown(rows, reference, names),
             "",
         ]
     if baseline is None and reference is None:

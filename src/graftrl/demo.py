@@ -34,6 +34,7 @@ from graftrl.plots import (
 )
 from graftrl.policy import Policy
 from graftrl.rewards import MathVerifier
+from graftrl.stats import PairedDifference, mean_std, paired_difference
 from graftrl.trainer import Trainer
 
 
@@ -182,6 +183,10 @@ def run_demo(
         "rows": rows,
         "settings": asdict(settings),
         "diagnostics": diagnostics,
+        "paired_vs_grpo": {
+            method: {model: diff.as_dict() for model, diff in models.items()}
+            for method, models in paired_vs_grpo(rows).items()
+        },
         "total_wall_s": round(time.perf_counter() - started, 1),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
@@ -232,24 +237,38 @@ def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any
     return summary
 
 
+def paired_vs_grpo(rows: list[dict[str, Any]]) -> dict[str, dict[str, PairedDifference]]:
+    """method -> model -> held-out pass@1 minus GRPO's, paired by seed, with its 95% interval."""
+    by_key: dict[tuple[str, str], dict[int, float]] = {}
+    for row in rows:
+        by_key.setdefault((row["model"], row["method"]), {})[int(row["seed"])] = row["pass_at_1"]
+    out: dict[str, dict[str, PairedDifference]] = {}
+    for (model, method), by_seed in by_key.items():
+        grpo = by_key.get((model, "grpo"))
+        if method not in ("grpo", "warm-start") and grpo and (diff := paired_difference(by_seed, grpo)):
+            out.setdefault(method, {})[model] = diff
+    return out
+
+
 def results_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
         "model",
         "method",
         "held-out pass@1 (mean ± std over seeds)",
         "seeds",
-        "Δ vs GRPO",
+        "paired Δ vs GRPO [95% CI]",
         title="graftrl demo",
+        caption="* = the interval excludes 0 (a difference the seeds resolve)",
     )
     by_key: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         by_key.setdefault((row["model"], row["method"]), []).append(row["pass_at_1"])
+    paired = paired_vs_grpo(rows)
     for (model, method), values in sorted(by_key.items()):
-        mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        grpo = by_key.get((model, "grpo"))
-        delta = f"{mean - statistics.fmean(grpo):+.3f}" if grpo and method != "grpo" else ""
-        table.add_row(model, method, f"{mean:.3f} ± {std:.3f}", str(len(values)), delta)
+        diff = paired.get(method, {}).get(model)
+        table.add_row(
+            model, method, mean_std(values).format(), str(len(values)), diff.format() if diff else ""
+        )
     return table
 
 

@@ -1,0 +1,105 @@
+"""Statistics for comparing methods over seeds: mean ± std and paired differences with intervals.
+
+Methods compared on the same seeds share the warm-start, the prompt stream and the evaluation
+problems, so seed-to-seed variation common to both cancels in the per-seed difference. The
+interval reported beside mean ± std is the paired Student t interval over seeds,
+``mean(d) ± t_{1-α/2, n-1} · sd(d) / sqrt(n)`` with ``d_s = treatment_s - control_s``; a difference
+is called only where that interval excludes 0. With one seed there is no interval.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+CONFIDENCE = 0.95
+"""The level of every interval graftrl reports."""
+
+
+@dataclass(frozen=True)
+class MeanStd:
+    """Mean and sample standard deviation (n - 1; 0 for a single value) of ``n`` values."""
+
+    mean: float
+    std: float
+    n: int
+
+    def format(self, scale: float = 1.0, digits: int = 3) -> str:
+        return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
+
+
+def mean_std(values: Sequence[float]) -> MeanStd:
+    """Mean ± sample std of ``values`` (at least one)."""
+    if not values:
+        raise ValueError("mean_std: no values")
+    floats = [float(v) for v in values]
+    return MeanStd(
+        statistics.fmean(floats), statistics.stdev(floats) if len(floats) > 1 else 0.0, len(floats)
+    )
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """treatment - control, paired by seed: the mean difference and its t interval.
+
+    ``low``/``high`` are None with fewer than two pairs. ``seeds`` are the paired seeds used.
+    """
+
+    mean: float
+    std: float
+    low: float | None
+    high: float | None
+    seeds: tuple[int, ...]
+    confidence: float = CONFIDENCE
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def resolved(self) -> bool:
+        """True when the interval excludes 0: the data say which of the two is better."""
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+    def format(self, scale: float = 1.0, digits: int = 3) -> str:
+        """``+0.012 [-0.004, +0.028]`` (``*`` when the interval excludes 0)."""
+        text = f"{scale * self.mean:+.{digits}f}"
+        if self.low is None or self.high is None:
+            return text + " (1 seed)"
+        interval = f" [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}]"
+        return text + interval + (" *" if self.resolved else "")
+
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        return {
+            "mean": self.mean,
+            "std": self.std,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "confidence": self.confidence,
+            "resolved": self.resolved,
+        }
+
+
+def paired_difference(
+    treatment: Mapping[int, float], control: Mapping[int, float], confidence: float = CONFIDENCE
+) -> PairedDifference | None:
+    """Paired difference over the seeds both sides have (None when they share no seed).
+
+    treatment, control: seed -> score.
+    """
+    seeds = tuple(sorted(set(treatment) & set(control)))
+    if not seeds:
+        return None
+    diffs = [float(treatment[s]) - float(control[s]) for s in seeds]
+    summary = mean_std(diffs)
+    if len(diffs) < 2:
+        return PairedDifference(summary.mean, 0.0, None, None, seeds, confidence)
+    half = student_t.ppf(0.5 + confidence / 2, df=len(diffs) - 1) * summary.std / math.sqrt(len(diffs))
+    return PairedDifference(
+        summary.mean, summary.std, summary.mean - half, summary.mean + half, seeds, confidence
+    )
