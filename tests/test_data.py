@@ -226,3 +226,15 @@ def test_seeds_give_different_orders_and_bad_arguments_fail() -> None:
         PromptSampler(problems, 0)
     with pytest.raises(ValueError, match="step"):
         PromptSampler(problems, 4).batch(-1)
+
+
+def test_optional_family_field(tmp_path: Path) -> None:
+    path = _write_jsonl(
+        tmp_path / "fam.jsonl",
+        ['{"problem": "1+1?", "answer": 2, "family": "add"}', '{"problem": "3-1?", "answer": 2}'],
+    )
+    first, second = load_problems(path)
+    assert (first.family, second.family) == ("add", None)
+    bad = _write_jsonl(tmp_path / "bad.jsonl", ['{"problem": "1+1?", "answer": 2, "family": ["add"]}'])
+    with pytest.raises(DataError, match=r"bad\.jsonl line 1: field 'family' must be a string or a number"):
+        load_problems(bad)

@@ -38,6 +38,17 @@ def test_quick_demo(tmp_path):
     out, results, output = run_demo_cli(tmp_path, "--quick")
     check_outputs(out, results, seeds=1)
     assert "held-out pass@1" in output
+    # the embedded problems carry their family: pass@1 and training reward per family
+    assert "held-out pass@1 per problem family" in output
+    for row in results["rows"]:
+        assert set(row["per_family"]) == {"add", "sub"} and all(
+            0 <= v <= 1 for v in row["per_family"].values()
+        )
+    assert (out / "family_curves.png").stat().st_size > 1000
+    metrics = [
+        json.loads(line) for line in (out / "runs" / "graft-seed0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert all({"family_reward/add", "family_reward/sub"} <= set(m) for m in metrics)
     # a second run reuses the cached warm-started models
     first = sorted(p.name for p in (tmp_path / "cache").iterdir())
     run_demo_cli(tmp_path, "--quick")

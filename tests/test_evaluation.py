@@ -384,3 +384,17 @@ def test_eval_cli_errors(tiny_checkpoints, tmp_path, monkeypatch):
     )
     result = runner.invoke(app, ["eval", str(run), "--best", "-b", str(FIXTURES / "math_small.jsonl")])
     assert result.exit_code == 2 and "validation.files" in " ".join(result.output.split())
+
+
+def test_pass_at_1_by_family_hand_values():
+    from graftrl.data import MathProblem
+    from graftrl.evaluation import pass_at_1_by_family
+
+    problems = [
+        MathProblem("p0", "1+1", "2", family="add"),
+        MathProblem("p1", "2+2", "4", family="add"),
+        MathProblem("p2", "3-1", "2", family="sub"),
+        MathProblem("p3", "5*5", "25"),  # no family: in the overall score only
+    ]
+    assert pass_at_1_by_family(problems, [1.0, 0.5, 0.25, 1.0]) == {"add": 0.75, "sub": 0.25}
+    assert pass_at_1_by_family(problems[3:], [1.0]) == {}

@@ -8,7 +8,7 @@ import pytest
 
 from graftrl.compare import paired_deltas, paired_markdown
 from graftrl.demo import paired_vs_grpo, results_table
-from graftrl.stats import mean_std, paired_difference
+from graftrl.stats import family_rows, mean_std, paired_difference
 
 # Two-sided 95% Student t quantiles from a printed table: df 2 -> 4.303, df 4 -> 2.776.
 T_975 = {2: 4.302653, 4: 2.776445}
@@ -80,3 +80,19 @@ def test_compare_and_demo_report_paired_differences():
         0.2 + T_975[2] * 0.1 / 3**0.5, abs=1e-6
     )
     assert len(results_table(demo_rows).rows) == 3
+
+
+def test_family_rows_flatten_per_family_scores():
+    rows = [
+        {
+            "variant": "graft",
+            "model": "a",
+            "seed": 0,
+            "pass_at_1": 0.5,
+            "per_family": {"add": 0.9, "sub": 0.1},
+        },
+        {"variant": "grpo", "model": "a", "seed": 0, "pass_at_1": 0.4},  # no families: contributes nothing
+    ]
+    flat = family_rows(rows)
+    assert [(r["model"], r["pass_at_1"]) for r in flat] == [("a · add", 0.9), ("a · sub", 0.1)]
+    assert all(r["variant"] == "graft" and r["seed"] == 0 for r in flat)

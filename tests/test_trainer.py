@@ -252,3 +252,29 @@ def test_tis_is_refused_for_methods_with_their_own_ratio(tiny_checkpoints):
     config["rollout"]["tis_cap"] = 2.0
     with pytest.raises(ValueError, match=r"rollout\.tis_cap"):
         config_from_dict(config)
+
+
+def test_per_family_reward_on_the_shared_batch(tiny_checkpoints, tmp_path):
+    import dataclasses
+
+    from graftrl.data import load_problems
+
+    problems = [
+        dataclasses.replace(p, family="even" if i % 2 == 0 else "odd")
+        for i, p in enumerate(load_problems(FIXTURES / "math_small.jsonl"))
+    ]
+    config = config_from_dict(make_config(tiny_checkpoints, steps=1))
+    trainer = Trainer(config, tmp_path / "run", problems=problems, verifier=ScriptedRewards(CROSSED))
+    batch = trainer.sampler.batch(0)
+    trainer.train()
+    rows = {row["model"]: row for row in read_metrics(tmp_path / "run")}
+    for model, pattern in zip(("llama", "gpt2"), CROSSED, strict=True):
+        for family in ("even", "odd"):
+            groups = [pattern[i] for i, p in enumerate(batch) if p.family == family]
+            if not groups:
+                assert f"family_reward/{family}" not in rows[model]
+                continue
+            expected = sum(map(sum, groups)) / (4 * len(groups))
+            assert rows[model][f"family_reward/{family}"] == pytest.approx(expected)
+            all_fail = sum(sum(g) == 0 for g in groups) / len(groups)
+            assert rows[model][f"family_all_fail/{family}"] == pytest.approx(all_fail)

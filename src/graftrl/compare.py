@@ -44,7 +44,7 @@ from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_
 from graftrl.data import MathProblem
 from graftrl.demo import DEFAULT, QUICK, DemoSettings
 from graftrl.errors import UserError
-from graftrl.stats import PairedDifference, mean_std, paired_difference
+from graftrl.stats import PairedDifference, family_rows, mean_std, paired_difference
 
 __all__ = [
     "ROW_KEYS",
@@ -63,7 +63,7 @@ __all__ = [
     "table_markdown",
 ]
 
-ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "steps", "wall_s")
+ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
 WARM_START = "warm-start"
 PAIRED_NOTE = (
@@ -373,7 +373,7 @@ def run_cell(
             "model": model,
             "seed": seed,
             "n": config.rollout.n,
-            "pass_at_1": score,
+            **score,
             "steps": config.train.steps,
             "wall_s": round(wall, 2),
         }
@@ -416,7 +416,7 @@ def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Co
             "model": model,
             "seed": 0,
             "n": config.rollout.n,
-            "pass_at_1": score,
+            **score,
             "steps": 0,
             "wall_s": 0.0,
         }
@@ -493,7 +493,9 @@ def paired_markdown(rows: Sequence[Mapping[str, Any]], reference: str, variants:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for variant in variants:
         if variant in diffs:
-            cells = [diffs[variant][m].format(scale=100, digits=2) if m in diffs[variant] else "" for m in models]
+            cells = [
+                diffs[variant][m].format(scale=100, digits=2) if m in diffs[variant] else "" for m in models
+            ]
             lines.append("| " + " | ".join([variant, *cells]) + " |")
     return "\n".join(lines)
 
@@ -563,11 +565,24 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
     return curves
 
 
+def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
+    """Metrics rows per "<variant> seed <s>", for the per-family training curves."""
+    from graftrl.metrics import read_metrics
+
+    return {
+        f"{name} seed {seed}": read_metrics(out_dir / "runs" / f"{name}-seed{seed}")
+        for name in names
+        for seed in range(seeds)
+        if (out_dir / "runs" / f"{name}-seed{seed}" / "metrics.jsonl").exists()
+    }
+
+
 def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        # per_family ({family: pass@1}) as a JSON object in its cell
+        writer.writerows({**row, "per_family": json.dumps(row.get("per_family") or {})} for row in rows)
 
 
 def write_report(
@@ -581,7 +596,7 @@ def write_report(
     total_wall_s: float,
 ) -> Path:
     """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), and the plots."""
-    from graftrl.plots import plot_pass_at_1, plot_training_curves
+    from graftrl.plots import plot_family_curves, plot_pass_at_1, plot_training_curves
 
     summary = summarize(rows)
     names = [v.name for v in matrix.variants]
@@ -640,6 +655,11 @@ def write_report(
         ]
     if baseline is None and reference is None:
         lines += ["## Results", "", table_markdown(summary, None, [WARM_START, *names], extra), ""]
+    if by_family := family_rows(rows):
+        lines += ["## Held-out pass@1 per problem family", ""]
+        lines += [table_markdown(summarize(by_family), baseline or reference, [WARM_START, *names]), ""]
+        if baseline or reference:
+            lines += [paired_markdown(by_family, baseline or reference, names), ""]
     missing = [n for n in names if n not in summary]
     if missing:
         lines += [f"Not run yet: {', '.join(missing)}.", ""]
@@ -655,6 +675,7 @@ def write_report(
         plot_training_curves(curves, out_dir / "training_curves.png")
     if rows:
         plot_pass_at_1([{**r, "method": r["variant"]} for r in rows], out_dir / "pass_at_1.png")
+    plot_family_curves(_family_runs(out_dir, names, seeds), out_dir / "family_curves.png")
     return report
 
 

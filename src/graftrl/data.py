@@ -43,6 +43,9 @@ class MathProblem:
     id: str
     problem: str
     answer: str
+    family: str | None = None
+    """Optional sub-skill or subject (a record's ``family`` field): held-out pass@1 and the
+    training reward are also reported per family."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,7 +59,8 @@ def load_problems(path: str | Path) -> list[MathProblem]:
     Each record needs a non-empty string ``problem`` and an ``answer`` (a string or a number,
     which is converted with ``str``); ``id`` is optional and defaults to
     ``f"{file_stem}-{index}"`` with the 0-based record index (blank JSONL lines are not
-    counted), so the same data gives the same ids in JSONL and Parquet. Other fields are ignored.
+    counted), so the same data gives the same ids in JSONL and Parquet. An optional ``family``
+    (string) groups problems for per-family reports. Other fields are ignored.
     Raises ``DataError`` for a malformed, empty or duplicate-id file.
     """
     path = Path(path)
@@ -142,7 +146,9 @@ def _to_problem(path: Path, where: str, index: int, record: Any) -> MathProblem:
     answer = _scalar_to_str(loc, "answer", record["answer"])
     raw_id = record.get("id")
     pid = f"{path.stem}-{index}" if raw_id is None else _scalar_to_str(loc, "id", raw_id)
-    return MathProblem(id=pid, problem=problem, answer=answer)
+    raw_family = record.get("family")
+    family = None if raw_family is None else _scalar_to_str(loc, "family", raw_family)
+    return MathProblem(id=pid, problem=problem, answer=answer, family=family)
 
 
 def _scalar_to_str(loc: str, name: str, value: Any) -> str:

@@ -28,13 +28,14 @@ from graftrl.metrics import read_metrics
 from graftrl.plots import (
     plot_compatibility_histogram,
     plot_complementarity,
+    plot_family_curves,
     plot_pass_at_1,
     plot_training_curves,
     read_compatibility,
 )
 from graftrl.policy import Policy
 from graftrl.rewards import MathVerifier
-from graftrl.stats import PairedDifference, mean_std, paired_difference
+from graftrl.stats import PairedDifference, family_rows, mean_std, paired_difference
 from graftrl.trainer import Trainer
 
 
@@ -93,16 +94,24 @@ def demo_config(
 def _write_jsonl(problems, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
-        "".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in problems)
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "family": p.family}) + "\n"
+            for p in problems
+        )
     )
 
 
-def _evaluate(policies, heldout, verifier, settings: DemoSettings, seed: int) -> dict[str, float]:
+def _evaluate(policies, heldout, verifier, settings: DemoSettings, seed: int) -> dict[str, dict[str, Any]]:
+    """policy -> {"pass_at_1", "per_family"} on the held-out problems (paper protocol)."""
     protocol = EvalProtocol(samples=settings.eval_samples, max_new_tokens=settings.max_new_tokens)
-    return {
-        p.name: float(evaluate_pass_at_1(p, heldout, verifier, protocol, seed=10_000 + seed)["pass_at_1"])
-        for p in policies
-    }
+    out = {}
+    for policy in policies:
+        result = evaluate_pass_at_1(policy, heldout, verifier, protocol, seed=10_000 + seed)
+        out[policy.name] = {
+            "pass_at_1": float(result["pass_at_1"]),
+            "per_family": result.get("per_family", {}),
+        }
+    return out
 
 
 def run_demo(
@@ -143,7 +152,7 @@ def run_demo(
                     "model": model,
                     "seed": 0,
                     "n": settings.n,
-                    "pass_at_1": score,
+                    **score,
                     "steps": 0,
                     "wall_s": 0.0,
                 }
@@ -171,7 +180,7 @@ def run_demo(
                             "model": model,
                             "seed": seed,
                             "n": settings.n,
-                            "pass_at_1": score,
+                            **score,
                             "steps": settings.steps,
                             "wall_s": round(wall, 2),
                         }
@@ -185,7 +194,7 @@ def run_demo(
         "diagnostics": diagnostics,
         "paired_vs_grpo": {
             method: {model: diff.as_dict() for model, diff in models.items()}
-            for method, models in paired_vs_grpo(rows).items()
+            for method, models in paired_vs_grpo(rows + family_rows(rows)).items()
         },
         "total_wall_s": round(time.perf_counter() - started, 1),
     }
@@ -198,7 +207,10 @@ def run_demo(
             scores.setdefault(receiver, []).extend(values)
     plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png")
     plot_pass_at_1(rows, out_dir / "pass_at_1.png")
+    plot_family_curves(curves, out_dir / "family_curves.png")
     console.print(results_table(rows))
+    if by_family := family_rows(rows):
+        console.print(results_table(by_family, title="held-out pass@1 per problem family"))
     console.print(diagnostics_table(diagnostics))
     console.print(f"wrote {out_dir}/results.json and plots in {time.perf_counter() - started:.0f}s")
     return results
@@ -250,14 +262,14 @@ def paired_vs_grpo(rows: list[dict[str, Any]]) -> dict[str, dict[str, PairedDiff
     return out
 
 
-def results_table(rows: list[dict[str, Any]]) -> Table:
+def results_table(rows: list[dict[str, Any]], title: str = "graftrl demo") -> Table:
     table = Table(
         "model",
         "method",
         "held-out pass@1 (mean ± std over seeds)",
         "seeds",
         "paired Δ vs GRPO [95% CI]",
-        title="graftrl demo",
+        title=title,
         caption="* = the interval excludes 0 (a difference the seeds resolve)",
     )
     by_key: dict[tuple[str, str], list[float]] = {}

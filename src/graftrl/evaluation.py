@@ -40,6 +40,7 @@ __all__ = [
     "evaluate_targets",
     "markdown_table",
     "mean_std",
+    "pass_at_1_by_family",
     "pass_at_k",
     "plot_report",
     "resolve_targets",
@@ -160,11 +161,27 @@ def evaluate_pass_at_1(
     protocol: EvalProtocol = EvalProtocol(),
     seed: int = 0,
     engine: HFRolloutEngine | None = None,
-) -> dict[str, float | list[float]]:
-    """Mean correctness over samples, then over problems. Returns pass_at_1 and per-problem rates."""
+) -> dict[str, Any]:
+    """Mean correctness over samples, then over problems.
+
+    Returns pass_at_1 and the per-problem rates, plus ``per_family`` (family -> pass@1 over its
+    problems) when any problem names a family.
+    """
     correct = sample_correctness(policy, problems, verifier, protocol, seed, engine)
     per_problem = [statistics.fmean(row) for row in correct]
-    return {"pass_at_1": statistics.fmean(per_problem), "per_problem": per_problem}
+    result: dict[str, Any] = {"pass_at_1": statistics.fmean(per_problem), "per_problem": per_problem}
+    if by_family := pass_at_1_by_family(problems, per_problem):
+        result["per_family"] = by_family
+    return result
+
+
+def pass_at_1_by_family(problems: Sequence[MathProblem], per_problem: Sequence[float]) -> dict[str, float]:
+    """family -> mean per-problem pass@1 over the problems of that family (problems without one skipped)."""
+    by_family: dict[str, list[float]] = {}
+    for problem, rate in zip(problems, per_problem, strict=True):
+        if problem.family is not None:
+            by_family.setdefault(problem.family, []).append(rate)
+    return {family: statistics.fmean(rates) for family, rates in sorted(by_family.items())}
 
 
 # --------------------------------------------------------------------------------------------

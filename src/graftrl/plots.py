@@ -155,6 +155,36 @@ def plot_step_panels(
     plt.close(fig)
 
 
+def plot_family_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, prefix: str = "family_reward/"
+) -> bool:
+    """Training reward per problem family: one panel per (model, family), one line per method.
+
+    ``runs`` maps labels like "graft seed 0" to metrics rows; seeds of a method are averaged per
+    step. Returns False (and writes nothing) when no row carries a per-family figure.
+    """
+    points: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for label, rows in runs.items():
+        method = label.split(" seed ")[0]
+        for row in rows:
+            for key, value in row.items():
+                if key.startswith(prefix) and value is not None:
+                    points[f"{row['model']}: {key[len(prefix) :]}"][method][row["step"]].append(value)
+    if not points:
+        return False
+    panels = {
+        title: {
+            method: (sorted(by_step), [sum(by_step[t]) / len(by_step[t]) for t in sorted(by_step)])
+            for method, by_step in methods.items()
+        }
+        for title, methods in sorted(points.items())
+    }
+    plot_step_panels(panels, path, ylabel="training reward (mean over seeds)")
+    return True
+
+
 def plot_histograms(
     values: Mapping[str, Sequence[float]],
     path: Path,

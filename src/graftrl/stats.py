@@ -13,6 +13,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from scipy.stats import t as student_t
 
@@ -83,6 +84,19 @@ class PairedDifference:
             "confidence": self.confidence,
             "resolved": self.resolved,
         }
+
+
+def family_rows(rows: Sequence[Mapping[str, Any]], key: str = "model") -> list[dict[str, Any]]:
+    """One row per (row, family) with ``key`` set to "<model> · <family>" and that family's pass@1.
+
+    Rows carry ``per_family`` ({family: pass@1}); the result feeds the same tables and paired
+    differences as whole-benchmark rows. Rows without families contribute nothing.
+    """
+    return [
+        {**row, key: f"{row[key]} · {family}", "pass_at_1": score}
+        for row in rows
+        for family, score in (row.get("per_family") or {}).items()
+    ]
 
 
 def paired_difference(

@@ -193,7 +193,7 @@ class Trainer:
             compatibility = row.pop("_compatibility", None)
             if compatibility is not None:
                 write_jsonl(self.run_dir / "compatibility.jsonl", compatibility)
-            row.update(self._outcome_metrics(name, outcomes, shared))
+            row.update(self._outcome_metrics(name, outcomes, shared, problems))
             row.update(sampled[name].info)
             row.update(stored_info)
             row.update(plans[name].diagnostics)
@@ -266,9 +266,13 @@ class Trainer:
         return out
 
     def _outcome_metrics(
-        self, name: str, outcomes: dict[str, GroupOutcomes], shared: dict[str, GroupOutcomes]
+        self,
+        name: str,
+        outcomes: dict[str, GroupOutcomes],
+        shared: dict[str, GroupOutcomes],
+        problems: Sequence[MathProblem],
     ) -> dict[str, Any]:
-        """Reward of what the policy trains on; complementarity on the shared batch."""
+        """Reward of what the policy trains on; complementarity and per-family figures on the shared batch."""
         own = outcomes[name]
         all_fail, all_pass = group_outcome_fractions(own.rewards)
         row: dict[str, Any] = {
@@ -281,6 +285,13 @@ class Trainer:
                 row[f"complementarity/{peer}"] = float(
                     complementarity(shared[name].successes, other.successes)
                 )
+        # Per family: does the policy learn a sub-skill it starts near 0 on ("beyond what it samples")?
+        families = [p.family for p in problems]
+        for family in sorted({f for f in families if f is not None}):
+            rows = torch.tensor([f == family for f in families])  # [P]
+            rewards = shared[name].rewards[rows]  # [P_family, n]
+            row[f"family_reward/{family}"] = float(rewards.mean())
+            row[f"family_all_fail/{family}"] = float(group_outcome_fractions(rewards)[0])
         return row
 
     def _log_samples(
