@@ -170,9 +170,8 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_free(tmp_path):
     run = tmp_path / "run"
     holder = _locker(run, "time.sleep(60)")
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(RunLockError, match=rf"in use by another graftrl process \(pid {holder.pid} "):
-        with hold_run_lock(run):
-            pass
+    with pytest.raises(RunLockError, match=rf"in use by another graftrl process \(pid {holder.pid} "), hold_run_lock(run):
+        pass
     other = _locker(run, "pass")
     out, _ = other.communicate(timeout=30)
     assert other.returncode == 2 and f"pid {holder.pid}" in out and len(out.strip().splitlines()) == 1

@@ -47,6 +47,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def remove_stale_temps(folder: Path, pattern: str = "*") -> list[Path]:
+    """Delete temp files of ``atomic_write`` calls a kill interrupted (``.<name>.tmp-*`` for names
+    matching ``pattern``). Only for a folder this process owns (the run lock)."""
+    stale = sorted(folder.glob(f".{pattern}.tmp-*")) if folder.is_dir() else []
+    for path in stale:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return stale
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -15,7 +15,8 @@ reader refuses any other version. Nothing is pickled.
 Writes are atomic: a step file is serialised in memory, written to a hidden temp file in the
 same folder, fsynced and renamed over the final name with ``os.replace``; the manifest is then
 updated the same way. A crash therefore leaves either the previous state or a complete new step
-file; temp files (``.step_*.tmp-*``) are never read. The one window left: a crash between the
+file; temp files (``.step_*.tmp-*``) are never read, and a writer deletes leftovers when it
+opens the store. The one window left: a crash between the
 step file's rename and the manifest's leaves a complete file the manifest does not list yet (a
 new step: ``verify`` reports it as unlisted) or, when a step is being overwritten, a file whose
 checksum no longer matches (the reader says so and suggests re-writing the step).
@@ -45,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from graftrl.errors import UserError
-from graftrl.files import atomic_write, sha256_bytes
+from graftrl.files import atomic_write, remove_stale_temps, sha256_bytes
 from graftrl.records import TrajectoryRecord
 
 SCHEMA_VERSION = 1
@@ -509,6 +510,7 @@ class TrajectoryWriter:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root)  # left by a writer killed mid-write; never read
         self.rebuilt: list[int] = []
         """Steps re-listed from their files because manifest.json was missing (see ``rebuild_manifest``)."""
         if not (self.root / MANIFEST).exists() and _step_files(self.root):

@@ -31,6 +31,7 @@ from graftrl.checkpoint import (
     CheckpointCheck,
     check_trainer_state,
     checkpoint_name,
+    checkpoint_step,
     hold_run_lock,
     identity_changes,
     list_checkpoints,
@@ -44,7 +45,7 @@ from graftrl.config import Config, ConfigError, dump_config
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.data import MathProblem, PromptSampler, load_problems
 from graftrl.errors import CheckpointError
-from graftrl.files import atomic_write
+from graftrl.files import atomic_write, remove_stale_temps
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.metrics import MetricsLogger, truncate_jsonl
 from graftrl.policy import Policy
@@ -462,9 +463,11 @@ class Trainer:
         for line in skipped:
             _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
         for damaged in list_checkpoints(self.checkpoint_root):
-            if chosen is not None and damaged.name > chosen.name:
+            if chosen is not None and (checkpoint_step(damaged) or 0) > self.start_step:
                 _warn(f"{damaged.name} set aside as {set_aside(damaged)}")
-        if chosen is None:
+        if chosen is not None:  # finish a rotation a kill interrupted, so the folder looks uninterrupted
+            rotate(self.checkpoint_root, self.config.checkpoint.keep_last, chosen)
+        else:
             self.start_step = 0
             _warn(
                 f"--resume: no checkpoint in {self.checkpoint_root} yet; starting from step 0 "
@@ -505,6 +508,7 @@ class Trainer:
 
     def _truncate_derived(self, step: int) -> None:
         """Cut metrics, samples, compatibility and validation logs and the store back to ``step``."""
+        remove_stale_temps(self.run_dir)
         for name in ("metrics.jsonl", "samples.jsonl", "compatibility.jsonl", "validation.jsonl"):
             _, torn = truncate_jsonl(self.run_dir / name, step)
             if torn:
