@@ -82,6 +82,8 @@ class Trainer:
         )
         self.step_callback = step_callback
         self.start_step = 0
+        self.force = False
+        """Resume even when the config changes the run's identity (``train(force=True)``)."""
         self.logger: MetricsLogger | None = None
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.validation)
@@ -145,8 +147,9 @@ class Trainer:
             self.config.model_dump(mode="json"),
         )
         if resume:
+            self.force = force
             try:
-                self.resume(force)
+                self.resume()
             except BaseException:
                 self.logger.close()
                 self.close()
@@ -431,7 +434,7 @@ class Trainer:
                 "undo the change, train into another --out, or pass --force to resume anyway"
             )
 
-    def resume(self, force: bool = False) -> None:
+    def resume(self) -> None:
         """Continue from the newest intact checkpoint (verified against its manifest).
 
         Damaged newer checkpoints are named, set aside under ``checkpoints/damaged/`` and skipped;
@@ -452,7 +455,7 @@ class Trainer:
             if check.status == "damaged":
                 skipped.append(f"{folder.name}: {check.problem}")
                 continue
-            self._load(folder, force)
+            self._load(folder, self.force)
             chosen = folder
             break
         if chosen is None and skipped:
