@@ -137,7 +137,12 @@ def test_rotation_never_deletes_the_newest_or_anything_after_it(tmp_path):
     (root / "damaged" / "step_000009").mkdir(parents=True)
     deleted = rotate(root, keep_last=2, newest=root / "step_000003")
     assert [p.name for p in deleted] == ["step_000001"]
-    assert [p.name for p in list_checkpoints(root)] == ["step_000002", "step_000003", "step_000004", "step_000005"]
+    assert [p.name for p in list_checkpoints(root)] == [
+        "step_000002",
+        "step_000003",
+        "step_000004",
+        "step_000005",
+    ]
     assert not (root / "step_000006.tmp").exists() and (root / "damaged" / "step_000009").exists()
     rotate(root, keep_last=1, newest=root / "step_000005")
     assert [p.name for p in list_checkpoints(root)] == ["step_000005"]
@@ -170,7 +175,10 @@ def test_a_second_process_is_refused_and_a_dead_holders_lock_is_free(tmp_path):
     run = tmp_path / "run"
     holder = _locker(run, "time.sleep(60)")
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(RunLockError, match=rf"in use by another graftrl process \(pid {holder.pid} "), hold_run_lock(run):
+    with (
+        pytest.raises(RunLockError, match=rf"in use by another graftrl process \(pid {holder.pid} "),
+        hold_run_lock(run),
+    ):
         pass
     other = _locker(run, "pass")
     out, _ = other.communicate(timeout=30)
@@ -305,7 +313,9 @@ def test_damage_falls_back_to_the_newest_intact_checkpoint(
     weights = weights_of(trainer)
     assert all(torch.equal(value, weights[key]) for key, value in ref_weights.items())
     assert derived_logs(run) == derived_logs(ref_run)
-    assert sha256_tree(run / "checkpoints" / "step_000003") == sha256_tree(ref_run / "checkpoints" / "step_000003")
+    assert sha256_tree(run / "checkpoints" / "step_000003") == sha256_tree(
+        ref_run / "checkpoints" / "step_000003"
+    )
     # Nothing is lost: the damaged checkpoint is kept, byte for byte, under checkpoints/damaged/.
     assert sha256_tree(run / "checkpoints" / "damaged" / "step_000003") == damaged_files
 
@@ -316,7 +326,9 @@ def test_no_intact_checkpoint_refuses_and_changes_nothing(tiny_checkpoints, refe
     for step in (1, 2, 3):
         flip_byte(run / "checkpoints" / f"step_{step:06d}" / "llama" / "model.safetensors")
     before = sha256_tree(run)
-    with pytest.raises(CheckpointError, match=r"no intact checkpoint .*step_000001: llama/model\.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=r"no intact checkpoint .*step_000001: llama/model\.safetensors"
+    ):
         resume(tiny_checkpoints, run)
     assert sha256_tree(run) == before
 
@@ -344,7 +356,9 @@ def test_non_finite_state_is_never_checkpointed(tiny_checkpoints, reference, tmp
     before = sha256_tree(run)
     with torch.no_grad():
         next(trainer.policies[1].model.parameters())[0, 0] = float("nan")
-    with pytest.raises(CheckpointError, match=r"step 3: non-finite values in gpt2 \(weights .*checkpoint not written"):
+    with pytest.raises(
+        CheckpointError, match=r"step 3: non-finite values in gpt2 \(weights .*checkpoint not written"
+    ):
         trainer.save_checkpoint(3)
     assert sha256_tree(run) == before and not (run / "checkpoints" / "step_000004.tmp").exists()
     trainer.close()
@@ -370,13 +384,17 @@ def test_resume_refuses_a_changed_identity_unless_forced(tiny_checkpoints, refer
         resume(tiny_checkpoints, run, seed=4)
     assert sha256_tree(run) == before
     trainer = Trainer(
-        config_from_dict(run_config(tiny_checkpoints, seed=4, steps=4)), run, verifier=ScriptedRewards(CROSSED)
+        config_from_dict(run_config(tiny_checkpoints, seed=4, steps=4)),
+        run,
+        verifier=ScriptedRewards(CROSSED),
     )
     trainer.train(resume=True, force=True)
     assert trainer.start_step == 3 and (run / "checkpoints" / "step_000004" / MANIFEST).exists()
 
 
-def test_a_checkpoint_without_manifest_from_an_older_graftrl_loads(tiny_checkpoints, reference, tmp_path, capsys):
+def test_a_checkpoint_without_manifest_from_an_older_graftrl_loads(
+    tiny_checkpoints, reference, tmp_path, capsys
+):
     ref_run, ref_weights = reference
     run = tmp_path / "run"
     shutil.copytree(ref_run, run)

@@ -183,7 +183,12 @@ DAMAGES: dict[str, Callable[[Path], None]] = {"flip": flip_byte, "truncate": tru
 def damage_cases(reference: Path) -> list[tuple[str, str]]:
     newest = list_checkpoints(reference / "checkpoints")[-1]
     files = sorted(p.relative_to(newest).as_posix() for p in newest.rglob("*") if p.is_file())
-    cases = [(name, kind) for name in files for kind in DAMAGES if kind == "delete" or (newest / name).stat().st_size > 1]
+    cases = [
+        (name, kind)
+        for name in files
+        for kind in DAMAGES
+        if kind == "delete" or (newest / name).stat().st_size > 1
+    ]
     return cases + [(folder.name + "/", "delete") for folder in sorted(newest.iterdir()) if folder.is_dir()]
 
 
@@ -208,7 +213,9 @@ def test_damage_to_any_file_of_the_newest_checkpoint_falls_back_identically(setu
         run = tmp_path / f"{name.replace('/', '_')}-{kind}"
         shutil.copytree(reference, run)
         newest = list_checkpoints(run / "checkpoints")[-1]
-        before = {k: v for k, v in sha256_tree(run).items() if not k.startswith(f"checkpoints/{newest.name}/")}
+        before = {
+            k: v for k, v in sha256_tree(run).items() if not k.startswith(f"checkpoints/{newest.name}/")
+        }
         apply(newest, name, kind)
         damaged = sha256_tree(newest)
         rc, out = resume_in_process(config, run)
@@ -218,13 +225,23 @@ def test_damage_to_any_file_of_the_newest_checkpoint_falls_back_identically(setu
         if not (rc == 0 and named and kept and untouched and outcome(run) == expected):
             failures.append((name, kind, rc, named, kept, untouched, out[-500:]))
         shutil.rmtree(run)
-    print(f"damage on the newest checkpoint: {len(cases)} cases, {len(cases) - len(failures)} identical recoveries")
+    print(
+        f"damage on the newest checkpoint: {len(cases)} cases, "
+        f"{len(cases) - len(failures)} identical recoveries"
+    )
     assert not failures, failures
 
 
 @pytest.mark.parametrize(
     "name",
-    ["llama/model.safetensors", "gpt2/optimizer.pt", "trainer_state.json", "method_state.json", "manifest.json", "llama/"],
+    [
+        "llama/model.safetensors",
+        "gpt2/optimizer.pt",
+        "trainer_state.json",
+        "method_state.json",
+        "manifest.json",
+        "llama/",
+    ],
 )
 def test_damage_to_every_checkpoint_refuses_in_one_line_and_changes_nothing(setup, tmp_path, name):
     config, reference, _ = setup

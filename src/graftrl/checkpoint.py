@@ -148,8 +148,12 @@ def verify_checkpoint(folder: Path, required: Sequence[str] = ()) -> CheckpointC
     if not manifest_path.is_file():
         state = _read_json(folder / TRAINER_STATE)
         if isinstance(state, dict) and "completed_steps" in state and "checkpoint_format" not in state:
-            return CheckpointCheck(folder, "legacy", f"{MANIFEST}: none (written before checkpoint manifests)")
-        return damaged(f"{MANIFEST}: missing (it is written last; the checkpoint is incomplete or was edited)")
+            return CheckpointCheck(
+                folder, "legacy", f"{MANIFEST}: none (written before checkpoint manifests)"
+            )
+        return damaged(
+            f"{MANIFEST}: missing (it is written last; the checkpoint is incomplete or was edited)"
+        )
     manifest = _read_json(manifest_path)
     if manifest is None:
         return damaged(f"{MANIFEST}: unreadable (not valid JSON)")
@@ -159,7 +163,10 @@ def verify_checkpoint(folder: Path, required: Sequence[str] = ()) -> CheckpointC
     for name in required:
         present = any(key.startswith(name) for key in files) if name.endswith("/") else name in files
         if not present:
-            return damaged(f"{name}: not in this checkpoint (its manifest lists no such {'folder' if name.endswith('/') else 'file'})")
+            return damaged(
+                f"{name}: not in this checkpoint (its manifest lists no such "
+                f"{'folder' if name.endswith('/') else 'file'})"
+            )
     # Cheap checks first (existence, size), then the hashes.
     for name, entry in files.items():
         path = folder / name
@@ -170,7 +177,9 @@ def verify_checkpoint(folder: Path, required: Sequence[str] = ()) -> CheckpointC
             return damaged(f"{name}: missing")
         size = path.stat().st_size
         if size != entry["bytes"]:
-            return damaged(f"{name}: {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)")
+            return damaged(
+                f"{name}: {size} bytes, the manifest says {entry['bytes']} (truncated or overwritten)"
+            )
     for path in _files_under(folder):
         name = path.relative_to(folder).as_posix()
         if name not in files:
@@ -233,7 +242,8 @@ def check_trainer_state(folder: Path, state: Any, total_steps: int) -> int:
         )
     if completed > total_steps:
         raise CheckpointError(
-            f"{folder / TRAINER_STATE}: says {completed} completed steps, more than train.steps={total_steps}; "
+            f"{folder / TRAINER_STATE}: says {completed} completed steps, more than "
+            f"train.steps={total_steps}; "
             f"set train.steps >= {completed} (--set train.steps={completed}) to continue the run"
         )
     return completed
@@ -275,9 +285,7 @@ def identity_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> li
 
     old_policies, new_policies = policies(saved), policies(current)
     if [n for n, _ in old_policies] != [n for n, _ in new_policies]:
-        changes.append(
-            f"policies (names): {[n for n, _ in old_policies]} -> {[n for n, _ in new_policies]}"
-        )
+        changes.append(f"policies (names): {[n for n, _ in old_policies]} -> {[n for n, _ in new_policies]}")
     else:
         for index, ((name, old), (_, new)) in enumerate(zip(old_policies, new_policies, strict=True)):
             if not _same_path(old, new):

@@ -62,9 +62,12 @@ def train(
                 )
             from graftrl.trainer import Trainer
 
-            trainer = Trainer(cfg, run_dir)
+            try:
+                trainer = Trainer(cfg, run_dir)
+            except FileNotFoundError as error:  # a model or data path
+                raise ConfigError(str(error)) from None
             trainer.train(resume=resume, force=force)
-    except (UserError, FileNotFoundError) as error:
+    except UserError as error:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(f"run written to {run_dir}")

@@ -67,7 +67,7 @@ class MetricsLogger:
 
 
 def discarded_path(path: Path) -> Path:
-    """Where ``truncate_jsonl`` keeps the lines it removes: ``metrics.jsonl`` -> ``metrics.discarded.jsonl``."""
+    """Where ``truncate_jsonl`` keeps the lines it removes (``metrics.discarded.jsonl``)."""
     return path.with_name(f"{path.stem}.discarded{path.suffix}")
 
 

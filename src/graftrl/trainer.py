@@ -427,7 +427,9 @@ class Trainer:
                 f"--resume: cannot read {saved_path} ({error.__class__.__name__}) to check that the config "
                 "still describes this run; restore it, or pass --force to resume under the new config"
             ) from None
-        changes = identity_changes(saved if isinstance(saved, dict) else {}, self.config.model_dump(mode="json"))
+        changes = identity_changes(
+            saved if isinstance(saved, dict) else {}, self.config.model_dump(mode="json")
+        )
         if changes:
             raise ConfigError(
                 f"--resume: the config changes the run's identity vs {saved_path}: {'; '.join(changes)}; "
@@ -486,7 +488,9 @@ class Trainer:
         if state.get("method") == self.method.name:
             self.method.load_state_dict(method_state)
         elif force:
-            _warn(f"{folder}: method {state.get('method')!r} -> {self.method.name!r}: its method state starts fresh")
+            _warn(
+                f"{folder}: method {state.get('method')!r} -> {self.method.name!r}: method state starts fresh"
+            )
         else:
             raise CheckpointError(
                 f"{folder / TRAINER_STATE}: written by method {state.get('method')!r}, the config says "
@@ -515,7 +519,7 @@ class Trainer:
         for name in ("metrics.jsonl", "samples.jsonl", "compatibility.jsonl", "validation.jsonl"):
             _, torn = truncate_jsonl(self.run_dir / name, step)
             if torn:
-                _warn(f"{self.run_dir / name}: {torn} unreadable line(s) (a torn write) moved to the discarded file")
+                _warn(f"{self.run_dir / name}: {torn} unreadable line(s) (a torn write) moved aside")
         if self.recorder is not None:
             if self.recorder.rebuilt:
                 _warn(f"{self.recorder.root}/manifest.json was missing; rebuilt from its step files")
