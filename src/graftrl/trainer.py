@@ -507,7 +507,8 @@ class Trainer:
         except CheckpointError:
             raise
         except Exception as error:  # an unverifiable folder: any load failure means "damaged"
-            return f"does not load ({error.__class__.__name__}: {str(error).splitlines()[0][:200]})"
+            first_line = (str(error).splitlines() or [""])[0][:200]
+            return f"does not load ({error.__class__.__name__}: {first_line})"
         for name, found in zip(self.names, self.backend.call("nonfinite_state"), strict=True):
             if found:
                 return f"{name}: non-finite values ({', '.join(found)})"
