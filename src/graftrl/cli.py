@@ -32,27 +32,44 @@ def train(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<config stem>).")] = None,
     resume: Annotated[
-        bool, typer.Option(help="Continue from the latest checkpoint in the run directory.")
+        bool,
+        typer.Option(
+            help="Continue from the newest intact checkpoint in the run directory (step 0 when it has none)."
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: continue even though the config changes the run's seed, method, "
+            "rollout.n, policies or data."
+        ),
     ] = False,
 ) -> None:
     """Train the configured policies with GRPO or GRAFT."""
+    from graftrl.checkpoint import hold_run_lock
     from graftrl.config import ConfigError, load_config
-    from graftrl.data import DataError
+    from graftrl.errors import UserError
 
     try:
         cfg = load_config(config, set_ or [])
         run_dir = out or Path("runs") / config.stem
-        if run_dir.exists() and any(run_dir.glob("metrics.jsonl")) and not resume:
-            raise ConfigError(
-                f"{run_dir} already holds a run; pass --resume to continue it or --out for a new folder"
-            )
-        from graftrl.trainer import Trainer
+        # The lock first: a second process on this folder is refused before it reads anything.
+        with hold_run_lock(run_dir):
+            if (run_dir / "metrics.jsonl").exists() and not resume:
+                raise ConfigError(
+                    f"{run_dir} already holds a run; pass --resume to continue it (from step 0 when it has "
+                    "no checkpoint yet) or --out for a new folder"
+                )
+            from graftrl.trainer import Trainer
 
-        trainer = Trainer(cfg, run_dir)
-    except (ConfigError, DataError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
+            try:
+                trainer = Trainer(cfg, run_dir)
+            except FileNotFoundError as error:  # a model or data path
+                raise ConfigError(str(error)) from None
+            trainer.train(resume=resume, force=force)
+    except UserError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
         raise typer.Exit(2) from None
-    trainer.train(resume=resume)
     console.print(f"run written to {run_dir}")
 
 

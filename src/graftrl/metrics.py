@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from graftrl.files import atomic_write
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -55,15 +57,7 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Keep rows up to ``step`` (resume); later rows move to metrics.discarded.jsonl, not lost."""
-        if not self.path.exists():
-            return
-        kept, discarded = [], []
-        for line in self.path.read_text().splitlines():
-            (kept if json.loads(line).get("step", -1) <= step else discarded).append(line)
-        if discarded:
-            with (self.path.parent / "metrics.discarded.jsonl").open("a") as handle:
-                handle.write("\n".join(discarded) + "\n")
-        self.path.write_text("".join(line + "\n" for line in kept))
+        truncate_jsonl(self.path, step)
 
     def close(self) -> None:
         if self._tb is not None:
@@ -72,6 +66,52 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+def discarded_path(path: Path) -> Path:
+    """Where ``truncate_jsonl`` keeps the lines it removes (``metrics.discarded.jsonl``)."""
+    return path.with_name(f"{path.stem}.discarded{path.suffix}")
+
+
+def truncate_jsonl(path: Path, step: int) -> tuple[int, int]:
+    """Keep the rows of steps <= ``step`` in a JSONL log (on resume); returns (rows moved, bad lines).
+
+    Later rows, and lines that are not JSON objects (a torn last line left by a kill), move to
+    ``<name>.discarded.jsonl`` rather than being lost. Rows without a step are kept. The log is
+    rewritten atomically, so a kill during the truncation leaves the old or the new file.
+    """
+    if not path.exists():
+        return 0, 0
+    raw = path.read_bytes()
+    kept, discarded, bad = [], [], 0
+    for line in raw.decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            bad += 1
+            discarded.append(line)
+        elif isinstance(row.get("step", -1), int | float) and row.get("step", -1) <= step:
+            kept.append(line)
+        else:
+            discarded.append(line)
+    if discarded:
+        with discarded_path(path).open("a") as handle:
+            handle.write("\n".join(discarded) + "\n")
+    if discarded or (raw and not raw.endswith(b"\n")):
+        atomic_write(path, "".join(line + "\n" for line in kept).encode())
+    return len(discarded) - bad, bad
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of ``metrics.jsonl``; a torn last line (a run killed mid-write) is skipped."""
+    lines = [line for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines) - 1:
+                raise
+    return rows

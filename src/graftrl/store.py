@@ -15,7 +15,8 @@ reader refuses any other version. Nothing is pickled.
 Writes are atomic: a step file is serialised in memory, written to a hidden temp file in the
 same folder, fsynced and renamed over the final name with ``os.replace``; the manifest is then
 updated the same way. A crash therefore leaves either the previous state or a complete new step
-file; temp files (``.step_*.tmp-*``) are never read. The one window left: a crash between the
+file; temp files (``.step_*.tmp-*``) are never read, and a writer deletes leftovers when it
+opens the store. The one window left: a crash between the
 step file's rename and the manifest's leaves a complete file the manifest does not list yet (a
 new step: ``verify`` reports it as unlisted) or, when a step is being overwritten, a file whose
 checksum no longer matches (the reader says so and suggests re-writing the step).
@@ -28,14 +29,12 @@ its *latest* occurrence: the highest step, then the highest group_index within t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import math
 import os
 import re
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -47,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from graftrl.errors import UserError
+from graftrl.files import atomic_write, remove_stale_temps, sha256_bytes
 from graftrl.records import TrajectoryRecord
 
 SCHEMA_VERSION = 1
@@ -232,39 +232,8 @@ def step_file_name(step: int) -> str:
     return f"step_{step:06d}.parquet"
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Persist a rename (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, os.replace, fsync the folder; no partial file remains."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o644)  # mkstemp creates 0600; a store is meant to be shared
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+_atomic_write = atomic_write
+_sha256 = sha256_bytes
 
 
 # ------------------------------------------------------------------------------------------
@@ -443,6 +412,11 @@ def _read_manifest(root: Path, *, missing_ok: bool) -> dict[str, Any]:
     if not path.exists():
         if missing_ok:
             return _empty_manifest()
+        if _step_files(root):
+            raise StoreError(
+                f"{path}: missing, but the folder holds {len(_step_files(root))} step files; rebuild it with "
+                "graftrl.store.rebuild_manifest (resuming the run that records into it does so)"
+            )
         raise StoreError(
             f"{path}: no trajectory store here (manifest.json is missing); check the path, "
             "or create one with TrajectoryWriter or `graftrl import-trajectories`"
@@ -486,6 +460,45 @@ def _write_manifest(root: Path, manifest: Mapping[str, Any]) -> None:
     _atomic_write(root / MANIFEST, data)
 
 
+def _step_files(root: Path) -> list[Path]:
+    return sorted(path for path in root.glob("step_*.parquet") if _STEP_FILE.match(path.name))
+
+
+def rebuild_manifest(root: str | Path) -> list[int]:
+    """Re-create a missing manifest.json from the step files present; returns the steps listed.
+
+    Each file must be a valid step file of this schema (its Parquet metadata names the step and the
+    schema version), so recorded steps are never orphaned silently; a file that is not refuses the
+    rebuild with one line naming it. The checksums are the files' current ones.
+    """
+    root = Path(root)
+    manifest = _empty_manifest()
+    for path in _step_files(root):
+        data = path.read_bytes()
+        step = int(_STEP_FILE.match(path.name).group(1))  # type: ignore[union-attr]
+        fix = f"move {path.name} out of the store to rebuild manifest.json from the other step files"
+        where = f"{path} (rebuilding the missing {MANIFEST})"
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise StoreError(f"{where}: not a readable Parquet file ({error}); {fix}") from None
+        _validate_table(table, where, step, fix)
+        stored_step = (table.schema.metadata or {}).get(_META_STEP)
+        if stored_step is not None and stored_step != str(step).encode():
+            raise StoreError(
+                f"{where}: its metadata says step {stored_step.decode(errors='replace')}, not {step}; {fix}"
+            )
+        manifest["files"][path.name] = {
+            "step": step,
+            "rows": table.num_rows,
+            "bytes": len(data),
+            "sha256": _sha256(data),
+            "sources": sorted(set(table.column("source").to_pylist())),
+        }
+    _write_manifest(root, manifest)
+    return sorted(entry["step"] for entry in manifest["files"].values())
+
+
 # ------------------------------------------------------------------------------------------
 # Writer
 # ------------------------------------------------------------------------------------------
@@ -497,6 +510,11 @@ class TrajectoryWriter:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root)  # left by a writer killed mid-write; never read
+        self.rebuilt: list[int] = []
+        """Steps re-listed from their files because manifest.json was missing (see ``rebuild_manifest``)."""
+        if not (self.root / MANIFEST).exists() and _step_files(self.root):
+            self.rebuilt = rebuild_manifest(self.root)
         _read_manifest(self.root, missing_ok=True)  # refuse a foreign or newer store up front
 
     def write_step(self, step: int, rows: Sequence[StoredTrajectory]) -> Path:

@@ -21,13 +21,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from graftrl.backends import LocalBackend, RayBackend, make_backend
-from graftrl.config import Config, dump_config
+from graftrl.checkpoint import (
+    METHOD_STATE,
+    STAGING_SUFFIX,
+    TRAINER_STATE,
+    CheckpointCheck,
+    check_trainer_state,
+    checkpoint_name,
+    checkpoint_step,
+    hold_run_lock,
+    identity_changes,
+    list_checkpoints,
+    rotate,
+    set_aside,
+    trainer_state,
+    verify_checkpoint,
+    write_manifest,
+)
+from graftrl.config import Config, ConfigError, dump_config
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.data import MathProblem, PromptSampler, load_problems
+from graftrl.errors import CheckpointError
+from graftrl.files import atomic_write, remove_stale_temps
 from graftrl.methods import GroupOutcomes, build_method
-from graftrl.metrics import MetricsLogger
+from graftrl.metrics import MetricsLogger, truncate_jsonl
 from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
 from graftrl.store import StoreError, TrajectoryStore, TrajectoryWriter
@@ -62,6 +82,8 @@ class Trainer:
         )
         self.step_callback = step_callback
         self.start_step = 0
+        self.force = False
+        """Resume even when the config changes the run's identity (``train(force=True)``)."""
         self.logger: MetricsLogger | None = None
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.validation)
@@ -104,8 +126,18 @@ class Trainer:
         return self._peer_verifier
 
     # ----- the loop -----------------------------------------------------------------------
-    def train(self, resume: bool = False) -> None:
-        (self.run_dir / "config.yaml").write_text(dump_config(self.config))
+    def train(self, resume: bool = False, force: bool = False) -> None:
+        """Run the remaining steps, holding the run folder's lock (RunLockError if another process does).
+
+        ``resume``: continue from the newest intact checkpoint (see ``resume``); ``force``: even
+        when the config changes the run's identity (seed, method, n, policies, data).
+        """
+        with hold_run_lock(self.run_dir):
+            self._train(resume, force)
+
+    def _train(self, resume: bool, force: bool) -> None:
+        if resume and not force:
+            self.check_identity()  # before config.yaml is replaced
         logging = self.config.logging
         self.logger = MetricsLogger(
             self.run_dir,
@@ -115,7 +147,14 @@ class Trainer:
             self.config.model_dump(mode="json"),
         )
         if resume:
-            self.resume()
+            self.force = force
+            try:
+                self.resume()
+            except BaseException:
+                self.logger.close()
+                self.close()
+                raise
+        atomic_write(self.run_dir / "config.yaml", dump_config(self.config).encode())
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
@@ -341,44 +380,166 @@ class Trainer:
         self.validator.report(step, rows)
         return rows
 
-    # ----- checkpoints --------------------------------------------------------------------
+    # ----- checkpoints ----------------------------------------------------------------------
     @property
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def _required_files(self) -> list[str]:
+        return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
+
     def save_checkpoint(self, step: int) -> Path:
-        """Weights (safetensors), optimizer state and step; written to a temp folder then renamed."""
-        final = self.checkpoint_root / f"step_{step + 1:06d}"
-        staging = final.with_name(final.name + ".tmp")
+        """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.checkpoint).
+
+        Assembled in a staging folder and renamed into place; refused (CheckpointError) when any
+        policy's weights or optimizer state hold NaN or inf, so a diverged state never replaces a
+        good checkpoint.
+        """
+        nonfinite = self.backend.call("nonfinite_state")
+        bad = {name: found for name, found in zip(self.names, nonfinite, strict=True) if found}
+        if bad:
+            kept = list_checkpoints(self.checkpoint_root)
+            raise CheckpointError(
+                f"step {step}: non-finite values in "
+                + "; ".join(f"{name} ({', '.join(found)})" for name, found in bad.items())
+                + "; checkpoint not written"
+                + (f", the last one is {kept[-1]}" if kept else "")
+                + ": lower optim.lr or tighten optim.grad_clip, then --resume"
+            )
+        completed = step + 1
+        final = self.checkpoint_root / checkpoint_name(completed)
+        staging = final.with_name(final.name + STAGING_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         self.backend.call("save", [(str(staging / name),) for name in self.names])
-        (staging / "method_state.json").write_text(json.dumps(self.method.state_dict()))
-        (staging / "trainer_state.json").write_text(
-            json.dumps({"completed_steps": step + 1, "method": self.method.name})
-        )
-        shutil.rmtree(final, ignore_errors=True)
+        (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
+        (staging / TRAINER_STATE).write_text(json.dumps(trainer_state(completed, self.method.name)))
+        write_manifest(staging, completed)  # last: a folder with a manifest is complete
+        if final.exists():  # only after a fallback re-ran this step; the old one is replaced
+            shutil.rmtree(final)
         staging.rename(final)
-        existing = sorted(p for p in self.checkpoint_root.glob("step_*") if not p.name.endswith(".tmp"))
-        for old in existing[: -self.config.checkpoint.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        rotate(self.checkpoint_root, self.config.checkpoint.keep_last, final)
         return final
 
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p for p in self.checkpoint_root.glob("step_*") if not p.name.endswith(".tmp"))
+        """The newest checkpoint folder by name (not verified; ``resume`` verifies)."""
+        done = list_checkpoints(self.checkpoint_root)
         return done[-1] if done else None
 
+    def check_identity(self) -> None:
+        """Refuse (ConfigError) a resume whose config changes the run's identity vs its config.yaml."""
+        saved_path = self.run_dir / "config.yaml"
+        if not list_checkpoints(self.checkpoint_root):
+            return  # nothing to resume: the run starts over from step 0 anyway
+        try:
+            saved = yaml.safe_load(saved_path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ConfigError(
+                f"--resume: cannot read {saved_path} ({error.__class__.__name__}) to check that the config "
+                "still describes this run; restore it, or pass --force to resume under the new config"
+            ) from None
+        changes = identity_changes(
+            saved if isinstance(saved, dict) else {}, self.config.model_dump(mode="json")
+        )
+        if changes:
+            raise ConfigError(
+                f"--resume: the config changes the run's identity vs {saved_path}: {'; '.join(changes)}; "
+                "undo the change, train into another --out, or pass --force to resume anyway"
+            )
+
     def resume(self) -> None:
-        """Load the latest checkpoint: weights, optimizer, step. Randomness is derived per step."""
-        checkpoint = self.latest_checkpoint()
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.checkpoint_root}")
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        self.backend.call("load", [(str(checkpoint / name),) for name in self.names])
-        method_state = checkpoint / "method_state.json"
-        self.method.load_state_dict(json.loads(method_state.read_text()) if method_state.exists() else {})
-        self.start_step = int(state["completed_steps"])
+        """Continue from the newest intact checkpoint (verified against its manifest).
+
+        Damaged newer checkpoints are named, set aside under ``checkpoints/damaged/`` and skipped;
+        with none intact the resume is refused (CheckpointError). With no checkpoint at all the run
+        starts from step 0. Derived logs and the store are cut back to the resumed step.
+        """
+        skipped: list[str] = []
+        chosen = None
+        for folder in reversed(list_checkpoints(self.checkpoint_root)):
+            check = verify_checkpoint(folder, self._required_files())
+            if check.status == "legacy":
+                problem = self._load_legacy(folder)
+                if problem is None:
+                    _warn(f"{folder}: written before checkpoint manifests; loaded unverified")
+                    chosen = folder
+                    break
+                check = CheckpointCheck(folder, "damaged", problem)
+            if check.status == "damaged":
+                skipped.append(f"{folder.name}: {check.problem}")
+                continue
+            self._load(folder, self.force)
+            chosen = folder
+            break
+        if chosen is None and skipped:
+            raise CheckpointError(
+                f"--resume: no intact checkpoint under {self.checkpoint_root} ({'; '.join(skipped)}); "
+                "restore one from a backup, or start over in another --out"
+            )
+        for line in skipped:
+            _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
+        for damaged in list_checkpoints(self.checkpoint_root):
+            if chosen is not None and (checkpoint_step(damaged) or 0) > self.start_step:
+                _warn(f"{damaged.name} set aside as {set_aside(damaged)}")
+        if chosen is not None:  # finish a rotation a kill interrupted, so the folder looks uninterrupted
+            rotate(self.checkpoint_root, self.config.checkpoint.keep_last, chosen)
+        else:
+            self.start_step = 0
+            _warn(
+                f"--resume: no checkpoint in {self.checkpoint_root} yet; starting from step 0 "
+                "(earlier log lines move to *.discarded.jsonl)"
+            )
+        self._truncate_derived(self.start_step - 1)
+
+    def _load(self, folder: Path, force: bool) -> None:
+        state = json.loads((folder / TRAINER_STATE).read_text())
+        self.start_step = check_trainer_state(folder, state, self.config.train.steps)
+        self.backend.call("load", [(str(folder / name),) for name in self.names])
+        method_state = json.loads((folder / METHOD_STATE).read_text())
+        if state.get("method") == self.method.name:
+            self.method.load_state_dict(method_state)
+        elif force:
+            _warn(
+                f"{folder}: method {state.get('method')!r} -> {self.method.name!r}: method state starts fresh"
+            )
+        else:
+            raise CheckpointError(
+                f"{folder / TRAINER_STATE}: written by method {state.get('method')!r}, the config says "
+                f"{self.method.name!r}; set method: {state.get('method')} or pass --force"
+            )
+
+    def _load_legacy(self, folder: Path) -> str | None:
+        """Load a checkpoint without a manifest; the problem found (None when it loaded and is finite)."""
+        missing = [name for name in self._required_files() if not (folder / name.rstrip("/")).exists()]
+        if missing:
+            return f"{missing[0]}: missing"
+        try:
+            self._load(folder, force=True)
+        except CheckpointError:
+            raise
+        except Exception as error:  # an unverifiable folder: any load failure means "damaged"
+            first_line = (str(error).splitlines() or [""])[0][:200]
+            return f"does not load ({error.__class__.__name__}: {first_line})"
+        for name, found in zip(self.names, self.backend.call("nonfinite_state"), strict=True):
+            if found:
+                return f"{name}: non-finite values ({', '.join(found)})"
+        return None
+
+    def _truncate_derived(self, step: int) -> None:
+        """Cut metrics, samples, compatibility and validation logs and the store back to ``step``."""
+        remove_stale_temps(self.run_dir)
+        for name in ("metrics.jsonl", "samples.jsonl", "compatibility.jsonl", "validation.jsonl"):
+            _, torn = truncate_jsonl(self.run_dir / name, step)
+            if torn:
+                _warn(f"{self.run_dir / name}: {torn} unreadable line(s) (a torn write) moved aside")
         if self.recorder is not None:
-            self.recorder.truncate_after(self.start_step - 1)
-        assert self.logger is not None
-        self.logger.truncate_after(self.start_step - 1)
+            if self.recorder.rebuilt:
+                _warn(f"{self.recorder.root}/manifest.json was missing; rebuilt from its step files")
+            self.recorder.truncate_after(step)
+
+
+def _warn(message: str) -> None:
+    """A note on the resume, on stderr (the CLI's stdout carries the progress bar)."""
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)

@@ -696,6 +696,25 @@ class PolicyWorker:
         """The model's weights (for tests comparing backends)."""
         return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
 
+    def nonfinite_state(self, limit: int = 3) -> list[str]:
+        """Names of up to ``limit`` weight or optimizer-state tensors holding NaN or inf (checked
+        before a checkpoint is written, so a diverged state never replaces a good one)."""
+        found: list[str] = []
+
+        def check(name: str, value: Any) -> None:
+            if len(found) < limit and isinstance(value, Tensor) and value.is_floating_point():
+                local = value.to_local() if hasattr(value, "to_local") else value  # a DTensor shard
+                if not bool(torch.isfinite(local).all()):
+                    found.append(name)
+
+        for name, value in self.policy.model.state_dict().items():
+            check(f"weights {name}", value)
+        if self.policy.optimizer is not None:
+            for index, state in self.policy.optimizer.state_dict()["state"].items():
+                for key, value in state.items():
+                    check(f"optimizer state[{index}].{key}", value)
+        return found
+
     def close(self) -> None:
         self.engine.close()
         if self._owns_verifier and hasattr(self.verifier, "close"):
