@@ -6,14 +6,49 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
+
+from graftrl.errors import UserError
+
+console = Console()
+
+USER_ERROR_EXIT_CODE = 2
+"""Exit code of an anticipated error (bad config, data, model folder, store, checkpoint)."""
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (multi-part messages joined with '; ')."""
+    parts = [part.strip() for part in str(error).splitlines() if part.strip()]
+    return " ".join(part if part.endswith(":") else part + ";" for part in parts).rstrip(";")
+
+
+class _ErrorBoundary(TyperGroup):
+    """The CLI's one error boundary: every command runs inside it.
+
+    An anticipated error (any ``graftrl.errors.UserError``, raised where the problem is found)
+    becomes one red line naming the thing and the fix, exit code 2; anything else is a bug and keeps
+    its traceback.
+    """
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except UserError as error:
+            console.print(f"[red]error:[/red] {escape(one_line(error))}", soft_wrap=True)
+            raise typer.Exit(USER_ERROR_EXIT_CODE) from None
+
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Cross-model trajectory exchange for RLVR."
+    cls=_ErrorBoundary,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Cross-model trajectory exchange for RLVR.",
 )
-console = Console()
 
 
 @app.callback()
@@ -36,22 +71,19 @@ def train(
     ] = False,
 ) -> None:
     """Train the configured policies with GRPO or GRAFT."""
-    from graftrl.config import ConfigError, load_config
-    from graftrl.data import DataError
+    from graftrl.config import ConfigError, load_config, minibatch_note
 
-    try:
-        cfg = load_config(config, set_ or [])
-        run_dir = out or Path("runs") / config.stem
-        if run_dir.exists() and any(run_dir.glob("metrics.jsonl")) and not resume:
-            raise ConfigError(
-                f"{run_dir} already holds a run; pass --resume to continue it or --out for a new folder"
-            )
-        from graftrl.trainer import Trainer
+    cfg = load_config(config, set_ or [])
+    run_dir = out or Path("runs") / config.stem
+    if run_dir.exists() and any(run_dir.glob("metrics.jsonl")) and not resume:
+        raise ConfigError(
+            f"{run_dir} already holds a run; pass --resume to continue it or --out for a new folder"
+        )
+    if note := minibatch_note(cfg):
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+    from graftrl.trainer import Trainer
 
-        trainer = Trainer(cfg, run_dir)
-    except (ConfigError, DataError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    trainer = Trainer(cfg, run_dir)
     trainer.train(resume=resume)
     console.print(f"run written to {run_dir}")
 
@@ -155,9 +187,8 @@ def eval_command(
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
     import os
 
-    from graftrl.benchmarks import PAPER_BENCHMARKS, BenchmarkError, load_benchmarks
+    from graftrl.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.config import ConfigError
-    from graftrl.data import DataError
     from graftrl.evaluation import (
         EvalProtocol,
         default_prompt_suffix,
@@ -168,14 +199,10 @@ def eval_command(
     from graftrl.rewards import MathVerifier
     from graftrl.rollout import HFRolloutEngine
 
-    try:
-        if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
-            raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
-        plan = resolve_targets(target, best, template, chat_template, dtype, device)
-        benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
-    except (BenchmarkError, ConfigError, DataError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
+        raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
+    plan = resolve_targets(target, best, template, chat_template, dtype, device)
+    benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
     config = plan.config
     protocol = EvalProtocol(
         samples=samples,
@@ -230,22 +257,18 @@ def import_trajectories_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, ... (with --model).")] = "auto",
 ) -> None:
     """Import external rollouts as a peer's trajectory store (see graftrl.store.import_jsonl)."""
-    from graftrl.store import StoreError, import_jsonl
+    from graftrl.store import import_jsonl
 
-    try:
-        summary = import_jsonl(
-            file,
-            store,
-            model,
-            template,
-            source=source,
-            chat_template=chat_template,
-            temperature=temperature,
-            device=device,
-        )
-    except StoreError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    summary = import_jsonl(
+        file,
+        store,
+        model,
+        template,
+        source=source,
+        chat_template=chat_template,
+        temperature=temperature,
+        device=device,
+    )
     console.print(
         f"imported {summary.rows} responses in {summary.groups} groups from {', '.join(summary.sources)} "
         f"into {store} (steps {summary.steps[0]}..{summary.steps[-1]}; log-probs computed for "
@@ -262,13 +285,9 @@ def analyze(
     ] = None,
 ) -> None:
     """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
-    from graftrl.analyze import AnalysisError, analyze_run
+    from graftrl.analyze import analyze_run
 
-    try:
-        result = analyze_run(run_dir, out, store_dir=store)
-    except AnalysisError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    result = analyze_run(run_dir, out, store_dir=store)
     comp = result.compute
     console.print(
         f"{len(result.steps)} steps of {', '.join(result.models)}; "
@@ -306,23 +325,18 @@ def compare(
     from graftrl.compare import CompareError, load_matrix, run_compare
 
     if preset is not None and matrix is not None:
-        console.print("[red]error:[/red] give --preset or --matrix, not both")
-        raise typer.Exit(2)
-    try:
-        spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
-        name = matrix.stem if matrix is not None else (preset or "table1")
-        run_compare(
-            out or Path("runs/compare") / name,
-            spec,
-            seeds=seeds,
-            steps=steps,
-            quick=quick,
-            cache_dir=cache,
-            console=console,
-        )
-    except CompareError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        raise CompareError("give --preset or --matrix, not both")
+    spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
+    name = matrix.stem if matrix is not None else (preset or "table1")
+    run_compare(
+        out or Path("runs/compare") / name,
+        spec,
+        seeds=seeds,
+        steps=steps,
+        quick=quick,
+        cache_dir=cache,
+        console=console,
+    )
 
 
 def main() -> None:  # pragma: no cover - console entry
