@@ -30,15 +30,18 @@ def one_line(error: BaseException) -> str:
 class _ErrorBoundary(TyperGroup):
     """The CLI's one error boundary: every command runs inside it.
 
-    An anticipated error (any ``graftrl.errors.UserError``, raised where the problem is found)
-    becomes one red line naming the thing and the fix, exit code 2; anything else is a bug and keeps
-    its traceback.
+    An anticipated error (any ``graftrl.errors.UserError``, raised where the problem is found, or a
+    ``FileNotFoundError`` graftrl raised itself with a message, i.e. without an errno) becomes one
+    red line naming the thing and the fix, exit code 2; anything else is a bug and keeps its
+    traceback.
     """
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except UserError as error:
+        except (UserError, FileNotFoundError) as error:
+            if isinstance(error, FileNotFoundError) and error.errno is not None:
+                raise  # from the OS, not a check of ours: a bug, keep the traceback
             console.print(f"[red]error:[/red] {escape(one_line(error))}", soft_wrap=True)
             raise typer.Exit(USER_ERROR_EXIT_CODE) from None
 

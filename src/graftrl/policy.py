@@ -27,6 +27,10 @@ def _first_line(error: BaseException) -> str:
     return text[0][:200] if text else type(error).__name__
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""A model folder holding none of these has no tokenizer (``AutoTokenizer`` needs one of them)."""
+
+
 def check_model_folder(name: str, path: str) -> None:
     """Refuse a policy path that is neither a model folder nor (online) a plausible hub id."""
     folder = Path(path).expanduser()
@@ -35,6 +39,11 @@ def check_model_folder(name: str, path: str) -> None:
             raise ModelError(
                 f"policy {name!r}: {path} has no config.json, so it is not a Hugging Face model folder; "
                 "point policies[].path at the folder `save_pretrained` wrote"
+            )
+        if not any((folder / file).is_file() for file in TOKENIZER_FILES):
+            raise ModelError(
+                f"policy {name!r}: cannot load a tokenizer from {path}: none of {', '.join(TOKENIZER_FILES)} "
+                "is there; save the tokenizer into the model folder (tokenizer.save_pretrained)"
             )
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
