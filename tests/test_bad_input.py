@@ -104,7 +104,13 @@ def imported(lines: list[bytes] | None, store: str = "store", folder_input: bool
 
 
 def line(prompt_id: str, index: int, reward: int = 1) -> bytes:
-    row = {"prompt_id": prompt_id, "response": f"r{index}", "reward": reward, "mean_logprob": -1.0, "num_tokens": 3}
+    row = {
+        "prompt_id": prompt_id,
+        "response": f"r{index}",
+        "reward": reward,
+        "mean_logprob": -1.0,
+        "num_tokens": 3,
+    }
     return json.dumps(row).encode()
 
 
@@ -116,31 +122,47 @@ CASES = {
     "missing field": Case(raw_config(b"policies: []\n"), "data"),
     "invalid YAML": Case(raw_config(b"train: [1, 2\n"), "not valid YAML"),
     "non-UTF-8 config": Case(raw_config(b"seed: \xff\xfe\n"), "not UTF-8"),
-    "missing data file": Case(train_with(set_key("data.train", "/nonexistent/train.jsonl")), "/nonexistent/train.jsonl"),
+    "missing data file": Case(
+        train_with(set_key("data.train", "/nonexistent/train.jsonl")), "/nonexistent/train.jsonl"
+    ),
     "bad JSON data": Case(train_with(data_file(b'{"problem": "1+1", "answer": 2}\n{oops\n')), "bad.jsonl"),
     "data without answer": Case(train_with(data_file(b'{"problem": "1+1"}\n')), "answer"),
     "policy path missing": Case(
-        train_with(set_key("policies", [{"name": "a", "path": "/nonexistent/model"}, {"name": "b", "path": "/x/y/z"}])),
+        train_with(
+            set_key(
+                "policies", [{"name": "a", "path": "/nonexistent/model"}, {"name": "b", "path": "/x/y/z"}]
+            )
+        ),
         "/nonexistent/model does not exist",
     ),
     "folder without config.json": Case(
-        train_with(lambda c, folder, p: (folder.joinpath("empty").mkdir(), c["policies"][0].update(path=str(folder / "empty")))),
+        train_with(
+            lambda c, folder, p: (
+                folder.joinpath("empty").mkdir(),
+                c["policies"][0].update(path=str(folder / "empty")),
+            )
+        ),
         "no config.json",
     ),
     "no tokenizer": Case(train_with(no_tokenizer), "cannot load a tokenizer"),
-    "--set policies.5.lr": Case(train_with(lambda *a: None, "--set", "policies.5.lr=0.1"), "policies is a list of 2"),
+    "--set policies.5.lr": Case(
+        train_with(lambda *a: None, "--set", "policies.5.lr=0.1"), "policies is a list of 2"
+    ),
     "--set policies.x.lr": Case(train_with(lambda *a: None, "--set", "policies.x.lr=0.1"), "got 'x'"),
     "--set without =": Case(train_with(lambda *a: None, "--set", "train.steps"), "KEY=VALUE"),
     "delta 1.5": Case(train_with(set_key("graft.delta", 1.5)), "graft.delta"),
     "n 1": Case(train_with(set_key("rollout.n", 1)), "rollout.n"),
-    "minibatch larger than batch": Case(train_with(set_key("train.minibatch_prompts", 4)), "minibatch_prompts"),
+    "minibatch larger than batch": Case(
+        train_with(set_key("train.minibatch_prompts", 4)), "minibatch_prompts"
+    ),
     "overlong prompt": Case(train_with(data_file(HUGE)), "'huge-1'"),
-    "response limit beyond the context": Case(train_with(set_key("rollout.max_new_tokens", 4096)), "rollout.max_new_tokens"),
+    "response limit beyond the context": Case(
+        train_with(set_key("rollout.max_new_tokens", 4096)), "rollout.max_new_tokens"
+    ),
     "import non-UTF-8": Case(imported([line("p", 0), b'{"prompt_id": "\xff"}']), "line 2: not UTF-8"),
     "import a folder": Case(imported(None, folder_input=True), "is a folder"),
-    "import into an uncreatable store": Case(imported([line("p", 0), line("p", 1)], store="a-file/store"), "a-file/store"),
-    "import unequal groups": Case(
-        imported([line("p", 0), line("p", 1), line("q", 0), line("r", 0), line("r", 1)]), "prompt 'q'"
+    "import into an uncreatable store": Case(
+        imported([line("p", 0), line("p", 1)], store="a-file/store"), "a-file/store"
     ),
     "import bad JSON": Case(imported([line("p", 0), b"{oops"]), "line 2: not valid JSON"),
 }
@@ -181,7 +203,9 @@ def test_batch_not_divisible_by_minibatch_is_said_not_refused(tiny_checkpoints):
         "train.batch_prompts (5) is not a multiple of train.minibatch_prompts (2): each epoch's last "
         "optimizer step takes the remaining 1 group(s)"
     )
-    assert minibatch_note(config_from_dict(base_config(tiny_checkpoints, FIXTURES / "math_small.jsonl"))) is None
+    assert (
+        minibatch_note(config_from_dict(base_config(tiny_checkpoints, FIXTURES / "math_small.jsonl"))) is None
+    )
 
 
 def test_unexpected_errors_keep_their_traceback(monkeypatch, tmp_path):
@@ -194,3 +218,14 @@ def test_unexpected_errors_keep_their_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(graftrl.config, "load_config", broken)
     result = CliRunner().invoke(app, ["train", str(tmp_path / "x.yaml")])
     assert result.exit_code == 1 and isinstance(result.exception, KeyError)
+
+
+def test_unequal_imported_groups_are_said(tmp_path):
+    """The store keeps each group's n, so the file imports, with one note naming the odd group."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    args = imported([line("p", 0), line("p", 1), line("q", 0), line("r", 0), line("r", 1)])(folder, {})
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    notes = [row for row in result.output.splitlines() if row.startswith("note:")]
+    assert len(notes) == 1 and "prompt 'q'" in notes[0] and "has 1 responses" in notes[0], result.output

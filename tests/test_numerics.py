@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_trainer import ALL_MIXED, ScriptedRewards, make_config, weights_of
 
 from graftrl.config import config_from_dict
 from graftrl.core import clipped_policy_loss, k3_kl, nll_loss
@@ -16,7 +17,6 @@ from graftrl.core.luffy import luffy_policy_loss
 from graftrl.errors import TrainingDivergedError
 from graftrl.metrics import MetricsLogger
 from graftrl.trainer import Trainer
-from test_trainer import ALL_MIXED, ScriptedRewards, make_config, weights_of
 
 B, T = 3, 5
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
@@ -89,7 +89,7 @@ def test_nonfinite_values_in_a_removed_row_are_ignored():
     bad_old = old.clone()
     bad_old[1] = math.nan
     dirty, metrics = clipped_policy_loss(logp, bad_old, advantages, weights, mask)
-    assert float(dirty) == float(clean) and torch.isfinite(metrics["ratio_mean"])
+    assert dirty.item() == clean.item() and torch.isfinite(metrics["ratio_mean"])
 
 
 def test_dual_clip_bounds_negative_advantage_tokens():

@@ -60,7 +60,11 @@ def test_disagreements_with_math_verify_are_exactly_the_documented_ones(
 ):
     with MathVerifier(extraction=extraction, short_circuit=short_circuit) as verifier:
         rewards = verifier.score([c["response"] for c in BATTERY], [c["gold"] for c in BATTERY])
-    differs = {c["id"]: (reference[c["id"]], r) for c, r in zip(BATTERY, rewards, strict=True) if r != reference[c["id"]]}
+    differs = {
+        c["id"]: (reference[c["id"]], r)
+        for c, r in zip(BATTERY, rewards, strict=True)
+        if r != reference[c["id"]]
+    }
     assert set(differs) == set(documented), differs
 
 

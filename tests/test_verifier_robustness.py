@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_trainer import make_config
 
 from graftrl.config import config_from_dict
 from graftrl.metrics import read_metrics
 from graftrl.rewards import MathVerifier
 from graftrl.trainer import Trainer
-from test_trainer import make_config
 
 
 def test_an_overall_deadline_caps_a_flood_of_hanging_answers():

@@ -272,6 +272,8 @@ def import_trajectories_command(
         temperature=temperature,
         device=device,
     )
+    if summary.unequal_groups:
+        console.print(f"[yellow]note:[/yellow] {escape(summary.unequal_groups)}", soft_wrap=True)
     console.print(
         f"imported {summary.rows} responses in {summary.groups} groups from {', '.join(summary.sources)} "
         f"into {store} (steps {summary.steps[0]}..{summary.steps[-1]}; log-probs computed for "

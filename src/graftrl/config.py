@@ -140,7 +140,7 @@ class TrainConfig(_Section):
     no reference model is kept. HACPO uses 1e-3."""
     clip_ratio_c: float | None = Field(default=None, gt=1)
     """Dual-clip bound for negative advantages (Ye et al. 2020): a token with a < 0 contributes at
-    most c * |a| to the loss, however large its ratio. None = off, graftrl's default and the
+    most -c * a to the loss, however large its ratio. None = off, graftrl's default and the
     paper's SPEC eq. 10; verl's default is 3.0 (and the paper trained on verl), so set 3.0 to match
     verl. Applies to the clipped surrogate (grpo, graft, sgt, pooling, luffy's own rows)."""
     log_ratio_clamp: float | None = Field(default=None, gt=0)

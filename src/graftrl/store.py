@@ -782,6 +782,8 @@ class ImportSummary:
     """Rows whose log-probs were computed with the source model."""
     computed_advantages: int
     """Groups whose GRPO advantages were computed here."""
+    unequal_groups: str | None = None
+    """A one-line note when one source's groups differ in size (None: all equal)."""
 
 
 @dataclass
@@ -958,7 +960,7 @@ def import_jsonl(
         groups[(line.step, line.source, line.prompt_id)].append(line)
     for (_, _, prompt_id), members in groups.items():
         _check_group(members, prompt_id)
-    _check_group_sizes(groups)
+    unequal_groups = _unequal_group_sizes(groups)
 
     needs_score = [line for line in lines if line.mean_logprob is None]
     if needs_score and model_path is None:
@@ -1034,6 +1036,7 @@ def import_jsonl(
         sources=sorted({line.source for line in lines}),
         scored=len(needs_score),
         computed_advantages=computed,
+        unequal_groups=unequal_groups,
     )
 
 
@@ -1059,8 +1062,12 @@ def _check_group(members: Sequence[_Line], prompt_id: str) -> None:
         raise StoreError(f"{members[-1].where}: field 'prompt' differs between lines of {what}")
 
 
-def _check_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]]) -> None:
-    """Every group of one source has the same size n (a receiver trains on whole groups of n)."""
+def _unequal_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]]) -> str | None:
+    """A note naming a group whose size differs from the rest of its source's, else None.
+
+    The store keeps each group's own n, so such a file imports; a run replaying it refuses, at the
+    step that needs it, every group whose size is not its ``rollout.n``.
+    """
     sizes: dict[str, dict[int, tuple[str, int, str]]] = defaultdict(dict)
     for (step, src, prompt_id), members in groups.items():
         sizes[src].setdefault(len(members), (prompt_id, step, members[-1].where))
@@ -1069,11 +1076,12 @@ def _check_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]]) -
             common = max(by_size, key=lambda n: sum(len(m) == n for k, m in groups.items() if k[1] == src))
             odd = next(n for n in by_size if n != common)
             prompt_id, step, where = by_size[odd]
-            raise StoreError(
+            return (
                 f"{where}: the group of prompt {prompt_id!r} (step {step}, source {src!r}) has {odd} responses "
-                f"while other groups of {src!r} have {common}; groups of one source must all hold n responses "
-                "(complete or drop the group)"
+                f"while other groups of {src!r} have {common}; a run replaying this store as a peer refuses "
+                "groups whose size is not its rollout.n"
             )
+    return None
 
 
 def _group_advantages(members: Sequence[_Line], eps: float, unbiased: bool) -> list[float]:
