@@ -83,16 +83,20 @@ PARENT_SCRIPT = textwrap.dedent(
     import sys, threading, time
     from graftrl.rewards import MathVerifier
 
-    def main():
-        verifier = MathVerifier(workers=2)
-        if sys.argv[1] == "thread":  # started from another thread: only the watchdog applies
-            worker = threading.Thread(target=verifier.start)
-            worker.start()
-            worker.join()
-        else:
-            verifier.start()
+    def work(verifier):
+        verifier.start()
         print(" ".join(map(str, verifier.worker_pids)), flush=True)
-        time.sleep(600)
+        # Both workers busy on an answer that never finishes (as sympy on a hostile answer): they
+        # do not read their pipe, so only the parent-death signal or the watchdog can stop them.
+        verifier.score([r"\\boxed{h1}", r"\\boxed{h2}"], ["1", "1"])
+
+    def main():
+        verifier = MathVerifier(workers=2, timeout_s=600, _test_faults={"h1": "hang", "h2": "hang"})
+        if sys.argv[1] == "thread":  # started from another thread: only the watchdog applies
+            threading.Thread(target=work, args=(verifier,), daemon=True).start()
+            time.sleep(600)
+        else:
+            work(verifier)
 
     if __name__ == "__main__":
         main()
@@ -119,10 +123,12 @@ def test_verifier_workers_die_with_a_killed_parent(tmp_path, started_from):
     parent = subprocess.Popen(
         [sys.executable, str(script), started_from], stdout=subprocess.PIPE, text=True, env=env
     )
+    pids: list[int] = []
     try:
         line = parent.stdout.readline()
         pids = [int(p) for p in line.split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids), line
+        time.sleep(1.0)  # the hanging answers reach the workers
         os.kill(parent.pid, signal.SIGKILL)  # no atexit, no finalizers: only the kernel and the watchdog
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
@@ -132,3 +138,6 @@ def test_verifier_workers_die_with_a_killed_parent(tmp_path, started_from):
     finally:
         if parent.poll() is None:
             parent.kill()
+        for pid in pids:  # never leave an orphan behind, even when the test fails
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
