@@ -241,9 +241,9 @@ class RewardConfig(_Section):
     timeout_s: float = Field(default=5.0, gt=0)
     """Per-answer verification timeout; a timeout scores 0."""
     deadline_s: float | None = Field(default=600.0, gt=0)
-    """Overall deadline of one verifier call (a whole step's answers): answers not verified by then
-    score 0 and are counted in `verifier_timeouts`, so a flood of hanging answers cannot stall a
-    step. None = no overall deadline."""
+    """Overall deadline of one verifier call (a policy's answers at a step; worker start-up not
+    charged): answers not verified by then score 0 and are counted in `verifier_timeouts`, so a
+    flood of hanging answers cannot stall a step. None = no overall deadline."""
     workers: int = Field(default=1, ge=1)
     """Verifier worker processes."""
     extraction: Literal["last_box", "math_verify"] = "last_box"

@@ -275,7 +275,8 @@ class MathVerifier:
             plain integers (compare values) or the same decimal. math_verify agrees (see
             ``_fast_verdict``), so this only skips work; turn it off to send every answer to the
             workers. Only with ``extraction="last_box"``.
-        deadline_s: overall budget of one ``score`` call; answers not verified by then score 0.0
+        deadline_s: overall budget of one ``score`` call (counted from when a worker is ready,
+            so worker start-up is not charged to it); answers not verified by then score 0.0
             (counted as ``deadline_skips``, not cached) and busy workers are replaced, so a flood
             of hanging answers cannot stall a training step. None = no overall deadline.
         extraction: ``last_box`` (the last ``\\boxed{}``/``\\fbox{}``, verl's DAPO rule) or
@@ -504,8 +505,10 @@ class MathVerifier:
     def _dispatch(
         self, items: list[tuple[str, str]], wait_ready: bool = False, deadline: float | None = None
     ) -> list[int]:
-        # The call's deadline on the monotonic clock the per-answer deadlines use.
-        call_due = float("inf") if deadline is None else time.monotonic() + (deadline - time.perf_counter())
+        # The call's budget runs on the monotonic clock the per-answer deadlines use, from the moment a
+        # worker is ready: like per-answer timeouts, worker start-up is not charged to it.
+        budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        call_due = float("inf")
         while len(self._workers) < self.num_workers:  # lazy start, all workers in parallel
             self._workers.append(self._spawn())
         verdicts: list[int | None] = [None] * len(items)
@@ -540,6 +543,8 @@ class MathVerifier:
 
         while remaining or (wait_ready and not all(w.ready for w in self._workers)):
             now = time.monotonic()
+            if budget is not None and call_due == float("inf") and any(w.ready for w in self._workers):
+                call_due = now + budget
             for w in list(self._workers):
                 if w.ready and not w.inflight and pending:
                     size = max(1, min(32, -(-len(pending) // self.num_workers)))
