@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,3 +232,15 @@ def test_unequal_imported_groups_are_said(tmp_path):
     assert result.exit_code == 0, result.output
     notes = [row for row in result.output.splitlines() if row.startswith("note:")]
     assert len(notes) == 1 and "prompt 'q'" in notes[0] and "has 1 responses" in notes[0], result.output
+
+
+def test_a_real_process_prints_one_line_and_no_traceback(tiny_checkpoints, tmp_path):
+    """The console entry as a user runs it: exit 2, one line on stdout, nothing on stderr."""
+    args = CASES["overlong prompt"].prepare(tmp_path, tiny_checkpoints)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "graftrl.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "" and len(result.stdout.strip().splitlines()) == 1
+    assert result.stdout.startswith("error: data.train:") and "'huge-1'" in result.stdout

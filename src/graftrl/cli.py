@@ -220,6 +220,7 @@ def eval_command(
     verifier = MathVerifier(
         timeout_s=timeout or (config.reward.timeout_s if config else 5.0),
         workers=workers or min(4, os.cpu_count() or 1),
+        extraction=config.reward.extraction if config else "last_box",  # as the run was rewarded
     )
     console.print(
         f"evaluating {', '.join(t.label for t in plan.targets)} on "

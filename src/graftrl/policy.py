@@ -181,6 +181,10 @@ class Policy:
                 "rollout.max_new_tokens"
             )
         budget = context - max_new_tokens
+        # This check replaces transformers' own "sequence length is longer than ..." warning.
+        warned = getattr(self.tokenizer, "deprecation_warnings", None)
+        if isinstance(warned, dict):
+            warned["sequence-length-is-longer-than-the-specified-maximum"] = True
         too_long = []
         for prompt_id, problem in problems:
             # A token covers at least one byte (special tokens aside): short prompts need no tokenizing.
@@ -193,8 +197,8 @@ class Policy:
             first_id, first_length = too_long[0]
             ids = ", ".join(repr(i) for i, _ in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
             raise ModelError(
-                f"{source}: {len(too_long)} prompt(s) do not fit policy {self.name!r}'s context of {context} "
-                f"tokens with rollout.max_new_tokens {max_new_tokens} (prompt {first_id!r} is {first_length} "
+                f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {self.name!r} ({context} "
+                f"tokens) with rollout.max_new_tokens {max_new_tokens} (prompt {first_id!r} is {first_length} "
                 f"tokens; ids {ids}): remove or shorten them, or lower rollout.max_new_tokens"
             )
 
