@@ -244,3 +244,23 @@ def test_a_real_process_prints_one_line_and_no_traceback(tiny_checkpoints, tmp_p
     assert result.returncode == 2, result.stderr
     assert result.stderr == "" and len(result.stdout.strip().splitlines()) == 1
     assert result.stdout.startswith("error: data.train:") and "'huge-1'" in result.stdout
+
+
+def test_an_error_from_a_ray_actor_prints_its_own_message(monkeypatch, tmp_path):
+    """Ray re-raises an actor's error as a subclass of its class carrying ``cause`` and the remote
+    traceback in its text; the boundary prints the cause's one line."""
+    import graftrl.config
+    from graftrl.errors import ModelError
+
+    class RemoteModelError(ModelError):  # what ray.exceptions.RayTaskError.as_instanceof_cause builds
+        def __init__(self, cause):
+            super().__init__("ray::PolicyWorker.__init__()\nTraceback (most recent call last):\n  ...")
+            self.cause = cause
+
+    def remote(*args, **kwargs):
+        raise RemoteModelError(ModelError("policy 'a': model folder /x does not exist; fix policies[].path"))
+
+    monkeypatch.setattr(graftrl.config, "load_config", remote)
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: policy 'a': model folder /x does not exist; fix policies[].path"

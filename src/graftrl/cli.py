@@ -42,7 +42,11 @@ class _ErrorBoundary(TyperGroup):
         except (UserError, FileNotFoundError) as error:
             if isinstance(error, FileNotFoundError) and error.errno is not None:
                 raise  # from the OS, not a check of ours: a bug, keep the traceback
-            console.print(f"[red]error:[/red] {escape(one_line(error))}", soft_wrap=True)
+            # A Ray actor's error arrives wrapped (RayTaskError, also an instance of its cause's
+            # class) with the remote traceback in its text: print the cause's own message.
+            cause = getattr(error, "cause", None)
+            message = one_line(cause if isinstance(cause, UserError) else error)
+            console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
             raise typer.Exit(USER_ERROR_EXIT_CODE) from None
 
 
