@@ -41,9 +41,7 @@ class LocalBackend:
         if verifier is None:
             from graftrl.rewards import MathVerifier
 
-            verifier = self._owned_verifier = MathVerifier(
-                timeout_s=config.reward.timeout_s, workers=config.reward.workers
-            )
+            verifier = self._owned_verifier = MathVerifier.from_config(config.reward)
         self.workers = [
             PolicyWorker(
                 config,

@@ -6,14 +6,56 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
+
+from graftrl.errors import UserError
+
+console = Console()
+
+USER_ERROR_EXIT_CODE = 2
+"""Exit code of an anticipated error (bad config, data, model folder, store, checkpoint)."""
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (multi-part messages joined with '; ')."""
+    parts = [part.strip() for part in str(error).splitlines() if part.strip()]
+    return " ".join(part if part.endswith(":") else part + ";" for part in parts).rstrip(";")
+
+
+class _ErrorBoundary(TyperGroup):
+    """The CLI's one error boundary: every command runs inside it.
+
+    An anticipated error (any ``graftrl.errors.UserError``, raised where the problem is found, or a
+    ``FileNotFoundError`` graftrl raised itself with a message, i.e. without an errno) becomes one
+    red line naming the thing and the fix, exit code 2; anything else is a bug and keeps its
+    traceback.
+    """
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except (UserError, FileNotFoundError) as error:
+            if isinstance(error, FileNotFoundError) and error.errno is not None:
+                raise  # from the OS, not a check of ours: a bug, keep the traceback
+            # A Ray actor's error arrives wrapped (RayTaskError, also an instance of its cause's
+            # class) with the remote traceback in its text: print the cause's own message.
+            cause = getattr(error, "cause", None)
+            message = one_line(cause if isinstance(cause, UserError) else error)
+            console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+            raise typer.Exit(USER_ERROR_EXIT_CODE) from None
+
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Cross-model trajectory exchange for RLVR."
+    cls=_ErrorBoundary,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Cross-model trajectory exchange for RLVR.",
 )
-console = Console()
 
 
 @app.callback()
@@ -47,29 +89,26 @@ def train(
 ) -> None:
     """Train the configured policies with GRPO or GRAFT."""
     from graftrl.checkpoint import hold_run_lock
-    from graftrl.config import ConfigError, load_config
-    from graftrl.errors import UserError
+    from graftrl.config import ConfigError, load_config, minibatch_note
 
-    try:
-        cfg = load_config(config, set_ or [])
-        run_dir = out or Path("runs") / config.stem
-        # The lock first: a second process on this folder is refused before it reads anything.
-        with hold_run_lock(run_dir):
-            if (run_dir / "metrics.jsonl").exists() and not resume:
-                raise ConfigError(
-                    f"{run_dir} already holds a run; pass --resume to continue it (from step 0 when it has "
-                    "no checkpoint yet) or --out for a new folder"
-                )
-            from graftrl.trainer import Trainer
+    cfg = load_config(config, set_ or [])
+    run_dir = out or Path("runs") / config.stem
+    # The lock first: a second process on this folder is refused before it reads anything.
+    with hold_run_lock(run_dir):
+        if (run_dir / "metrics.jsonl").exists() and not resume:
+            raise ConfigError(
+                f"{run_dir} already holds a run; pass --resume to continue it (from step 0 when it has "
+                "no checkpoint yet) or --out for a new folder"
+            )
+        if note := minibatch_note(cfg):
+            console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+        from graftrl.trainer import Trainer
 
-            try:
-                trainer = Trainer(cfg, run_dir)
-            except FileNotFoundError as error:  # a model or data path
-                raise ConfigError(str(error)) from None
-            trainer.train(resume=resume, force=force)
-    except UserError as error:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        try:
+            trainer = Trainer(cfg, run_dir)
+        except FileNotFoundError as error:  # a model or data path
+            raise ConfigError(str(error)) from None
+        trainer.train(resume=resume, force=force)
     console.print(f"run written to {run_dir}")
 
 
@@ -172,9 +211,8 @@ def eval_command(
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
     import os
 
-    from graftrl.benchmarks import PAPER_BENCHMARKS, BenchmarkError, load_benchmarks
+    from graftrl.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.config import ConfigError
-    from graftrl.data import DataError
     from graftrl.evaluation import (
         EvalProtocol,
         default_prompt_suffix,
@@ -185,14 +223,10 @@ def eval_command(
     from graftrl.rewards import MathVerifier
     from graftrl.rollout import HFRolloutEngine
 
-    try:
-        if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
-            raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
-        plan = resolve_targets(target, best, template, chat_template, dtype, device)
-        benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
-    except (BenchmarkError, ConfigError, DataError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
+        raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
+    plan = resolve_targets(target, best, template, chat_template, dtype, device)
+    benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
     config = plan.config
     protocol = EvalProtocol(
         samples=samples,
@@ -207,6 +241,7 @@ def eval_command(
     verifier = MathVerifier(
         timeout_s=timeout or (config.reward.timeout_s if config else 5.0),
         workers=workers or min(4, os.cpu_count() or 1),
+        extraction=config.reward.extraction if config else "last_box",  # as the run was rewarded
     )
     console.print(
         f"evaluating {', '.join(t.label for t in plan.targets)} on "
@@ -247,22 +282,20 @@ def import_trajectories_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, ... (with --model).")] = "auto",
 ) -> None:
     """Import external rollouts as a peer's trajectory store (see graftrl.store.import_jsonl)."""
-    from graftrl.store import StoreError, import_jsonl
+    from graftrl.store import import_jsonl
 
-    try:
-        summary = import_jsonl(
-            file,
-            store,
-            model,
-            template,
-            source=source,
-            chat_template=chat_template,
-            temperature=temperature,
-            device=device,
-        )
-    except StoreError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    summary = import_jsonl(
+        file,
+        store,
+        model,
+        template,
+        source=source,
+        chat_template=chat_template,
+        temperature=temperature,
+        device=device,
+    )
+    if summary.unequal_groups:
+        console.print(f"[yellow]note:[/yellow] {escape(summary.unequal_groups)}", soft_wrap=True)
     console.print(
         f"imported {summary.rows} responses in {summary.groups} groups from {', '.join(summary.sources)} "
         f"into {store} (steps {summary.steps[0]}..{summary.steps[-1]}; log-probs computed for "
@@ -279,13 +312,9 @@ def analyze(
     ] = None,
 ) -> None:
     """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
-    from graftrl.analyze import AnalysisError, analyze_run
+    from graftrl.analyze import analyze_run
 
-    try:
-        result = analyze_run(run_dir, out, store_dir=store)
-    except AnalysisError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+    result = analyze_run(run_dir, out, store_dir=store)
     comp = result.compute
     console.print(
         f"{len(result.steps)} steps of {', '.join(result.models)}; "
@@ -323,23 +352,18 @@ def compare(
     from graftrl.compare import CompareError, load_matrix, run_compare
 
     if preset is not None and matrix is not None:
-        console.print("[red]error:[/red] give --preset or --matrix, not both")
-        raise typer.Exit(2)
-    try:
-        spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
-        name = matrix.stem if matrix is not None else (preset or "table1")
-        run_compare(
-            out or Path("runs/compare") / name,
-            spec,
-            seeds=seeds,
-            steps=steps,
-            quick=quick,
-            cache_dir=cache,
-            console=console,
-        )
-    except CompareError as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        raise CompareError("give --preset or --matrix, not both")
+    spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
+    name = matrix.stem if matrix is not None else (preset or "table1")
+    run_compare(
+        out or Path("runs/compare") / name,
+        spec,
+        seeds=seeds,
+        steps=steps,
+        quick=quick,
+        cache_dir=cache,
+        console=console,
+    )
 
 
 def main() -> None:  # pragma: no cover - console entry

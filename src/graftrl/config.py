@@ -75,7 +75,8 @@ class VLLMConfig(_Section):
 
 class RolloutConfig(_Section):
     n: int = Field(default=8, ge=1)
-    """Responses sampled per prompt per model (the group size)."""
+    """Responses sampled per prompt per model (the group size); at least 2, since every method's
+    advantages compare a response with the rest of its group (with n = 1 they are all 0)."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature; training log-probs use the same logits / T."""
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -119,7 +120,9 @@ class TrainConfig(_Section):
     batch_prompts: int = Field(default=128, ge=1)
     """Prompts per step, shared by every policy."""
     minibatch_prompts: int = Field(default=32, ge=1)
-    """Prompt groups per optimizer step (4 steps per rollout batch at the defaults)."""
+    """Prompt groups per optimizer step (4 steps per rollout batch at the defaults). When it does not
+    divide `batch_prompts`, the last optimizer step of each epoch takes the remainder (fewer groups,
+    its own token mean); `graftrl train` prints a note saying so."""
     update_epochs: int = Field(default=1, ge=1)
     """Passes over each rollout batch."""
     micro_batch_size: int = Field(default=64, ge=1)
@@ -135,11 +138,24 @@ class TrainConfig(_Section):
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty (k3 estimator, own responses) to a frozen copy of each initial policy; 0 = off,
     no reference model is kept. HACPO uses 1e-3."""
+    clip_ratio_c: float | None = Field(default=None, gt=1)
+    """Dual-clip bound for negative advantages (Ye et al. 2020): a token with a < 0 contributes at
+    most -c * a to the loss, however large its ratio. None = off, graftrl's default and the
+    paper's SPEC eq. 10; verl's default is 3.0 (and the paper trained on verl), so set 3.0 to match
+    verl. Applies to the clipped surrogate (grpo, graft, sgt, pooling, luffy's own rows)."""
+    log_ratio_clamp: float | None = Field(default=None, gt=0)
+    """Clamp log(pi / pi_old) to [-x, x] before exp in the clipped surrogate, so one extreme token
+    cannot overflow the ratio (e.g. 20). None = off (the ratio is exact)."""
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    """A minibatch whose loss or gradient norm is NaN/inf skips its optimizer step (grads zeroed,
+    counted as `nonfinite_skips` in metrics.jsonl); after this many skipped optimizer steps in a
+    row the run stops with a one-line error instead of training on garbage."""
 
 
 class GraftConfig(_Section):
-    delta: float = Field(default=0.8, ge=0)
-    """Compatibility floor: a transferred response with s <= delta is removed (eq. 8)."""
+    delta: float = Field(default=0.8, ge=0, le=1)
+    """Compatibility floor in [0, 1]: a transferred response with s <= delta is removed (eq. 8);
+    weights are min(s, 1), so delta >= 1 would admit nothing."""
     balance: bool = True
     """Balanced exchange: m = min(|C_AB|, |C_BA|) with boundary ties; False moves every candidate."""
     peer_position: Literal["last", "first", "uniform"] = "last"
@@ -224,8 +240,17 @@ class DataConfig(_Section):
 class RewardConfig(_Section):
     timeout_s: float = Field(default=5.0, gt=0)
     """Per-answer verification timeout; a timeout scores 0."""
+    deadline_s: float | None = Field(default=600.0, gt=0)
+    """Overall deadline of one verifier call (a policy's answers at a step; worker start-up not
+    charged): answers not verified by then score 0 and are counted in `verifier_timeouts`, so a
+    flood of hanging answers cannot stall a step. None = no overall deadline."""
     workers: int = Field(default=1, ge=1)
     """Verifier worker processes."""
+    extraction: Literal["last_box", "math_verify"] = "last_box"
+    """What of a response is compared with the gold: `last_box` (the content of the last
+    `\\boxed{}`/`\\fbox{}`, as verl's DAPO scorer; no box or a truncated last box scores 0) or
+    `math_verify` (math_verify's own extraction over the whole response: every box, then
+    "final answer is" lines, then the last LaTeX/number; see docs/robustness.md)."""
 
 
 class LoggingConfig(_Section):
@@ -369,6 +394,11 @@ class Config(_Section):
                 f"rollout.tis_cap: method {self.method!r} has its own ratio handling; truncated importance "
                 "sampling is available for grpo, graft, sgt and pooling (remove rollout.tis_cap)"
             )
+        if self.rollout.n < 2:
+            raise ValueError(
+                f"rollout.n: {self.rollout.n} response per prompt; method {self.method!r} computes "
+                "advantages within each group of n, so n = 1 learns nothing: set rollout.n >= 2"
+            )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(
                 f"train.minibatch_prompts ({self.train.minibatch_prompts}) exceeds train.batch_prompts "
@@ -386,17 +416,30 @@ class ConfigError(UserError):
     """A configuration problem, described with the offending key and what to do."""
 
 
+def minibatch_note(config: Config) -> str | None:
+    """How a remainder of `batch_prompts` over `minibatch_prompts` is trained (None: it divides)."""
+    batch, minibatch = config.train.batch_prompts, config.train.minibatch_prompts
+    if batch % minibatch == 0:
+        return None
+    return (
+        f"train.batch_prompts ({batch}) is not a multiple of train.minibatch_prompts ({minibatch}): "
+        f"each epoch's last optimizer step takes the remaining {batch % minibatch} group(s)"
+    )
+
+
 def _format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
+    """One line: the file, then every offending key with what is wrong."""
+    parts = []
     for item in error.errors():
         key = ".".join(str(part) for part in item["loc"]) or "<root>"
         if item["type"] == "extra_forbidden":
-            lines.append(
-                f"  {key}: unknown key (check the spelling; `graftrl config-reference` lists every field)"
+            parts.append(
+                f"{key}: unknown key (check the spelling; `graftrl config-reference` lists every field)"
             )
         else:
-            lines.append(f"  {key}: {item['msg']}")
-    return "\n".join(lines)
+            message = str(item["msg"]).removeprefix("Value error, ")
+            parts.append(message if key == "<root>" else f"{key}: {message}")
+    return f"invalid config {source}: " + "; ".join(parts)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -407,19 +450,37 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(value)
 
 
+def _list_index(node: list[Any], part: str, text: str, where: str) -> int:
+    """``part`` as an index into the list at ``where``, or a ConfigError naming both."""
+    try:
+        index = int(part)
+    except ValueError:
+        index = None
+    if index is None or not 0 <= index < len(node):
+        raise ConfigError(
+            f"--set {text!r}: {where} is a list of {len(node)}; use an index 0..{len(node) - 1} "
+            f"(got {part!r}), e.g. --set {where}.0.<key>=VALUE"
+        )
+    return index
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
         path, value = parse_override(text)
         node: Any = raw
-        for i, part in enumerate(path[:-1]):
-            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        for i, part in enumerate(path):
+            where = ".".join(path[:i]) or "<top level>"
             if not isinstance(node, dict | list):
-                raise ConfigError(f"--set {text!r}: {'.'.join(path[: i + 1])} is not a section")
-        last = path[-1]
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            node[last] = value
+                raise ConfigError(f"--set {text!r}: {where} is not a section")
+            if i == len(path) - 1:
+                if isinstance(node, list):
+                    node[_list_index(node, part, text, where)] = value
+                else:
+                    node[part] = value
+            elif isinstance(node, list):
+                node = node[_list_index(node, part, text, where)]
+            else:
+                node = node.setdefault(part, {})
     return raw
 
 
@@ -432,12 +493,16 @@ def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(error).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of sections")
     return config_from_dict(apply_overrides(raw, overrides or []), str(path))

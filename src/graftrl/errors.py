@@ -19,3 +19,11 @@ class CheckpointError(UserError):
 
 class RunLockError(UserError):
     """Another live process holds the run folder."""
+
+
+class ModelError(UserError):
+    """A model folder is missing, incomplete (no tokenizer) or cannot hold the configured lengths."""
+
+
+class TrainingDivergedError(UserError):
+    """The loss or gradient norm stayed NaN/inf for too many optimizer steps in a row."""

@@ -8,14 +8,53 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from graftrl.errors import ModelError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""A model folder holding none of these has no tokenizer (``AutoTokenizer`` needs one of them)."""
+
+
+def check_model_folder(name: str, path: str) -> None:
+    """Refuse a policy path that is neither a model folder nor (online) a plausible hub id."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ModelError(
+                f"policy {name!r}: {path} has no config.json, so it is not a Hugging Face model folder; "
+                "point policies[].path at the folder `save_pretrained` wrote"
+            )
+        if not any((folder / file).is_file() for file in TOKENIZER_FILES):
+            raise ModelError(
+                f"policy {name!r}: cannot load a tokenizer from {path}: none of {', '.join(TOKENIZER_FILES)} "
+                "is there; save the tokenizer into the model folder (tokenizer.save_pretrained)"
+            )
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ) not in ("", "0")
+    looks_like_path = path.startswith(("/", ".", "~")) or path.count("/") != 1 or folder.exists()
+    if offline or looks_like_path:
+        raise ModelError(
+            f"policy {name!r}: model folder {path} does not exist; fix policies[].path (a local folder "
+            "written by `save_pretrained`, or a hub id such as org/name when online)"
+        )
 
 
 def resolve_device(device: str) -> torch.device:
@@ -91,8 +130,21 @@ class Policy:
         while the parameters and AdamW state stay in ``param_dtype`` (float32 master weights, as
         verl's FSDP mixed precision) — in pure bf16 an update of lr 1e-6 rounds away.
         """
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype])
+        check_model_folder(name, path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise ModelError(
+                f"policy {name!r}: cannot load a tokenizer from {path} ({_first_line(error)}); the folder "
+                "needs the tokenizer files `save_pretrained` writes (tokenizer.json / tokenizer_config.json)"
+            ) from None
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype])
+        except (OSError, ValueError) as error:
+            raise ModelError(
+                f"policy {name!r}: cannot load a causal LM from {path} ({_first_line(error)}); give the folder "
+                "of a Hugging Face checkpoint (config.json + *.safetensors)"
+            ) from None
         if dtype != param_dtype:
             kwargs.setdefault("compute_dtype", _DTYPES[dtype])
         model.to(resolve_device(device))
@@ -102,6 +154,53 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model can attend over (``max_position_embeddings``/``n_positions``), if known."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def check_prompt_lengths(
+        self, problems: Sequence[tuple[str, str]], max_new_tokens: int, source: str = "data.train"
+    ) -> None:
+        """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds the model's context.
+
+        problems: (prompt id, problem text with its suffix). A prompt that does not fit would fail
+        deep inside the forward pass (an IndexError for absolute positions) or allocate its
+        quadratic attention first; the run is refused up front, naming the prompt ids, rather than
+        silently training on a different prompt set.
+        """
+        context = self.context_length
+        if context is None:
+            return
+        if max_new_tokens >= context:
+            raise ModelError(
+                f"rollout.max_new_tokens ({max_new_tokens}) leaves no room for a prompt in policy "
+                f"{self.name!r}, whose context is {context} tokens (max_position_embeddings): lower "
+                "rollout.max_new_tokens"
+            )
+        budget = context - max_new_tokens
+        # This check replaces transformers' own "sequence length is longer than ..." warning.
+        warned = getattr(self.tokenizer, "deprecation_warnings", None)
+        if isinstance(warned, dict):
+            warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+        too_long = []
+        for prompt_id, problem in problems:
+            # A token covers at least one byte (special tokens aside): short prompts need no tokenizing.
+            if len(self.format_prompt(problem).encode("utf-8")) + 16 <= budget:
+                continue
+            length = len(self.encode_prompts([problem])[0])
+            if length > budget:
+                too_long.append((prompt_id, length))
+        if too_long:
+            first_id, first_length = too_long[0]
+            ids = ", ".join(repr(i) for i, _ in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
+            raise ModelError(
+                f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {self.name!r} ({context} "
+                f"tokens) with rollout.max_new_tokens {max_new_tokens} (prompt {first_id!r} is {first_length} "
+                f"tokens; ids {ids}): remove or shorten them, or lower rollout.max_new_tokens"
+            )
 
     @property
     def eos_token_id(self) -> int:

@@ -1,7 +1,10 @@
 """Verifiable 0/1 rewards for math answers.
 
-The reward of a response is 1.0 iff ``math_verify`` judges the content of its last ``\\boxed{...}``
-equal to the gold answer. ``math_verify.parse`` can hang or blow up on pathological model
+The reward of a response is 1.0 iff ``math_verify`` judges its answer equal to the gold answer.
+What counts as the answer is a choice (``extraction``): ``last_box`` (default) takes the content
+of the last ``\\boxed{...}``/``\\fbox{...}``, as verl's DAPO scorer does; ``math_verify`` lets
+math_verify extract from the whole response (every box, "final answer is", the last LaTeX or
+number). Golds are parsed by ``parse_gold`` (math_verify's own parsing, ``$...$`` for bare LaTeX). ``math_verify.parse`` can hang or blow up on pathological model
 output (sympy on huge expressions), and its own timeout only works in a process's main thread,
 so verification runs in worker processes that the parent kills and replaces when an answer
 exceeds its time budget: a bad answer costs one 0.0 reward, never the training run.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -30,14 +35,18 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["MathVerifier", "extract_last_boxed", "verify_answer"]
+__all__ = ["MathVerifier", "extract_last_boxed", "gold_parse_text", "verify_answer"]
+
+Extraction = Literal["last_box", "math_verify"]
+EXTRACTIONS: tuple[Extraction, ...] = ("last_box", "math_verify")
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 # Verdict codes sent back by workers (small ints keep the per-answer messages tiny).
 _WRONG, _CORRECT, _ERROR = 0, 1, 2
+_SKIPPED = 3  # not verified before the call's overall deadline: scores 0, never cached
 _READY = -1  # index of the "worker started" message
 _STOP = None  # sentinel asking a worker to exit
 
@@ -95,35 +104,41 @@ def _read_argument(text: str, start: int) -> str | None:
 
 
 _INTEGER = re.compile(r"-?[0-9]{1,100}")
-
-
-def _normalize(s: str) -> str:
-    return " ".join(s.split())
+_PLAIN_NUMBER = re.compile(r"-?(?:[0-9]+(?:,[0-9]+)*(?:\.[0-9]*)?|\.[0-9]+)")
+"""A gold math_verify reads as one number with its expression parser (``1,22`` = 1.22, ``7,425,000``)."""
+_DELIMITERS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
 
 
 def _fast_verdict(gold: str, extracted: str) -> float | None:
     """Verdict for the cases math_verify is known to agree with, else None (ask math_verify).
 
-    Identical strings (after whitespace normalisation) are equal: math_verify says so too, as it
-    falls back to string comparison when it cannot parse. Two plain integers are equal iff their
-    values are (``007`` == ``7``, ``-0`` == ``0``); tests check math_verify agrees. Most
-    GSM8K/MATH answers are integers, so this removes most of the ~1 ms ``parse`` cost per answer.
+    Two plain integers are equal iff their values are (``007`` == ``7``, ``-0`` == ``0``).
+    Identical strings (after whitespace normalisation) are equal only when they hold a digit and
+    no comma: math_verify scores an identical pair 0 when it cannot parse it (``\\$``,
+    ``\\ldots``, ``\\text{}``) and reads a gold ``1,22`` (1.22) and a boxed ``1,22`` ({1, 22})
+    differently. Most GSM8K/MATH answers are integers, so this removes most of the ~1 ms
+    ``parse`` cost per answer; tests check math_verify agrees on a battery of cases.
     """
-    g, e = _normalize(gold), _normalize(extracted)
-    if g == e:
-        return 1.0
+    g, e = " ".join(gold.split()), " ".join(extracted.split())
     if _INTEGER.fullmatch(g) and _INTEGER.fullmatch(e):
         return 1.0 if int(g) == int(e) else 0.0
+    if g == e and "," not in g and any(c.isdigit() for c in g):
+        return 1.0
     return None
 
 
-def _wrap_gold(gold: str) -> str:
-    """Give a bare gold answer (``57``, ``\\frac{1}{2}``) delimiters so ``parse`` reads it as LaTeX."""
-    if any(c in gold for c in _BOX_COMMANDS):
-        return gold
-    if _read_argument("{" + gold + "}", 0) == gold:  # balanced braces: box it like the prediction
-        return "\\boxed{" + gold + "}"
-    return "$" + gold + "$"
+def gold_parse_text(gold: str) -> str:
+    """The text handed to ``math_verify.parse`` for a gold answer.
+
+    A gold with LaTeX delimiters (``$...$``, ``\\(...\\)``, ``\\boxed{}``) or a plain number
+    (``57``, ``1,22``, ``7,425,000``) is parsed as is, as math_verify parses golds itself (so
+    ``1,22`` is the decimal 1.22, not the set {1, 22}); bare LaTeX (``\\frac{3}{4}``, ``(1, 2]``,
+    ``2\\sqrt{3}``), which plain ``parse`` would cut to its last number, is wrapped in ``$...$``.
+    """
+    stripped = gold.strip()
+    if any(d in stripped for d in _DELIMITERS) or _PLAIN_NUMBER.fullmatch(stripped):
+        return stripped
+    return "$" + stripped + "$"
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,13 +146,43 @@ def _wrap_gold(gold: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, faults: dict[str, str]) -> None:
-    """Worker loop: receive chunks of ``(index, gold, extracted)``, stream back one verdict each.
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+
+def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
+    """Make this worker exit when the process that started it dies, even by SIGKILL.
+
+    On Linux the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG); it is tied to
+    the *thread* that started the worker, so it is only set when that was the main thread. A
+    daemon thread polling ``os.getppid()`` covers the rest (other threads, other systems, and a
+    parent that died before prctl ran).
+    """
+    if use_pdeathsig and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="graftrl-parent-watchdog", daemon=True).start()
+
+
+def _worker_main(
+    conn: Connection, faults: dict[str, str], parent_pid: int | None = None, use_pdeathsig: bool = False
+) -> None:
+    """Worker loop: receive chunks of ``(index, gold, text, extraction)``, stream back one verdict each.
+
+    ``text`` is the extracted answer (``last_box``) or the whole response (``math_verify``).
     One small message per answer (not per chunk) tells the parent exactly which answer is in
     progress, so on a timeout it knows which one hung and can re-queue the rest.
     ``faults`` is a test hook mapping an extracted answer to ``hang``/``crash``/``raise``.
     """
+    _die_with_parent(os.getppid() if parent_pid is None else parent_pid, use_pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     import math_verify.grader
     import math_verify.parser
@@ -151,13 +196,14 @@ def _worker_main(conn: Connection, faults: dict[str, str]) -> None:
 
     gold_cache: dict[str, Any] = {}
 
-    def check(gold: str, extracted: str) -> int:
+    def check(gold: str, text: str, extraction: str = "last_box") -> int:
         parsed_gold = gold_cache.get(gold)
         if parsed_gold is None:
             if len(gold_cache) >= 10_000:
                 gold_cache.clear()
-            parsed_gold = gold_cache[gold] = parse(_wrap_gold(gold), parsing_timeout=None)
-        pred = parse("\\boxed{" + extracted + "}", parsing_timeout=None)
+            parsed_gold = gold_cache[gold] = parse(gold_parse_text(gold), parsing_timeout=None)
+        pred_text = text if extraction == "math_verify" else "\\boxed{" + text + "}"
+        pred = parse(pred_text, parsing_timeout=None)
         return _CORRECT if verify(parsed_gold, pred, timeout_seconds=None) else _WRONG
 
     # Warm up sympy's and latex2sympy's lazy imports before reporting ready, so the first real
@@ -173,7 +219,7 @@ def _worker_main(conn: Connection, faults: dict[str, str]) -> None:
             return
         if chunk is _STOP:
             return
-        for index, gold, extracted in chunk:
+        for index, gold, extracted, extraction in chunk:
             fault = faults.get(extracted)
             if fault == "hang":
                 time.sleep(3600)
@@ -182,7 +228,7 @@ def _worker_main(conn: Connection, faults: dict[str, str]) -> None:
             try:
                 if fault == "raise":
                     raise RuntimeError("injected verification error")
-                verdict = check(gold, extracted)
+                verdict = check(gold, extracted, extraction)
             except Exception:
                 verdict = _ERROR
             conn.send((index, verdict))
@@ -225,10 +271,16 @@ class MathVerifier:
             worker is killed and replaced (worker start-up time is not charged to it).
         workers: worker processes; answers are spread over them in chunks.
         cache_size: LRU entries of (gold, extracted) -> verdict kept in this process.
-        short_circuit: decide without math_verify when the extracted answer equals the gold
-            string after whitespace normalisation (1.0), or both are plain integers (compare
-            values). math_verify agrees in both cases (see ``_fast_verdict``), so this only skips
-            work; turn it off to send every answer to the workers.
+        short_circuit: decide without math_verify when the extracted answer and the gold are both
+            plain integers (compare values) or the same decimal. math_verify agrees (see
+            ``_fast_verdict``), so this only skips work; turn it off to send every answer to the
+            workers. Only with ``extraction="last_box"``.
+        deadline_s: overall budget of one ``score`` call (counted from when a worker is ready,
+            so worker start-up is not charged to it); answers not verified by then score 0.0
+            (counted as ``deadline_skips``, not cached) and busy workers are replaced, so a flood
+            of hanging answers cannot stall a training step. None = no overall deadline.
+        extraction: ``last_box`` (the last ``\\boxed{}``/``\\fbox{}``, verl's DAPO rule) or
+            ``math_verify`` (math_verify's own extraction over the whole response).
         start_method: ``spawn`` (default) or ``forkserver``; never ``fork``, which is unsafe
             once torch has started its thread pools.
         startup_timeout_s: how long a worker may take to import math_verify and report ready.
@@ -247,6 +299,8 @@ class MathVerifier:
         short_circuit: bool = True,
         start_method: str = "spawn",
         startup_timeout_s: float = 120.0,
+        deadline_s: float | None = None,
+        extraction: Extraction = "last_box",
         _test_faults: dict[str, str] | None = None,
     ) -> None:
         if timeout_s <= 0:
@@ -258,7 +312,13 @@ class MathVerifier:
                 f"MathVerifier: start_method must be 'spawn' or 'forkserver', got {start_method!r} "
                 "('fork' is unsafe next to torch threads)"
             )
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"MathVerifier: deadline_s must be > 0 or None, got {deadline_s}")
+        if extraction not in EXTRACTIONS:
+            raise ValueError(f"MathVerifier: extraction must be one of {EXTRACTIONS}, got {extraction!r}")
         self.timeout_s = float(timeout_s)
+        self.deadline_s = deadline_s
+        self.extraction: Extraction = extraction
         self.num_workers = workers
         self.cache_size = cache_size
         self.short_circuit = short_circuit
@@ -277,6 +337,7 @@ class MathVerifier:
                 "short_circuits",
                 "verified",
                 "timeouts",
+                "deadline_skips",
                 "errors",
                 "worker_restarts",
             ),
@@ -285,10 +346,20 @@ class MathVerifier:
         self._seconds = 0.0
         self._finalizer = weakref.finalize(self, _kill_workers, self._workers)
 
+    @classmethod
+    def from_config(cls, reward: Any) -> MathVerifier:
+        """A verifier for a run's ``reward:`` section (graftrl.config.RewardConfig)."""
+        return cls(
+            timeout_s=reward.timeout_s,
+            workers=reward.workers,
+            deadline_s=reward.deadline_s,
+            extraction=reward.extraction,
+        )
+
     # ---------------------------------------------------------------- public API
 
     def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-        """Return 1.0/0.0 per response: does its last boxed answer equal the gold answer?"""
+        """Return 1.0/0.0 per response: does its answer (``extraction``) equal the gold answer?"""
         if len(responses) != len(answers):
             raise ValueError(
                 f"MathVerifier.score: got {len(responses)} responses but {len(answers)} answers "
@@ -302,8 +373,9 @@ class MathVerifier:
             todo: dict[tuple[str, str], list[int]] = {}
             cache = self._cache
             stats = self._stats
+            last_box = self.extraction == "last_box"
             for i, (response, gold) in enumerate(zip(responses, answers, strict=True)):
-                extracted = extract_last_boxed(response)
+                extracted = extract_last_boxed(response) if last_box else response
                 if extracted is None or not extracted.strip():
                     stats["no_answer"] += 1
                     continue
@@ -316,7 +388,9 @@ class MathVerifier:
                 elif key in todo:
                     stats["cache_hits"] += 1  # repeated within this batch: verified once
                     todo[key].append(i)
-                elif self.short_circuit and (fast := _fast_verdict(key[0], extracted)) is not None:
+                elif (
+                    last_box and self.short_circuit and (fast := _fast_verdict(key[0], extracted)) is not None
+                ):
                     stats["short_circuits"] += 1
                     rewards[i] = fast
                     self._remember(key, fast)
@@ -324,10 +398,13 @@ class MathVerifier:
                     todo[key] = [i]
             if todo:
                 keys = list(todo)
-                verdicts = self._verify_many(keys)
+                verdicts = self._verify_many(
+                    keys, deadline=None if self.deadline_s is None else t0 + self.deadline_s
+                )
                 for key, verdict in zip(keys, verdicts, strict=True):
                     value = 1.0 if verdict == _CORRECT else 0.0
-                    self._remember(key, value)
+                    if verdict != _SKIPPED:  # never tried: a later call may verify it
+                        self._remember(key, value)
                     for i in todo[key]:
                         rewards[i] = value
             stats["answers"] += len(responses)
@@ -336,8 +413,9 @@ class MathVerifier:
 
     def stats(self) -> dict[str, float]:
         """Counters since construction: answers, no_answer, cache_hits, short_circuits, verified
-        (answered by a worker), timeouts, errors, worker_restarts; plus cache_entries and the
-        wall-clock seconds spent in score()."""
+        (answered by a worker), timeouts (per answer), deadline_skips (answers cut by a call's
+        overall deadline), errors, worker_restarts; plus cache_entries and the wall-clock seconds
+        spent in score()."""
         out: dict[str, float] = dict(self._stats)
         out["cache_entries"] = len(self._cache)
         out["seconds"] = self._seconds
@@ -380,9 +458,17 @@ class MathVerifier:
 
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        # The worker dies with this process: its parent pid (spawn) and whether prctl's parent-death
+        # signal applies (it follows the starting thread, so only from the main thread).
+        spawned = self._ctx.get_start_method() == "spawn"
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, self._faults),
+            args=(
+                child_conn,
+                self._faults,
+                os.getpid() if spawned else None,
+                spawned and threading.current_thread() is threading.main_thread(),
+            ),
             name="graftrl-math-verify",
             daemon=True,
         )
@@ -401,17 +487,28 @@ class MathVerifier:
         self._stats["worker_restarts"] += 1
         return fresh
 
-    def _verify_many(self, items: list[tuple[str, str]], wait_ready: bool = False) -> list[int]:
-        """Verify unique (gold, extracted) pairs on the workers; returns one verdict code each."""
+    def _verify_many(
+        self, items: list[tuple[str, str]], wait_ready: bool = False, deadline: float | None = None
+    ) -> list[int]:
+        """Verify unique (gold, extracted) pairs on the workers; returns one verdict code each.
+
+        ``deadline`` (a ``time.perf_counter`` instant): pairs not settled by then get ``_SKIPPED``.
+        """
         try:
-            return self._dispatch(items, wait_ready)
+            return self._dispatch(items, wait_ready, deadline)
         except BaseException:
             # Interrupted mid-batch (Ctrl-C, start-up failure): workers may still hold work and
             # unread verdicts, so discard them all rather than mix them into a later call.
             _kill_workers(self._workers)
             raise
 
-    def _dispatch(self, items: list[tuple[str, str]], wait_ready: bool = False) -> list[int]:
+    def _dispatch(
+        self, items: list[tuple[str, str]], wait_ready: bool = False, deadline: float | None = None
+    ) -> list[int]:
+        # The call's budget runs on the monotonic clock the per-answer deadlines use, from the moment a
+        # worker is ready: like per-answer timeouts, worker start-up is not charged to it.
+        budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        call_due = float("inf")
         while len(self._workers) < self.num_workers:  # lazy start, all workers in parallel
             self._workers.append(self._spawn())
         verdicts: list[int | None] = [None] * len(items)
@@ -446,6 +543,8 @@ class MathVerifier:
 
         while remaining or (wait_ready and not all(w.ready for w in self._workers)):
             now = time.monotonic()
+            if budget is not None and call_due == float("inf") and any(w.ready for w in self._workers):
+                call_due = now + budget
             for w in list(self._workers):
                 if w.ready and not w.inflight and pending:
                     size = max(1, min(32, -(-len(pending) // self.num_workers)))
@@ -453,7 +552,7 @@ class MathVerifier:
                     w.inflight.extend(chunk)
                     w.deadline = now + self.timeout_s
                     try:
-                        w.conn.send([(i, *items[i]) for i in chunk])
+                        w.conn.send([(i, *items[i], self.extraction) for i in chunk])
                     except (OSError, ValueError):
                         fail(w, _ERROR)  # died under us; charging one answer guarantees progress
 
@@ -462,7 +561,7 @@ class MathVerifier:
                     return w.started_at + self.startup_timeout_s
                 return w.deadline if w.inflight else float("inf")
 
-            next_due = min(due(w) for w in self._workers)
+            next_due = min([due(w) for w in self._workers] + ([call_due] if remaining else []))
             timeout = None if next_due == float("inf") else max(0.0, next_due - time.monotonic())
             by_conn = {w.conn: w for w in self._workers}
             for conn in wait(list(by_conn), timeout=timeout):
@@ -493,6 +592,18 @@ class MathVerifier:
                 elif w.inflight and now > w.deadline:
                     stats["timeouts"] += 1
                     fail(w, _WRONG)
+            if remaining and now > call_due:
+                # Out of time for this call: whatever is unsettled scores 0 (not cached); workers
+                # still busy on it are replaced so the next call starts clean.
+                for w in list(self._workers):
+                    if w.inflight:
+                        w.inflight.clear()
+                        self._replace(w)
+                for index, verdict in enumerate(verdicts):
+                    if verdict is None:
+                        verdicts[index] = _SKIPPED
+                        stats["deadline_skips"] += 1
+                remaining = 0
         return [v if v is not None else _ERROR for v in verdicts]
 
 

@@ -509,7 +509,13 @@ class TrajectoryWriter:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreError(
+                f"store folder {self.root}: cannot create it ({error.strerror or error}); choose a writable "
+                "folder (--store / store.path)"
+            ) from None
         remove_stale_temps(self.root)  # left by a writer killed mid-write; never read
         self.rebuilt: list[int] = []
         """Steps re-listed from their files because manifest.json was missing (see ``rebuild_manifest``)."""
@@ -794,6 +800,8 @@ class ImportSummary:
     """Rows whose log-probs were computed with the source model."""
     computed_advantages: int
     """Groups whose GRPO advantages were computed here."""
+    unequal_groups: str | None = None
+    """A one-line note when one source's groups differ in size (None: all equal)."""
 
 
 @dataclass
@@ -942,13 +950,21 @@ def import_jsonl(
     path = Path(path)
     if not path.exists():
         raise StoreError(f"{path}: no such file")
+    if not path.is_file():
+        raise StoreError(f"{path}: is a folder, not a JSONL file; give the trajectories file itself")
     default_source = source or (Path(model_path).name if model_path else path.stem)
     lines: list[_Line] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path} line {number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise StoreError(
+                    f"{where}: not UTF-8 text (byte {error.start} of the line); save the file as UTF-8"
+                ) from None
             if not text.strip():
                 continue
-            where = f"{path} line {number}"
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as error:
@@ -962,6 +978,7 @@ def import_jsonl(
         groups[(line.step, line.source, line.prompt_id)].append(line)
     for (_, _, prompt_id), members in groups.items():
         _check_group(members, prompt_id)
+    unequal_groups = _unequal_group_sizes(groups)
 
     needs_score = [line for line in lines if line.mean_logprob is None]
     if needs_score and model_path is None:
@@ -1037,6 +1054,7 @@ def import_jsonl(
         sources=sorted({line.source for line in lines}),
         scored=len(needs_score),
         computed_advantages=computed,
+        unequal_groups=unequal_groups,
     )
 
 
@@ -1060,6 +1078,28 @@ def _check_group(members: Sequence[_Line], prompt_id: str) -> None:
     texts = {m.prompt_text for m in members if m.prompt_text is not None}
     if len(texts) > 1:
         raise StoreError(f"{members[-1].where}: field 'prompt' differs between lines of {what}")
+
+
+def _unequal_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]]) -> str | None:
+    """A note naming a group whose size differs from the rest of its source's, else None.
+
+    The store keeps each group's own n, so such a file imports; a run replaying it refuses, at the
+    step that needs it, every group whose size is not its ``rollout.n``.
+    """
+    sizes: dict[str, dict[int, tuple[str, int, str]]] = defaultdict(dict)
+    for (step, src, prompt_id), members in groups.items():
+        sizes[src].setdefault(len(members), (prompt_id, step, members[-1].where))
+    for src, by_size in sizes.items():
+        if len(by_size) > 1:
+            common = max(by_size, key=lambda n: sum(len(m) == n for k, m in groups.items() if k[1] == src))
+            odd = next(n for n in by_size if n != common)
+            prompt_id, step, where = by_size[odd]
+            return (
+                f"{where}: the group of prompt {prompt_id!r} (step {step}, source {src!r}) has {odd} responses "
+                f"while other groups of {src!r} have {common}; a run replaying this store as a peer refuses "
+                "groups whose size is not its rollout.n"
+            )
+    return None
 
 
 def _group_advantages(members: Sequence[_Line], eps: float, unbiased: bool) -> list[float]:

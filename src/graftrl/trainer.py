@@ -120,8 +120,7 @@ class Trainer:
             else:
                 from graftrl.rewards import MathVerifier
 
-                reward = self.config.reward
-                self._peer_verifier = MathVerifier(timeout_s=reward.timeout_s, workers=reward.workers)
+                self._peer_verifier = MathVerifier.from_config(self.config.reward)
                 self._owns_peer_verifier = True
         return self._peer_verifier
 

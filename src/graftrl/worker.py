@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import resource
 import statistics
 import sys
@@ -35,6 +36,7 @@ from graftrl.core import (
     truncated_is_weights,
 )
 from graftrl.data import MathProblem, PromptSampler
+from graftrl.errors import TrainingDivergedError
 from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, build_method
 from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
@@ -179,6 +181,15 @@ class TrainingRows:
         self.tis_weights.append(None)
 
 
+def verifier_counts(verifier: Any) -> dict[str, int]:
+    """The verifier's running counts that go into each step's metrics (as differences)."""
+    stats = verifier.stats() if hasattr(verifier, "stats") else {}
+    return {
+        "verifier_timeouts": int(stats.get("timeouts", 0)) + int(stats.get("deadline_skips", 0)),
+        "verifier_restarts": int(stats.get("worker_restarts", 0)),
+    }
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: the CUDA allocator's, or the process's peak RSS (Linux clear_refs)."""
     if device.type == "cuda":
@@ -234,6 +245,10 @@ class PolicyWorker:
             chat_template=spec.chat_template,
         )
         self.name = self.policy.name
+        self.policy.check_prompt_lengths(
+            [(p.id, with_suffix(p.problem, config.data.prompt_suffix)) for p in problems],
+            config.rollout.max_new_tokens,
+        )
         self.policy.temperature = config.rollout.temperature
         self.policy.micro_batch_size = config.train.micro_batch_size
         if self.policy.optimizer is None:
@@ -258,7 +273,7 @@ class PolicyWorker:
         if verifier is None:
             from graftrl.rewards import MathVerifier
 
-            verifier = MathVerifier(timeout_s=config.reward.timeout_s, workers=config.reward.workers)
+            verifier = MathVerifier.from_config(config.reward)
         self.verifier = verifier
         self.tokenizer_id = ""
         if config.store.record:
@@ -267,6 +282,7 @@ class PolicyWorker:
             self.tokenizer_id = tokenizer_id(self.policy.tokenizer)
         self.validator = None  # built on first use (backend: ray scores validation here)
         self._rollout: RolloutBatch | None = None
+        self._nonfinite_in_row = 0  # optimizer steps skipped in a row for a NaN/inf loss or grad norm
 
     # ----- sampling -------------------------------------------------------------------------
     def reset_peak_memory(self) -> None:
@@ -297,6 +313,7 @@ class PolicyWorker:
         first_rewards: Tensor | None = None
         timings = {"time_rollout": 0.0, "time_reward": 0.0}
         rounds_run = prompts_sampled = 0
+        verifier_before = verifier_counts(self.verifier)
         for round_ in range(rounds):
             if round_:
                 slot = (step * len(config.policies) + index) * (rounds - 1) + round_ - 1
@@ -357,6 +374,9 @@ class PolicyWorker:
                 "shared_all_fail_frac": float(all_fail),
                 "shared_all_pass_frac": float(all_pass),
             }
+        info.update(
+            {key: after - verifier_before[key] for key, after in verifier_counts(self.verifier).items()}
+        )
         info["response_length"] = (
             statistics.fmean(rollout.content_length(r) for r in range(len(rollout.response_ids)))
             if rollout.response_ids
@@ -546,6 +566,7 @@ class PolicyWorker:
         policy.model.train()
         totals: dict[str, float] = defaultdict(float)
         losses, grad_norms = [], []
+        skipped = 0  # minibatches whose loss or grad norm was NaN/inf (no optimizer step)
         minibatch_index = 0
         for _ in range(train.update_epochs):
             for groups in order:
@@ -582,8 +603,13 @@ class PolicyWorker:
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     policy.model.parameters(), self.config.optim.grad_clip
                 )
-                policy.optimizer.step()
                 minibatch_index += 1
+                if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+                    skipped += 1
+                    self._skip_nonfinite(loss_value, float(grad_norm))
+                    continue
+                self._nonfinite_in_row = 0
+                policy.optimizer.step()
                 losses.append(loss_value)
                 grad_norms.append(float(grad_norm))
         timings["time_update"] = time.perf_counter() - start
@@ -591,12 +617,26 @@ class PolicyWorker:
             "loss": statistics.fmean(losses) if losses else 0.0,
             "grad_norm": statistics.fmean(grad_norms) if grad_norms else 0.0,
             "optimizer_steps": len(losses),
+            "nonfinite_skips": skipped,
             "clip_frac_own": totals["own_clipped_tokens"] / max(totals["own_tokens"], 1),
             "clip_frac_peer": totals["peer_clipped_tokens"] / totals["peer_tokens"]
             if totals["peer_tokens"]
             else None,
             "train_tokens": totals["own_tokens"] + totals["peer_tokens"],
         }
+
+    def _skip_nonfinite(self, loss: float, grad_norm: float) -> None:
+        """Drop a non-finite minibatch's gradient; stop after ``train.max_nonfinite_steps`` in a row."""
+        assert self.policy.optimizer is not None
+        self.policy.optimizer.zero_grad(set_to_none=False)
+        self._nonfinite_in_row += 1
+        limit = self.config.train.max_nonfinite_steps
+        if self._nonfinite_in_row >= limit:
+            raise TrainingDivergedError(
+                f"policy {self.name!r}: loss {loss} / grad norm {grad_norm} non-finite in {limit} optimizer "
+                "steps in a row (train.max_nonfinite_steps); the weights are kept from before them: lower "
+                "optim.lr, set train.log_ratio_clamp or train.clip_ratio_c, or check the data and model"
+            )
 
     def _loss_inputs(
         self,
@@ -652,6 +692,8 @@ class PolicyWorker:
             source_mean_logp=column([rows.source_mean_logp[r] for r in idx]),
             finished=column([rows.finished[r] for r in idx]),
             token_weights=token_weights,
+            clip_ratio_c=train.clip_ratio_c,
+            log_ratio_clamp=train.log_ratio_clamp,
         )
 
     # ----- checkpoints and validation ---------------------------------------------------------

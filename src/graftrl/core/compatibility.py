@@ -12,9 +12,9 @@ def mean_token_logprob(token_logprobs: Tensor, mask: Tensor) -> Tensor:
     token_logprobs, mask: [B, T]. Returns [B]; a row with no tokens gets 0 (so s = 1 for an
     empty response on both sides).
     """
-    mask = mask.to(token_logprobs.dtype)
-    total = (token_logprobs * mask).sum(dim=-1)
-    return total / mask.sum(dim=-1).clamp(min=1)
+    mask = mask.bool()
+    total = torch.where(mask, token_logprobs, torch.zeros_like(token_logprobs)).sum(dim=-1)
+    return total / mask.sum(dim=-1).clamp(min=1).to(token_logprobs.dtype)
 
 
 def compatibility_score(receiver_mean_logp: Tensor, source_mean_logp: Tensor) -> Tensor:

@@ -1,4 +1,9 @@
-"""The clipped surrogate every method trains with (SPEC eqs. 2, 3, 9, 10)."""
+"""The clipped surrogate every method trains with (SPEC eqs. 2, 3, 9, 10).
+
+Masked positions (padding, removed rows) are *selected out* with ``torch.where`` before any
+arithmetic, never multiplied by 0: a NaN or inf in a padded log-prob then reaches neither the loss
+nor its gradient (NaN * 0 is NaN).
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ def clipped_policy_loss(
     normalizer: float | Tensor | None = None,
     is_peer: Tensor | None = None,
     token_weights: Tensor | None = None,
+    clip_ratio_c: float | None = None,
+    log_ratio_clamp: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Return (-J, metrics) with J of eq. 10 — GRPO's DAPO objective when every weight is 1.
 
@@ -39,16 +46,27 @@ def clipped_policy_loss(
     share the minibatch's denominator. ``is_peer`` [B] splits the clip metrics own vs peer.
     ``token_weights`` [B, T] (detached) multiply each token's term: truncated importance sampling
     (``truncated_is_weights``); None = 1.
+    ``clip_ratio_c`` (> 1): dual clip for negative advantages, each token's term is at least
+    c * a, so an exploding ratio on a bad token cannot dominate (verl's default 3.0; None = off,
+    the SPEC's eq. 10). ``log_ratio_clamp``: log rho is clamped to [-x, x] before exp (None = off).
+    Masked tokens are selected out before any arithmetic, so non-finite padding never matters.
     Metrics are detached counts (sum them across calls) plus this call's fractions.
     """
     kept_rows = weights > 0
     token_mask = mask.bool() & kept_rows.unsqueeze(-1)  # [B, T]
-    ratio = torch.exp(logp - old_logp)  # [B, T]
-    adv = advantages.unsqueeze(-1)  # [B, 1]
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    log_ratio = torch.where(token_mask, logp - old_logp, zero)  # [B, T], 0 (ratio 1) off the mask
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)  # [B, T]
+    adv = torch.where(kept_rows, advantages, zero).unsqueeze(-1)  # [B, 1]
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [B, T]
-    weighted = surrogate * weights.unsqueeze(-1) * token_mask
+    if clip_ratio_c is not None:
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, clip_ratio_c * adv), surrogate)
+    weighted = surrogate * torch.where(kept_rows, weights, zero).unsqueeze(-1)
     if token_weights is not None:
-        weighted = weighted * token_weights
+        weighted = weighted * torch.where(token_mask, token_weights, zero)
+    weighted = torch.where(token_mask, weighted, zero)
     token_count = token_mask.sum()
     denominator = token_count.clamp(min=1) if normalizer is None else normalizer
     loss = -weighted.sum() / denominator
@@ -59,7 +77,7 @@ def clipped_policy_loss(
             "tokens": token_count.float(),
             "clipped_tokens": clipped.sum().float(),
             "clip_fraction": clipped.sum().float() / token_count.clamp(min=1),
-            "ratio_mean": (ratio * token_mask).sum() / token_count.clamp(min=1),
+            "ratio_mean": torch.where(token_mask, ratio, zero).sum() / token_count.clamp(min=1),
         }
         if is_peer is not None:
             peer_tokens = token_mask & is_peer.unsqueeze(-1)
@@ -84,18 +102,21 @@ def truncated_is_weights(trainer_logp: Tensor, rollout_logp: Tensor, cap: float)
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
     """Low-variance KL(pi || pi_ref) estimator k3 = exp(d) - d - 1 with d = log pi_ref - log pi.
 
-    logp, ref_logp, mask: [B, T]. Token-mean over ``mask`` (or sum / ``normalizer``). k3 >= 0 and
+    logp, ref_logp, mask: [B, T] (``mask`` bool, or non-negative per-token weights). Token-mean
+    over ``mask`` (or sum / ``normalizer``). k3 >= 0 and
     is unbiased for KL under samples from pi (Schulman's k3, as in GRPO).
     """
-    mask = mask.to(logp.dtype)
-    d = (ref_logp - logp).clamp(-20.0, 20.0)
-    per_token = (torch.exp(d) - d - 1.0) * mask
-    denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    weights = mask.to(logp.dtype)  # a bool mask, or per-token weights (HACPO's 1 / length)
+    selected = weights != 0
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    d = torch.where(selected, ref_logp - logp, zero).clamp(-20.0, 20.0)
+    per_token = torch.where(selected, (torch.exp(d) - d - 1.0) * weights, zero)
+    denominator = weights.sum().clamp(min=1) if normalizer is None else normalizer
     return per_token.sum() / denominator
 
 
 def nll_loss(logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
     """Token-mean negative log-likelihood of the masked tokens. logp, mask: [B, T]."""
-    mask = mask.to(logp.dtype)
+    mask = mask.bool()
     denominator = mask.sum().clamp(min=1) if normalizer is None else normalizer
-    return -(logp * mask).sum() / denominator
+    return -torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum() / denominator

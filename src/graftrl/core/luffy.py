@@ -31,6 +31,8 @@ def luffy_policy_loss(
     gamma: float = 0.1,
     *,
     normalizer: float | Tensor | None = None,
+    clip_ratio_c: float | None = None,
+    log_ratio_clamp: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Return (-J, metrics): own rows use the clipped surrogate (eq. 10), peer rows f(pi_theta) * a.
 
@@ -53,10 +55,15 @@ def luffy_policy_loss(
         eps_high,
         normalizer=denominator,
         is_peer=is_peer,
+        clip_ratio_c=clip_ratio_c,
+        log_ratio_clamp=log_ratio_clamp,
     )
     peer_mask = token_mask & is_peer.unsqueeze(-1)  # [B, T]
-    shaped = luffy_shaping(logp, gamma) * advantages.unsqueeze(-1) * weights.unsqueeze(-1)  # [B, T]
-    peer_loss = -(shaped * peer_mask).sum() / denominator
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # Selected, not multiplied: non-finite log-probs off the peer tokens never reach the loss.
+    shaped = luffy_shaping(torch.where(peer_mask, logp, zero), gamma)  # [B, T]
+    shaped = shaped * torch.where(peer_mask, (advantages * weights).unsqueeze(-1), zero)
+    peer_loss = -torch.where(peer_mask, shaped, zero).sum() / denominator
     with torch.no_grad():
         metrics["tokens"] = token_mask.sum().float()
         metrics["peer_tokens"] = peer_mask.sum().float()

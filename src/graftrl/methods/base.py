@@ -150,6 +150,10 @@ class LossInputs:
     token_weights: Tensor | None = None
     """[B, T] truncated importance-sampling weights for the rollout/trainer mismatch
     (``rollout.tis_cap``); None = no correction."""
+    clip_ratio_c: float | None = None
+    """Dual-clip bound for negative advantages (``train.clip_ratio_c``); None = off."""
+    log_ratio_clamp: float | None = None
+    """Clamp of log rho before exp (``train.log_ratio_clamp``); None = off."""
 
 
 class Method(Protocol):
@@ -205,6 +209,8 @@ class ClippedSurrogate:
             normalizer=batch.normalizer,
             is_peer=batch.is_peer,
             token_weights=batch.token_weights,
+            clip_ratio_c=batch.clip_ratio_c,
+            log_ratio_clamp=batch.log_ratio_clamp,
         )
         if batch.ref_logp is not None and batch.kl_coef > 0:
             own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)

@@ -71,6 +71,8 @@ class LUFFY(ClippedSurrogate):
             batch.eps_high,
             self.gamma,
             normalizer=batch.normalizer,
+            clip_ratio_c=batch.clip_ratio_c,
+            log_ratio_clamp=batch.log_ratio_clamp,
         )
         if batch.ref_logp is not None and batch.kl_coef > 0:
             own_mask = (
