@@ -143,7 +143,15 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # The gathered copies no longer share storage: drop the aliases of tied parameters (a tied LM
+    # head), as save_pretrained does for the unsharded model (named_parameters lists each once).
+    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()
+    }
+    for name in aliases:
+        full.pop(name, None)
+    return full
 
 
 # ----- the proxy the backend holds -------------------------------------------------------------
