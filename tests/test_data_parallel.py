@@ -185,7 +185,9 @@ def one_policy_config(paths: dict[str, Path]) -> dict:
 @pytest.mark.distributed
 def test_a_failing_rank_stops_the_run_with_its_error(tiny_checkpoints, tmp_path):
     """Rank 0 raises while rank 1 waits for its rewards in a collective: no hang, the error named."""
-    trainer = Trainer(config_from_dict(one_policy_config(tiny_checkpoints)), tmp_path, verifier=FailingRewards())
+    trainer = Trainer(
+        config_from_dict(one_policy_config(tiny_checkpoints)), tmp_path, verifier=FailingRewards()
+    )
     processes = list(trainer.workers[0].processes)
     with pytest.raises(RankFailure, match=r"rank 0 failed during `rollout`.*forced verifier failure"):
         trainer.train()

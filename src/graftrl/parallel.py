@@ -215,8 +215,10 @@ def _rank_main(
 
 
 def _describe(error: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(error), error)).strip() + "\n" + "".join(
-        traceback.format_tb(error.__traceback__)[-3:]
+    return (
+        "".join(traceback.format_exception_only(type(error), error)).strip()
+        + "\n"
+        + "".join(traceback.format_tb(error.__traceback__)[-3:])
     )
 
 
@@ -289,6 +291,7 @@ class DataParallelWorker:
                 if item in sentinels:
                     rank = sentinels[item]
                     if rank in pending and not pending[rank].poll():
+                        self.processes[rank].join(timeout=5)
                         code = self.processes[rank].exitcode
                         self._stop()
                         raise RankFailure(
@@ -301,9 +304,7 @@ class DataParallelWorker:
                 del pending[rank]
                 if status == "error":
                     self._stop()
-                    raise RankFailure(
-                        f"policy {self.name!r}: rank {rank} failed during `{name}`: {value}"
-                    )
+                    raise RankFailure(f"policy {self.name!r}: rank {rank} failed during `{name}`: {value}")
                 if rank == 0:
                     result = value
         return result

@@ -758,7 +758,9 @@ class PolicyWorker:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optimizer_state = get_state_dict(self.policy.model, self.policy.optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / DCP_FOLDER)
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / DCP_FOLDER
+        )
         self.save_policy(folder)
 
     def save_policy(self, folder: str | Path) -> None:
@@ -827,7 +829,9 @@ class PolicyWorker:
         raw = torch.load(folder / "optimizer.pt", weights_only=True)
         optimizer_state = {
             "state": {names[i]: value for i, value in raw["state"].items()},
-            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in raw["param_groups"]],
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]} for group in raw["param_groups"]
+            ],
         }
         set_state_dict(
             self.policy.model,
