@@ -156,6 +156,17 @@ def test_two_ranks_match_one_rank(tiny_checkpoints, tmp_path, one_rank_runs, met
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("method", ["hacpo", "sgt", "luffy"])
+def test_two_ranks_match_one_rank_for_every_loss(tiny_checkpoints, tmp_path, method):
+    """HACPO's row-count denominator, SGT's NLL token count and LUFFY's shaped peer terms."""
+    for ranks in (1, 2):
+        raw = data_parallel_config(tiny_checkpoints, method, ranks, steps=2)
+        raw["checkpoint"] = {"every": 0}
+        Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
+    assert_runs_match(tmp_path / "2", tmp_path / "1", 2)
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_resume_on_a_different_rank_count(tiny_checkpoints, tmp_path, one_rank_runs, before, after):
     """Stop after 2 of 3 steps with `before` ranks, resume with `after`: the run ends as the
