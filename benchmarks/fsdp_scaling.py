@@ -41,7 +41,9 @@ class HalfRewards:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", default="1,2", help="comma-separated N values")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on GPUs)")
@@ -106,7 +108,9 @@ def main() -> None:
             }
             run = root / f"run_{ranks}"
             start = time.perf_counter()
-            trainer = Trainer(config_from_dict(raw), run, problems=load_problems(data), verifier=HalfRewards())
+            trainer = Trainer(
+                config_from_dict(raw), run, problems=load_problems(data), verifier=HalfRewards()
+            )
             trainer.train()
             total = time.perf_counter() - start
             metrics = read_metrics(run)[1:]  # after the warm-up step

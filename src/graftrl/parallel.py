@@ -21,7 +21,6 @@ Inside the ranks:
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import traceback
 from collections.abc import Iterator, Sequence
@@ -173,7 +172,6 @@ def _rank_main(
     verifier: Any,
 ) -> None:
     """One rank: join the group, build the worker, run calls until told to stop."""
-    os.environ.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
     torch.set_num_threads(1)  # ranks share the CPUs (PITFALLS: spinning OpenMP threads)
     spec = config.policies[index]
     try:
@@ -215,11 +213,10 @@ def _rank_main(
 
 
 def _describe(error: BaseException) -> str:
-    return (
-        "".join(traceback.format_exception_only(type(error), error)).strip()
-        + "\n"
-        + "".join(traceback.format_tb(error.__traceback__)[-3:])
-    )
+    """``Type: message (at file:line in function)`` of the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 class RankFailure(RuntimeError):

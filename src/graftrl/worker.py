@@ -456,7 +456,8 @@ class PolicyWorker:
         )
         # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
         # minibatch's denominators and every rank's share without communicating.
-        with gathered(self.policy.model):
+        scores = self.config.rollout.tis_cap is not None or any(g.peer and not g.nll for g in plan.groups)
+        with gathered(self.policy.model) if scores else contextlib.nullcontext():
             rows, info = self._training_rows(step, self._rollout, plan, records, timings, generator)
         info.update(self._optimize(rows, plan, timings, generator))
         self._rollout = None
