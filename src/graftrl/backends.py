@@ -98,7 +98,10 @@ class LocalBackend:
 
 
 class RayBackend:
-    """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray."""
+    """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
+
+    A policy with ``parallel.data: N > 1`` is one actor hosting a ``DataParallelWorker``: its N
+    ranks run on that actor's node and GPUs (give it ``resources.num_gpus: N``)."""
 
     name = "ray"
 
@@ -134,16 +137,22 @@ class RayBackend:
             )
             self._started = True
         actor_class = ray.remote(PolicyWorker)
+        ranks_class = ray.remote(DataParallelWorker)
         shared_problems = ray.put(list(problems))
         self.actors = []
         for index, spec in enumerate(config.policies):
             resources = spec.resources
+            options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "name": None}
+            if spec.parallel.data > 1:
+                # The actor spawns the policy's N ranks on its node, on the GPUs it reserved.
+                self.actors.append(
+                    ranks_class.options(**options).remote(
+                        config, index, str(run_dir), shared_problems, verifier
+                    )
+                )
+                continue
             self.actors.append(
-                actor_class.options(
-                    num_cpus=resources.num_cpus,
-                    num_gpus=resources.num_gpus,
-                    name=None,
-                ).remote(
+                actor_class.options(**options).remote(
                     config,
                     index,
                     str(run_dir),

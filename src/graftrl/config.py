@@ -34,7 +34,8 @@ class ParallelConfig(_Section):
     """Data-parallel ranks of this policy's trainer (FSDP2 `fully_shard`: parameters, gradients and
     AdamW state sharded over N processes of one process group; each minibatch's rows split over
     them; same objective as one device). Set explicitly; it is never derived from `resources`.
-    On GPUs rank r uses cuda:r. `backend: local` and `rollout.engine: hf` only for now."""
+    On GPUs rank r uses cuda:r (`backend: ray`: of the GPUs its actor reserves, so set
+    `resources.num_gpus: N`; the ranks run on the actor's node). `rollout.engine: hf` only for now."""
     timeout_s: float = Field(default=600, gt=0)
     """Timeout of the ranks' collectives (gloo/NCCL): a rank stuck this long raises."""
 
@@ -382,11 +383,6 @@ class Config(_Section):
                 "sampling is available for grpo, graft, sgt and pooling (remove rollout.tis_cap)"
             )
         sharded = [p.name for p in self.policies if p.parallel.data > 1]
-        if sharded and self.backend != "local":
-            raise ValueError(
-                f"policies[{sharded[0]}].parallel.data > 1 runs with backend: local for now "
-                "(its ranks are spawned processes); set backend: local or parallel.data: 1"
-            )
         if sharded and self.rollout.engine != "hf":
             raise ValueError(
                 f"policies[{sharded[0]}].parallel.data > 1 samples with rollout.engine: hf for now "

@@ -258,17 +258,34 @@ class DataParallelWorker:
             self.processes.append(process)
         self._collect("start")
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("policy", "engine"):
-            raise AttributeError(
-                f"policy {self.__dict__.get('name')!r} runs in {self.__dict__.get('world')} data-parallel "
-                f"ranks (parallel.data); its `{name}` lives in those processes"
-            )
+    # ----- the PolicyWorker calls the trainer makes (explicit, so Ray can host this class) -------
+    def reset_peak_memory(self) -> None:
+        self._call("reset_peak_memory", ())
 
-        def call(*args: Any) -> Any:
-            return self._call(name, args)
+    def rollout(self, step: int, problems: list[Any]) -> Any:
+        return self._call("rollout", (step, problems))
 
-        return call
+    def update(self, step: int, plan: Any, records: Any, method_state: dict[str, Any] | None = None) -> Any:
+        return self._call("update", (step, plan, records, method_state))
+
+    def save(self, folder: str | Path) -> None:
+        self._call("save", (folder,))
+
+    def save_policy(self, folder: str | Path) -> None:
+        self._call("save_policy", (folder,))
+
+    def load(self, folder: str | Path) -> None:
+        self._call("load", (folder,))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("state_dict", ())
+
+    @property
+    def policy(self) -> Any:
+        raise AttributeError(
+            f"policy {self.name!r} runs in {self.world} data-parallel ranks (parallel.data); load it "
+            "from the run's checkpoints (each holds a plain save_pretrained folder)"
+        )
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         if not self.processes:
