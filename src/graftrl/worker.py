@@ -60,9 +60,10 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
 # Streams of step_seed: 0 = the method's plan (driver); 1 + index + 1000 * round = a policy's
 # sampling; UPDATE_STREAM + index = a policy's update (minibatch order, random admission).
 UPDATE_STREAM = 500_000
+EXTRA_PROMPT_STREAM = 999_983
+
 DCP_FOLDER = "dcp"
 """A policy checkpoint's sharded weights + optimizer state (torch.distributed.checkpoint)."""
-EXTRA_PROMPT_STREAM = 999_983
 
 
 def with_suffix(problem: str, suffix: str | None) -> str:
