@@ -17,12 +17,16 @@ from typing import Any
 from graftrl.config import Config
 from graftrl.data import MathProblem
 from graftrl.methods import Method
+from graftrl.parallel import DataParallelWorker
 from graftrl.policy import Policy
 from graftrl.worker import PolicyWorker
 
 
 class LocalBackend:
-    """Every policy in this process; workers are plain objects (tests can reach into them)."""
+    """Every policy in this process; workers are plain objects (tests can reach into them).
+
+    A policy with ``parallel.data: N > 1`` is a ``DataParallelWorker``: N spawned rank processes
+    driven in lockstep (graftrl.parallel)."""
 
     name = "local"
 
@@ -42,19 +46,32 @@ class LocalBackend:
             from graftrl.rewards import MathVerifier
 
             verifier = self._owned_verifier = MathVerifier.from_config(config.reward)
-        self.workers = [
-            PolicyWorker(
-                config,
-                index,
-                run_dir,
-                problems,
-                policy=policies[index] if policies is not None else None,
-                verifier=verifier,
-                method=method,  # shared: the driver's plan state is the workers' state
+        self.workers: list[Any] = []
+        for index, spec in enumerate(config.policies):
+            if spec.parallel.data > 1:
+                if policies is not None:
+                    raise ValueError(
+                        f"policies[{spec.name}].parallel.data > 1 loads the policy inside each rank "
+                        "from `policies[].path`, not from an in-memory policy"
+                    )
+                # N rank processes; rank 0 builds its own verifier unless one was given (pickled).
+                given = None if verifier is self._owned_verifier else verifier
+                self.workers.append(DataParallelWorker(config, index, run_dir, problems, given))
+                self.workers[-1].verifier = verifier  # the driver's (stored peers' re-verification)
+                continue
+            self.workers.append(
+                PolicyWorker(
+                    config,
+                    index,
+                    run_dir,
+                    problems,
+                    policy=policies[index] if policies is not None else None,
+                    verifier=verifier,
+                    method=method,  # shared: the driver's plan state is the workers' state
+                )
             )
-            for index in range(len(config.policies))
-        ]
-        self.shares_method = True
+        # Rank processes hold their own copies of the method: send its state with each update.
+        self.shares_method = not any(isinstance(w, DataParallelWorker) for w in self.workers)
 
     def call(self, name: str, per_worker_args: Sequence[tuple[Any, ...]] | None = None) -> list[Any]:
         args = per_worker_args or [()] * len(self.workers)
@@ -79,7 +96,10 @@ class LocalBackend:
 
 
 class RayBackend:
-    """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray."""
+    """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
+
+    A policy with ``parallel.data: N > 1`` is one actor hosting a ``DataParallelWorker``: its N
+    ranks run on that actor's node and GPUs (give it ``resources.num_gpus: N``)."""
 
     name = "ray"
 
@@ -115,16 +135,22 @@ class RayBackend:
             )
             self._started = True
         actor_class = ray.remote(PolicyWorker)
+        ranks_class = ray.remote(DataParallelWorker)
         shared_problems = ray.put(list(problems))
         self.actors = []
         for index, spec in enumerate(config.policies):
             resources = spec.resources
+            options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "name": None}
+            if spec.parallel.data > 1:
+                # The actor spawns the policy's N ranks on its node, on the GPUs it reserved.
+                self.actors.append(
+                    ranks_class.options(**options).remote(
+                        config, index, str(run_dir), shared_problems, verifier
+                    )
+                )
+                continue
             self.actors.append(
-                actor_class.options(
-                    num_cpus=resources.num_cpus,
-                    num_gpus=resources.num_gpus,
-                    name=None,
-                ).remote(
+                actor_class.options(**options).remote(
                     config,
                     index,
                     str(run_dir),

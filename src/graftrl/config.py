@@ -29,6 +29,17 @@ class ResourcesConfig(_Section):
     """CPUs of the policy's Ray actor; also its torch intra-op threads (rounded down, at least 1)."""
 
 
+class ParallelConfig(_Section):
+    data: int = Field(default=1, ge=1)
+    """Data-parallel ranks of this policy's trainer (FSDP2 `fully_shard`: parameters, gradients and
+    AdamW state sharded over N processes of one process group; each minibatch's rows split over
+    them; same objective as one device). Set explicitly; it is never derived from `resources`.
+    On GPUs rank r uses cuda:r (`backend: ray`: of the GPUs its actor reserves, so set
+    `resources.num_gpus: N`; the ranks run on the actor's node). `rollout.engine: hf` only for now."""
+    timeout_s: float = Field(default=600, gt=0)
+    """Timeout of the ranks' collectives (gloo/NCCL): a rank stuck this long raises."""
+
+
 class PolicyConfig(_Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     """Short unique name; used in logs, records and checkpoint folders."""
@@ -51,6 +62,8 @@ class PolicyConfig(_Section):
     """Per-policy learning rate; overrides `optim.lr` for this policy."""
     resources: ResourcesConfig = ResourcesConfig()
     """What the policy's Ray actor reserves (`backend: ray`); ignored by the local backend."""
+    parallel: ParallelConfig = ParallelConfig()
+    """Parallelism inside the policy (`data`: FSDP2 data-parallel ranks)."""
 
 
 class VLLMConfig(_Section):
@@ -398,6 +411,17 @@ class Config(_Section):
             raise ValueError(
                 f"rollout.n: {self.rollout.n} response per prompt; method {self.method!r} computes "
                 "advantages within each group of n, so n = 1 learns nothing: set rollout.n >= 2"
+            )
+        sharded = [p.name for p in self.policies if p.parallel.data > 1]
+        if sharded and self.rollout.engine != "hf":
+            raise ValueError(
+                f"policies[{sharded[0]}].parallel.data > 1 samples with rollout.engine: hf for now "
+                "(set rollout.engine: hf or parallel.data: 1)"
+            )
+        if sharded and self.validation.files:
+            raise ValueError(
+                f"policies[{sharded[0]}].parallel.data > 1 does not validate during training yet; remove "
+                "`validation.files` and evaluate the exported checkpoints (`graftrl eval`) instead"
             )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(

@@ -8,7 +8,7 @@ vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,6 +100,15 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
 
 
+ChunkResults = dict[int, tuple[list[list[int]], list[Tensor], list[bool]]]
+"""Generate-call chunk index -> (response ids, behaviour log-probs, finished) of its rows."""
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The seed of generate-call chunk ``chunk`` (chunk 0: ``seed`` itself)."""
+    return seed if chunk == 0 else (seed * 1_000_003 + chunk * 15_485_863) % (2**63 - 1)
+
+
 class RolloutEngine(Protocol):
     """What the trainer needs of a sampler: one engine per policy (``rollout.engine``)."""
 
@@ -138,22 +147,41 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(
-        self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
+        self,
+        policy: Policy,
+        problems: Sequence[str],
+        params: SamplingParams,
+        seed: int | None = None,
+        *,
+        rank: int = 0,
+        world: int = 1,
+        gather: Callable[[ChunkResults], ChunkResults] | None = None,
     ) -> RolloutBatch:
-        if seed is not None:
-            torch.manual_seed(seed)
+        """Chunks of ``max_batch_size // n`` prompts, chunk k seeded by ``chunk_seed(seed, k)``.
+
+        Data-parallel ranks (``rank`` of ``world``) sample chunks k = rank, rank + world, ... and
+        ``gather`` merges every rank's chunks: the samples do not depend on the number of ranks.
+        """
         prompt_ids = policy.encode_prompts(problems)
         prompts_per_call = max(1, self.max_batch_size // params.n)
+        chunks: ChunkResults = {}
+        with policy.eval_mode():
+            for k, start in enumerate(range(0, len(prompt_ids), prompts_per_call)):
+                if k % world != rank:
+                    continue
+                if seed is not None:
+                    torch.manual_seed(chunk_seed(seed, k))
+                chunks[k] = self._generate_chunk(policy, prompt_ids[start : start + prompts_per_call], params)
+        if gather is not None:
+            chunks = gather(chunks)
         response_ids: list[list[int]] = []
         logprobs: list[Tensor] = []
         finished: list[bool] = []
-        with policy.eval_mode():
-            for start in range(0, len(prompt_ids), prompts_per_call):
-                chunk = prompt_ids[start : start + prompts_per_call]
-                ids, lps, done = self._generate_chunk(policy, chunk, params)
-                response_ids += ids
-                logprobs += lps
-                finished += done
+        for k in sorted(chunks):
+            ids, lps, done = chunks[k]
+            response_ids += ids
+            logprobs += lps
+            finished += done
         texts = [
             policy.decode_response(ids[:-1] if done else ids)
             for ids, done in zip(response_ids, finished, strict=True)

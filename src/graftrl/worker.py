@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from graftrl.config import Config
@@ -38,6 +39,16 @@ from graftrl.core import (
 from graftrl.data import MathProblem, PromptSampler
 from graftrl.errors import TrainingDivergedError
 from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, build_method
+from graftrl.parallel import (
+    all_gather_objects,
+    broadcast_object,
+    full_state_dict,
+    gathered,
+    rank_device,
+    shard_model,
+    split_rows,
+    sum_across_ranks,
+)
 from graftrl.policy import Policy
 from graftrl.records import TrajectoryRecord
 from graftrl.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingParams, content_mean_logprob
@@ -52,6 +63,9 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
 # sampling; UPDATE_STREAM + index = a policy's update (minibatch order, random admission).
 UPDATE_STREAM = 500_000
 EXTRA_PROMPT_STREAM = 999_983
+
+DCP_FOLDER = "dcp"
+"""A policy checkpoint's sharded weights + optimizer state (torch.distributed.checkpoint)."""
 
 
 def with_suffix(problem: str, suffix: str | None) -> str:
@@ -235,12 +249,25 @@ class PolicyWorker:
         self.index = index
         self.run_dir = Path(run_dir)
         spec = config.policies[index]
+        # Data-parallel ranks (parallel.data > 1): this process is one rank of the policy's group,
+        # started by graftrl.parallel.DataParallelWorker.
+        self.world = spec.parallel.data
+        self.rank = 0
+        if self.world > 1:
+            if not dist.is_initialized() or dist.get_world_size() != self.world:
+                raise RuntimeError(
+                    f"policy {spec.name!r}: parallel.data = {self.world} runs through "
+                    "graftrl.parallel.DataParallelWorker (one process per rank)"
+                )
+            if policy is not None:
+                raise ValueError("parallel.data > 1 loads the policy inside each rank from `policies[].path`")
+            self.rank = dist.get_rank()
         self.policy = policy or Policy.from_pretrained(
             spec.name,
             spec.path,
             dtype=spec.dtype,
             param_dtype=spec.param_dtype,
-            device=spec.device,
+            device=rank_device(spec.device, self.rank) if self.world > 1 else spec.device,
             template=spec.template,
             chat_template=spec.chat_template,
         )
@@ -251,13 +278,19 @@ class PolicyWorker:
         )
         self.policy.temperature = config.rollout.temperature
         self.policy.micro_batch_size = config.train.micro_batch_size
+        self.method = method or build_method(config.method, config)
+        # A frozen copy of the initial policy, for a KL penalty (off unless train.kl_coef > 0);
+        # unsharded under data parallelism (a full copy per rank).
+        self.reference = self.policy.frozen_copy() if config.train.kl_coef > 0 else None
+        if self.world > 1:
+            # FSDP2's mixed precision replaces autocast: bf16 all-gathered parameters, fp32 gradient
+            # reduction, fp32 master weights and AdamW state (the shards).
+            shard_model(self.policy.model, self.policy.compute_dtype)
+            self.policy.compute_dtype = None
         if self.policy.optimizer is None:
             self.policy.configure_optimizer(
                 spec.lr or config.optim.lr, config.optim.betas, config.optim.weight_decay
             )
-        self.method = method or build_method(config.method, config)
-        # A frozen copy of the initial policy, for a KL penalty (off unless train.kl_coef > 0).
-        self.reference = self.policy.frozen_copy() if config.train.kl_coef > 0 else None
         # Dynamic sampling's extra prompts: a second stream, one slot per (step, policy, round).
         self.extra_sampler = PromptSampler(
             list(problems), config.train.batch_prompts, step_seed(config.seed, 0, EXTRA_PROMPT_STREAM)
@@ -270,7 +303,7 @@ class PolicyWorker:
         )
         self.engine: RolloutEngine = make_engine(config, self.policy)
         self._owns_verifier = verifier is None
-        if verifier is None:
+        if verifier is None and self.rank == 0:  # rank 0 scores for every rank
             from graftrl.rewards import MathVerifier
 
             verifier = MathVerifier.from_config(config.reward)
@@ -327,12 +360,12 @@ class PolicyWorker:
             start = time.perf_counter()
             prompts = [with_suffix(p.problem, config.data.prompt_suffix) for p in batch]
             seed = step_seed(config.seed, step, 1 + index + 1000 * round_)
-            rollout = self.engine.generate(self.policy, prompts, self.sampling, seed)
+            rollout = self._generate(prompts, seed)
             timings["time_rollout"] += time.perf_counter() - start
 
             start = time.perf_counter()
             answers = [p.answer for p in batch for _ in range(n)]
-            rewards = torch.tensor(self.verifier.score(rollout.texts, answers), dtype=torch.float32)
+            rewards = torch.tensor(self._score(rollout.texts, answers), dtype=torch.float32)
             rewards = rewards.view(len(batch), n)
             timings["time_reward"] += time.perf_counter() - start
             first_rewards = rewards if first_rewards is None else first_rewards
@@ -400,6 +433,27 @@ class PolicyWorker:
         self._rollout = rollout
         return PolicyRollout(kept_problems, outcomes, records, shared, info, timings, store_rows)
 
+    def _generate(self, prompts: list[str], seed: int) -> RolloutBatch:
+        """The engine's samples; under data parallelism each rank samples its share of the
+        generate-call chunks on the gathered weights, and every rank receives all of them."""
+        if self.world == 1:
+            return self.engine.generate(self.policy, prompts, self.sampling, seed)
+        assert isinstance(self.engine, HFRolloutEngine)
+
+        def gather(chunks: dict) -> dict:
+            return {k: v for part in all_gather_objects(chunks) for k, v in part.items()}
+
+        with gathered(self.policy.model):
+            return self.engine.generate(
+                self.policy, prompts, self.sampling, seed, rank=self.rank, world=self.world, gather=gather
+            )
+
+    def _score(self, responses: list[str], answers: list[str]) -> list[float]:
+        """The verifier's rewards; under data parallelism rank 0 scores and sends them to all."""
+        if self.world == 1:
+            return self.verifier.score(responses, answers)
+        return broadcast_object(self.verifier.score(responses, answers) if self.rank == 0 else None)
+
     # ----- the update -----------------------------------------------------------------------
     def update(
         self,
@@ -421,7 +475,11 @@ class PolicyWorker:
         generator = torch.Generator().manual_seed(
             step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
         )
-        rows, info = self._training_rows(step, self._rollout, plan, records, timings, generator)
+        # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
+        # minibatch's denominators and every rank's share without communicating.
+        scores = self.config.rollout.tis_cap is not None or any(g.peer and not g.nll for g in plan.groups)
+        with gathered(self.policy.model) if scores else contextlib.nullcontext():
+            rows, info = self._training_rows(step, self._rollout, plan, records, timings, generator)
         info.update(self._optimize(rows, plan, timings, generator))
         self._rollout = None
         start = time.perf_counter()
@@ -429,6 +487,8 @@ class PolicyWorker:
         timings["time_weight_sync"] = time.perf_counter() - start
         info.update(timings)
         info["memory_peak_mb"] = peak_memory_mb(self.policy.device)
+        if self.world > 1:  # the largest rank's peak: what each device must hold
+            info["memory_peak_mb"] = max(all_gather_objects(info["memory_peak_mb"]))
         return info
 
     def _training_rows(
@@ -590,19 +650,34 @@ class PolicyWorker:
                 for r in kept:
                     totals["peer_tokens" if rows.is_peer[r] else "own_tokens"] += len(rows.response_ids[r])
                 policy.optimizer.zero_grad(set_to_none=False)
-                loss_value = 0.0
-                for part in policy.micro_batches(len(active)):
-                    idx = active[part]
-                    loss, m = self.method.loss(
-                        self._loss_inputs(rows, idx, normalizer, nll_normalizer, len(kept), minibatch_index)
+                parts = [[active[i] for i in part] for part in self._micro_batches_of_ranks(rows, active)]
+                loss_value = clipped_own = clipped_peer = 0.0
+                for idx in parts:
+                    # An idle rank runs one of the minibatch's rows with loss x 0: FSDP's collectives
+                    # need every rank in every forward and backward.
+                    idle = not idx
+                    inputs = self._loss_inputs(
+                        rows, idx or active[:1], normalizer, nll_normalizer, len(kept), minibatch_index
                     )
-                    loss.backward()
+                    loss, m = self.method.loss(inputs)
+                    # FSDP averages gradients over ranks; the loss over the whole minibatch is the sum.
+                    (loss * (0 if idle else self.world)).backward()
+                    if idle:
+                        continue
                     loss_value += float(loss.detach())
-                    for key in ("own_clipped_tokens", "peer_clipped_tokens"):
-                        totals[key] += float(m.get(key, 0.0))
+                    clipped_own += float(m.get("own_clipped_tokens", 0.0))
+                    clipped_peer += float(m.get("peer_clipped_tokens", 0.0))
+                if self.world > 1:
+                    loss_value, clipped_own, clipped_peer = sum_across_ranks(
+                        [loss_value, clipped_own, clipped_peer]
+                    )
+                totals["own_clipped_tokens"] += clipped_own
+                totals["peer_clipped_tokens"] += clipped_peer
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     policy.model.parameters(), self.config.optim.grad_clip
                 )
+                if hasattr(grad_norm, "full_tensor"):  # DTensor: the global norm over every shard
+                    grad_norm = grad_norm.full_tensor()
                 minibatch_index += 1
                 if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
                     skipped += 1
@@ -637,6 +712,21 @@ class PolicyWorker:
                 "steps in a row (train.max_nonfinite_steps); the weights are kept from before them: lower "
                 "optim.lr, set train.log_ratio_clamp or train.clip_ratio_c, or check the data and model"
             )
+
+    def _micro_batches_of_ranks(self, rows: TrainingRows, active: list[int]) -> list[list[int]]:
+        """This rank's micro-batches (positions in ``active``), padded with empty ones to the most
+        any rank has: one rank's rows as today, or its token-balanced share (``split_rows``)."""
+        if self.world == 1:
+            return [list(range(len(active)))[part] for part in self.policy.micro_batches(len(active))]
+        lengths = [len(rows.prompt_ids[r]) + len(rows.response_ids[r]) for r in active]
+        shares = split_rows(lengths, self.world)
+        per_rank = [
+            [[share[i] for i in range(len(share))[part]] for part in self.policy.micro_batches(len(share))]
+            for share in shares
+        ]
+        count = max(len(parts) for parts in per_rank)
+        mine = per_rank[self.rank]
+        return mine + [[] for _ in range(count - len(mine))]
 
     def _loss_inputs(
         self,
@@ -698,32 +788,116 @@ class PolicyWorker:
 
     # ----- checkpoints and validation ---------------------------------------------------------
     def save(self, folder: str | Path) -> None:
-        """Weights and tokenizer (save_pretrained) plus the optimizer state into ``folder``."""
-        self.policy.save(str(folder))
-        assert self.policy.optimizer is not None
-        torch.save(self.policy.optimizer.state_dict(), Path(folder) / "optimizer.pt")
+        """Weights and tokenizer (save_pretrained) plus the optimizer state into ``folder``.
+
+        Under data parallelism the weights and AdamW state go to ``folder/dcp`` as a sharded
+        torch.distributed.checkpoint (each rank writes its shards; loadable on any N), and rank 0
+        also writes the plain save_pretrained folder (weights only) that evaluation reads."""
+        if self.world == 1:
+            self.policy.save(str(folder))
+            assert self.policy.optimizer is not None
+            torch.save(self.policy.optimizer.state_dict(), Path(folder) / "optimizer.pt")
+            return
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.policy.model, self.policy.optimizer)
+        dcp.save(
+            {"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / DCP_FOLDER
+        )
+        self.save_policy(folder)
 
     def save_policy(self, folder: str | Path) -> None:
-        """Weights and tokenizer only (best-checkpoint copies)."""
-        self.policy.save(str(folder))
+        """Weights and tokenizer only (best-checkpoint copies, exports): a plain save_pretrained
+        folder, gathered on rank 0 when the model is sharded."""
+        if self.world == 1:
+            self.policy.save(str(folder))
+            return
+        weights = full_state_dict(self.policy.model)
+        if self.rank == 0:
+            model = self.policy.model
+            model.save_pretrained(str(folder), state_dict=weights)
+            self.policy.tokenizer.save_pretrained(str(folder))
+            # The sharded model's class is FSDP<Name>; the folder names the plain architecture.
+            config_file = Path(folder) / "config.json"
+            config = json.loads(config_file.read_text())
+            config["architectures"] = [type(model).__mro__[1].__name__]
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        dist.barrier()
 
     def load(self, folder: str | Path) -> None:
-        """Weights and optimizer state from a ``save`` folder; the engine takes the weights."""
+        """Weights and optimizer state from a ``save`` folder, written with any number of ranks
+        (a sharded checkpoint is resharded to this run's N); the engine takes the weights."""
+        folder = Path(folder)
+        if (folder / DCP_FOLDER).is_dir():
+            self._load_sharded(folder / DCP_FOLDER)
+        elif self.world == 1:
+            self._load_plain(folder)
+        else:
+            self._load_plain_into_shards(folder)
+        self.engine.sync_weights(self.policy)
+
+    def _plain_weights(self, folder: Path) -> dict[str, Tensor]:
         from safetensors.torch import load_file
 
-        folder = Path(folder)
-        policy = self.policy
-        weights = {}
+        weights: dict[str, Tensor] = {}
         for shard in sorted(folder.glob("*.safetensors")):
-            weights.update(load_file(str(shard), device=str(policy.device)))
-        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+            weights.update(load_file(str(shard), device="cpu"))
+        return weights
+
+    def _check_keys(self, folder: Path, missing: Sequence[str], unexpected: Sequence[str]) -> None:
         # Tied embeddings are saved once; anything else missing is a broken checkpoint.
-        tied = set(getattr(policy.model, "_tied_weights_keys", None) or [])
+        tied = set(getattr(self.policy.model, "_tied_weights_keys", None) or [])
         if unexpected or (set(missing) - tied):
             raise RuntimeError(f"checkpoint {folder}: missing {missing}, unexpected {unexpected}")
+
+    def _load_plain(self, folder: Path) -> None:
+        policy = self.policy
+        weights = {k: v.to(policy.device) for k, v in self._plain_weights(folder).items()}
+        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+        self._check_keys(folder, missing, unexpected)
         assert policy.optimizer is not None
         policy.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        self.engine.sync_weights(policy)
+
+    def _load_plain_into_shards(self, folder: Path) -> None:
+        """A one-device checkpoint (safetensors + optimizer.pt) into this run's shards."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        weights = self._plain_weights(folder)
+        names = [name for name, _ in self.policy.model.named_parameters()]
+        expected = self.policy.model.state_dict().keys()
+        self._check_keys(
+            folder, [k for k in expected if k not in weights], [k for k in weights if k not in expected]
+        )
+        # optimizer.pt numbers parameters in model.parameters() order; DCP names them.
+        raw = torch.load(folder / "optimizer.pt", weights_only=True)
+        optimizer_state = {
+            "state": {names[i]: value for i, value in raw["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[i] for i in group["params"]]} for group in raw["param_groups"]
+            ],
+        }
+        set_state_dict(
+            self.policy.model,
+            self.policy.optimizer,
+            model_state_dict=weights,
+            optim_state_dict=optimizer_state,
+            options=StateDictOptions(full_state_dict=True, strict=False),
+        )
+
+    def _load_sharded(self, checkpoint: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.policy.model, self.policy.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=checkpoint)
+        set_state_dict(
+            self.policy.model,
+            self.policy.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
 
     def validation_scores(self) -> dict[str, float]:
         """pass@1 per validation benchmark of the current weights (``graftrl.validation``)."""
@@ -735,8 +909,8 @@ class PolicyWorker:
         return self.validator.scores(self.policy)
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The model's weights (for tests comparing backends)."""
-        return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+        """The model's full weights (for tests comparing backends and rank counts)."""
+        return {k: v.detach().cpu().clone() for k, v in full_state_dict(self.policy.model).items()}
 
     def nonfinite_state(self, limit: int = 3) -> list[str]:
         """Names of up to ``limit`` weight or optimizer-state tensors holding NaN or inf (checked

@@ -1,0 +1,350 @@
+"""Data parallelism inside one policy: N ranks of a process group, the model sharded by FSDP2.
+
+A policy with ``parallel.data: N > 1`` runs as N processes (ranks) that each hold a
+``PolicyWorker`` and execute every call in lockstep (SPMD): the trainer talks to one
+``DataParallelWorker`` proxy, which sends each call to all ranks and returns rank 0's answer, so
+the Trainer and the backends see an ordinary worker.
+
+Inside the ranks:
+
+- the model is wrapped by ``fully_shard`` per transformer block, then at the root (as torchtitan
+  and verl do), with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` when the
+  policy computes in bf16, float32 master weights and AdamW state sharded across the ranks;
+- sampling and scoring (no gradient) run on the unsharded module (``gathered``): one all-gather
+  per block, then every rank generates independently without collectives;
+- each minibatch's rows are dealt to the ranks by ``split_rows`` (token-balanced), every rank
+  computes the loss of its rows over the *whole* minibatch's denominators (which every rank
+  knows: each holds all rows), and the gradient is the sum over ranks — FSDP's reduce-scatter
+  averages, so the loss is scaled by N first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import traceback
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from graftrl.config import Config
+
+
+def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Deal row indices to ``ranks`` ranks, balancing token counts; each rank's rows in input order.
+
+    Greedy longest-first (LPT): the longest remaining row goes to the rank with the fewest tokens
+    so far (ties: fewer rows, then lower rank). Rows are never cut into contiguous slices, so the
+    peer rows of a minibatch spread over the ranks like any other rows. Pure and deterministic:
+    every rank computes every rank's share without communicating.
+    """
+    tokens = [0] * ranks
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    for row in sorted(range(len(lengths)), key=lambda r: (-lengths[r], r)):
+        rank = min(range(ranks), key=lambda k: (tokens[k], len(shares[k]), k))
+        tokens[rank] += lengths[row]
+        shares[rank].append(row)
+    return [sorted(share) for share in shares]
+
+
+# ----- inside a rank ---------------------------------------------------------------------------
+def rank_device(device: str, rank: int) -> str:
+    """Rank r of a policy on GPUs uses cuda:r (the policies of a local run share the GPUs)."""
+    if device == "auto":
+        return f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        return f"cuda:{rank}"
+    return device
+
+
+def shard_model(model: torch.nn.Module, mixed_precision: torch.dtype | None) -> None:
+    """FSDP2 in place: ``fully_shard`` on every transformer block (the classes HF lists in
+    ``_no_split_modules``), then on the root (embeddings, final norm, LM head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    options: dict[str, Any] = {"mesh": mesh}
+    if mixed_precision is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise ValueError(
+            f"parallel.data: {type(model).__name__} lists no transformer block class in "
+            "`_no_split_modules`, so it cannot be sharded per block"
+        )
+    for block in blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """The model's full parameters on every rank for no-grad work (generate, score).
+
+    One all-gather per FSDP unit on entry (a collective: every rank enters together); inside,
+    forwards run without collectives, so ranks may generate different prompts and lengths.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not is_sharded(model):
+        yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_reshard_after_forward(False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True)
+
+
+def all_gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order (on every rank)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_across_ranks(values: Sequence[float]) -> list[float]:
+    tensor = torch.tensor(list(values), dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights on CPU: on rank 0 of a sharded model (other ranks get {}),
+    else the model's own state."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # The gathered copies no longer share storage: drop the aliases of tied parameters (a tied LM
+    # head), as save_pretrained does for the unsharded model (named_parameters lists each once).
+    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()
+    }
+    for name in aliases:
+        full.pop(name, None)
+    return full
+
+
+# ----- the proxy the backend holds -------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    port: int,
+    connection: Connection,
+    config: Config,
+    index: int,
+    run_dir: str,
+    problems: Sequence[Any],
+    verifier: Any,
+) -> None:
+    """One rank: join the group, build the worker, run calls until told to stop."""
+    torch.set_num_threads(1)  # ranks share the CPUs (PITFALLS: spinning OpenMP threads)
+    spec = config.policies[index]
+    try:
+        backend = "nccl" if torch.cuda.is_available() and spec.device != "cpu" else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(rank_device(spec.device, rank))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=spec.parallel.timeout_s),
+        )
+        from graftrl.worker import PolicyWorker
+
+        worker = PolicyWorker(config, index, run_dir, problems, verifier=verifier if rank == 0 else None)
+        connection.send(("ok", None))
+    except BaseException as error:
+        connection.send(("error", _describe(error)))
+        return
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:  # the driver is gone
+            break
+        if message is None:
+            break
+        name, args = message
+        try:
+            result = getattr(worker, name)(*args)
+            connection.send(("ok", result if rank == 0 else None))
+        except BaseException as error:
+            connection.send(("error", _describe(error)))
+            break
+    with contextlib.suppress(Exception):
+        worker.close()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message (at file:line in function)`` of the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
+
+
+class RankFailure(RuntimeError):
+    """A rank of a data-parallel policy raised or died; every rank of it has been stopped."""
+
+
+class DataParallelWorker:
+    """The trainer's handle on a policy trained by N ranks (``policies[].parallel.data``).
+
+    Calls go to every rank; rank 0's result comes back. When any rank raises or dies, the others
+    (possibly waiting in a collective) are terminated at once and the call raises ``RankFailure``
+    naming the rank and its error: no hang until the collective's timeout.
+    """
+
+    def __init__(
+        self, config: Config, index: int, run_dir: str | Path, problems: Sequence[Any], verifier: Any = None
+    ) -> None:
+        import multiprocessing
+
+        spec = config.policies[index]
+        self.name = spec.name
+        self.world = spec.parallel.data
+        self.verifier = verifier
+        context = multiprocessing.get_context("spawn")
+        port = _free_port()
+        self.connections: list[Connection] = []
+        self.processes: list[Any] = []
+        for rank in range(self.world):
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_rank_main,
+                args=(rank, self.world, port, child, config, index, str(run_dir), list(problems), verifier),
+                name=f"graftrl-{spec.name}-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            self.connections.append(parent)
+            self.processes.append(process)
+        self._collect("start")
+
+    # ----- the PolicyWorker calls the trainer makes (explicit, so Ray can host this class) -------
+    def reset_peak_memory(self) -> None:
+        self._call("reset_peak_memory", ())
+
+    def rollout(self, step: int, problems: list[Any]) -> Any:
+        return self._call("rollout", (step, problems))
+
+    def update(self, step: int, plan: Any, records: Any, method_state: dict[str, Any] | None = None) -> Any:
+        return self._call("update", (step, plan, records, method_state))
+
+    def save(self, folder: str | Path) -> None:
+        self._call("save", (folder,))
+
+    def save_policy(self, folder: str | Path) -> None:
+        self._call("save_policy", (folder,))
+
+    def load(self, folder: str | Path) -> None:
+        self._call("load", (folder,))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._call("state_dict", ())
+
+    @property
+    def policy(self) -> Any:
+        raise AttributeError(
+            f"policy {self.name!r} runs in {self.world} data-parallel ranks (parallel.data); load it "
+            "from the run's checkpoints (each holds a plain save_pretrained folder)"
+        )
+
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+        if not self.processes:
+            raise RankFailure(f"policy {self.name!r}: its ranks were stopped after an earlier failure")
+        for connection in self.connections:
+            connection.send((name, args))
+        return self._collect(name)
+
+    def _collect(self, name: str) -> Any:
+        """Rank 0's reply to the call ``name``; fail fast on any rank's error or death."""
+        pending = dict(enumerate(self.connections))
+        sentinels = {process.sentinel: rank for rank, process in enumerate(self.processes)}
+        result = None
+        while pending:
+            ready = wait([*pending.values(), *sentinels])
+            for item in ready:
+                if item in sentinels:
+                    rank = sentinels[item]
+                    if rank in pending and not pending[rank].poll():
+                        self.processes[rank].join(timeout=5)
+                        code = self.processes[rank].exitcode
+                        self._stop()
+                        raise RankFailure(
+                            f"policy {self.name!r}: rank {rank} exited (code {code}) during `{name}`; "
+                            "all its ranks were stopped"
+                        )
+                    continue
+                rank = next(r for r, c in pending.items() if c is item)
+                status, value = item.recv()
+                del pending[rank]
+                if status == "error":
+                    self._stop()
+                    raise RankFailure(f"policy {self.name!r}: rank {rank} failed during `{name}`: {value}")
+                if rank == 0:
+                    result = value
+        return result
+
+    def _stop(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        for connection in self.connections:
+            connection.close()
+        self.processes, self.connections = [], []
+
+    def close(self) -> None:
+        """Close every rank's worker, then end the processes."""
+        if not self.processes:
+            return
+        try:
+            self._call("close", ())
+        finally:
+            for connection in self.connections:
+                with contextlib.suppress(OSError):
+                    connection.send(None)
+            for process in self.processes:
+                process.join(timeout=30)
+            self._stop()

@@ -1,0 +1,238 @@
+"""FSDP2 data parallelism inside a policy (``policies[].parallel.data``) on CPU with gloo.
+
+The `distributed` tier (`pytest -m distributed`) runs 2-rank policies against 1-rank runs; the
+row-splitting unit tests run in the default tier.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_trainer import comparable_metrics, make_config
+
+from graftrl.config import ConfigError, config_from_dict
+from graftrl.parallel import RankFailure, split_rows
+from graftrl.trainer import Trainer
+
+# Float tolerance of a 2-rank run against a 1-rank run. The samples, rewards, plans and row sets
+# are identical; only reduction order differs (a rank sums half the rows' gradients, the
+# reduce-scatter adds the halves; the grad norm is a sum of per-shard squares): ~1e-7 relative per
+# step in float32, amplified by AdamW (lr 1e-2 in these tests) dividing by sqrt(v) over 3 steps.
+WEIGHT_ATOL = 1e-4
+METRIC_REL = 1e-4
+
+
+class TextRewards:
+    """A pure function of the response text, about 1 in 4 correct (mixed and all-fail groups)."""
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        return [float(zlib.crc32(r.encode()) % 4 == 0) for r in responses]
+
+    def close(self) -> None:
+        pass
+
+
+class FailingRewards(TextRewards):
+    """Raises on its second call: the scoring rank fails while the other waits in a collective."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        self.calls += 1
+        if self.calls == 2:
+            raise ValueError("forced verifier failure")
+        return super().score(responses, answers)
+
+
+# ----- default tier: the row split -------------------------------------------------------------
+def test_split_rows_balances_tokens_and_keeps_every_row_once():
+    lengths = [50, 7, 31, 31, 12, 90, 3, 3, 64, 20]
+    shares = split_rows(lengths, 3)
+    assert sorted(r for share in shares for r in share) == list(range(len(lengths)))
+    assert all(share == sorted(share) for share in shares)
+    loads = [sum(lengths[r] for r in share) for share in shares]
+    # Longest-first greedy: no rank exceeds the mean by more than the longest row.
+    assert max(loads) - min(loads) <= max(lengths)
+    assert max(loads) <= sum(lengths) / 3 + max(lengths)
+    assert split_rows(lengths, 3) == shares  # deterministic: every rank computes the same split
+
+
+def test_split_rows_spreads_peer_rows_over_ranks():
+    """A peer-last minibatch (own rows, then peer rows) is not sliced contiguously: with equal
+    lengths the rows alternate, so both ranks get peer rows."""
+    own, peer = 6, 4
+    shares = split_rows([10] * (own + peer), 2)
+    peer_rows = set(range(own, own + peer))
+    assert all(len(set(share) & peer_rows) == peer // 2 for share in shares)
+    assert [len(share) for share in shares] == [5, 5]
+
+
+def test_split_rows_with_more_ranks_than_rows():
+    assert split_rows([4, 9], 4) == [[1], [0], [], []]
+    assert split_rows([], 2) == [[], []]
+
+
+def test_parallel_data_config_limits(tiny_checkpoints):
+    raw = make_config(tiny_checkpoints)
+    raw["policies"][0]["parallel"] = {"data": 2}
+    assert config_from_dict(raw).policies[0].parallel.data == 2
+    with pytest.raises(ConfigError, match=r"does not validate during training yet"):
+        config_from_dict({**raw, "validation": {"files": ["x.jsonl"]}})
+    with pytest.raises(ConfigError, match=r"rollout.engine: hf"):
+        config_from_dict({**raw, "rollout": {**raw["rollout"], "engine": "vllm"}})
+
+
+# ----- distributed tier ----------------------------------------------------------------------
+def data_parallel_config(paths: dict[str, Path], method: str, ranks: int, steps: int = 3) -> dict:
+    raw = make_config(paths, method=method, steps=steps)
+    raw["graft"] = {"balance": False}  # every candidate moves: exchanges in both directions
+    raw["checkpoint"] = {"every": 1, "keep_last": 5}
+    # Two generate chunks of 2 prompts per step, so each rank samples one.
+    raw["rollout"] = {**raw["rollout"], "max_batch_size": 8}
+    for policy in raw["policies"]:
+        policy["parallel"] = {"data": ranks}
+    return raw
+
+
+def exported_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    folder = run / "checkpoints" / f"step_{step:06d}"
+    return {
+        f"{name}.{key}": value
+        for name in ("llama", "gpt2")
+        for key, value in load_file(str(folder / name / "model.safetensors")).items()
+    }
+
+
+def assert_runs_match(run: Path, reference: Path, step: int) -> None:
+    rows, expected = comparable_metrics(run), comparable_metrics(reference)
+    assert len(rows) == len(expected)
+    for row, want in zip(rows, expected, strict=True):
+        assert row.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, rel=METRIC_REL, abs=1e-6), (row["step"], key)
+            else:
+                assert row[key] == value, (row["step"], key)
+    weights, expected_weights = exported_weights(run, step), exported_weights(reference, step)
+    assert weights.keys() == expected_weights.keys()
+    for key, value in expected_weights.items():
+        torch.testing.assert_close(weights[key], value, atol=WEIGHT_ATOL, rtol=0, msg=key)
+
+
+@pytest.fixture(scope="module")
+def one_rank_runs(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    runs = {}
+    for method in ("grpo", "graft"):
+        run = tmp_path_factory.mktemp(f"one_rank_{method}")
+        Trainer(
+            config_from_dict(data_parallel_config(tiny_checkpoints, method, 1)), run, verifier=TextRewards()
+        ).train()
+        runs[method] = run
+    return runs
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("method", ["grpo", "graft"])
+def test_two_ranks_match_one_rank(tiny_checkpoints, tmp_path, one_rank_runs, method):
+    run = tmp_path / "two_ranks"
+    Trainer(
+        config_from_dict(data_parallel_config(tiny_checkpoints, method, 2)), run, verifier=TextRewards()
+    ).train()
+    if method == "graft":
+        assert sum(r["peer_responses"] for r in comparable_metrics(run)) > 0, "the run should exchange"
+    assert (run / "checkpoints" / "step_000003" / "llama" / "dcp" / ".metadata").exists()
+    assert_runs_match(run, one_rank_runs[method], 3)
+    compat, expected = (r / "compatibility.jsonl" for r in (run, one_rank_runs[method]))
+    assert compat.exists() == expected.exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("method", ["hacpo", "sgt", "luffy"])
+def test_two_ranks_match_one_rank_for_every_loss(tiny_checkpoints, tmp_path, method):
+    """HACPO's row-count denominator, SGT's NLL token count and LUFFY's shaped peer terms."""
+    for ranks in (1, 2):
+        raw = data_parallel_config(tiny_checkpoints, method, ranks, steps=2)
+        raw["checkpoint"] = {"every": 0}
+        Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
+    assert_runs_match(tmp_path / "2", tmp_path / "1", 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_resume_on_a_different_rank_count(tiny_checkpoints, tmp_path, one_rank_runs, before, after):
+    """Stop after 2 of 3 steps with `before` ranks, resume with `after`: the run ends as the
+    one-rank run does (DCP reshards weights and AdamW state; a one-rank checkpoint loads into shards)."""
+    run = tmp_path / "run"
+    if before == 1:
+        shutil.copytree(one_rank_runs["graft"], run)
+    else:
+        raw = data_parallel_config(tiny_checkpoints, "graft", before, steps=2)
+        Trainer(config_from_dict(raw), run, verifier=TextRewards()).train()
+    shutil.rmtree(run / "checkpoints" / "step_000003", ignore_errors=True)
+    resumed = Trainer(
+        config_from_dict(data_parallel_config(tiny_checkpoints, "graft", after)), run, verifier=TextRewards()
+    )
+    resumed.train(resume=True)
+    assert resumed.start_step == 2
+    assert_runs_match(run, one_rank_runs["graft"], 3)
+
+
+@pytest.mark.distributed
+def test_ray_backend_hosts_the_ranks(tiny_checkpoints, tmp_path, one_rank_runs, monkeypatch):
+    """backend: ray, one actor per policy spawning its 2 ranks: the one-rank run's results."""
+    import ray
+
+    # The actors unpickle TextRewards by reference: they import this module from tests/.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    raw = {**data_parallel_config(tiny_checkpoints, "graft", 2), "backend": "ray", "ray": {"num_cpus": 2}}
+    Trainer(config_from_dict(raw), tmp_path, verifier=TextRewards()).train()
+    assert_runs_match(tmp_path, one_rank_runs["graft"], 3)
+    assert not ray.is_initialized()
+
+
+def one_policy_config(paths: dict[str, Path]) -> dict:
+    raw = data_parallel_config(paths, "grpo", 2)
+    raw["policies"] = raw["policies"][:1]
+    raw["checkpoint"] = {"every": 0}
+    return raw
+
+
+@pytest.mark.distributed
+def test_a_failing_rank_stops_the_run_with_its_error(tiny_checkpoints, tmp_path):
+    """Rank 0 raises while rank 1 waits for its rewards in a collective: no hang, the error named."""
+    trainer = Trainer(
+        config_from_dict(one_policy_config(tiny_checkpoints)), tmp_path, verifier=FailingRewards()
+    )
+    processes = list(trainer.workers[0].processes)
+    with pytest.raises(RankFailure, match=r"rank 0 failed during `rollout`.*forced verifier failure"):
+        trainer.train()
+    assert all(not p.is_alive() for p in processes)
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_stops_the_run(tiny_checkpoints, tmp_path):
+    def kill_rank_one(step: int, metrics: dict) -> None:
+        if step == 0:
+            os.kill(trainer.workers[0].processes[1].pid, signal.SIGKILL)
+
+    trainer = Trainer(
+        config_from_dict(one_policy_config(tiny_checkpoints)),
+        tmp_path,
+        verifier=TextRewards(),
+        step_callback=kill_rank_one,
+    )
+    processes = list(trainer.workers[0].processes)
+    with pytest.raises(RankFailure, match=r"rank 1 exited \(code -9\)"):
+        trainer.train()
+    assert all(not p.is_alive() for p in processes)
