@@ -15,7 +15,37 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from graftrl.core.logprobs import chunked_token_logprobs
+from graftrl.errors import UserError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Config fields that rescale or soft-cap the logits after the LM head (Gemma 2/3, Cohere, Granite,
+# ...): the chunked log-prob, which applies the bare LM head, is not exact for those models.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+
+
+def token_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Group rows (in the given order) so each group's padded size stays within ``max_tokens``.
+
+    shapes: (prompt length, response length) per row, best sorted by total length. A group pads
+    prompts to its longest prompt and responses to its longest response (``Policy.pad``), so its
+    size is rows x (max prompt + max response). Rows are packed greedily in order; a row alone
+    over the budget forms its own group. Returns lists of positions into ``shapes``.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
+    for position, (prompt, response) in enumerate(shapes):
+        prompt_width, response_width = max(widest_prompt, prompt), max(widest_response, max(response, 1))
+        if current and (len(current) + 1) * (prompt_width + response_width) > max_tokens:
+            groups.append(current)
+            current, prompt_width, response_width = [], prompt, max(response, 1)
+        current.append(position)
+        widest_prompt, widest_response = prompt_width, response_width
+    if current:
+        groups.append(current)
+    return groups
 
 
 def resolve_device(device: str) -> torch.device:
@@ -54,6 +84,9 @@ class Policy:
         temperature: float = 1.0,
         micro_batch_size: int = 64,
         compute_dtype: torch.dtype | None = None,
+        *,
+        micro_batch_tokens: int | None = None,
+        logprob_chunk_tokens: int | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -63,10 +96,15 @@ class Policy:
         self.temperature = temperature
         """Sampling temperature; training log-probs use the same logits / T (as verl does)."""
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        """Padded-token budget of a micro-batch (None: ``micro_batch_size`` rows each)."""
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        """Response positions per LM-head chunk in ``response_logprobs`` (None: all at once)."""
         self.compute_dtype = compute_dtype
         """Autocast dtype for forward passes (None: the parameters' dtype)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._head = _decoder_and_head(model)
         if tokenizer.eos_token_id is None:
             raise ValueError(
                 f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
@@ -111,6 +149,29 @@ class Policy:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
         )
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each decoder layer's activations in backward (HF's non-reentrant checkpointing).
+
+        It acts only in training mode; generation and scoring run in eval mode with the KV cache.
+        """
+        model = self.model
+        if not model.supports_gradient_checkpointing:
+            raise UserError(
+                f"train.gradient_checkpointing: {type(model).__name__} ({self.name}) does not support it; "
+                "set train.gradient_checkpointing: false"
+            )
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.config.use_cache = True  # for generate; training forwards pass use_cache=False
+
+    @property
+    def chunks_logprobs(self) -> bool:
+        """Whether ``response_logprobs`` takes the chunked path (configured and exact for this model)."""
+        return self.logprob_chunk_tokens is not None and self._head is not None
 
     # ----- tokenization -------------------------------------------------------------------
     def format_prompt(self, problem: str) -> str:
@@ -173,14 +234,28 @@ class Policy:
             "position_ids": batch.position_ids,
             "use_cache": False,
         }
+        columns = slice(batch.prompt_width - 1, batch.prompt_width - 1 + width)
         with self.autocast():
+            if self.chunks_logprobs:
+                # Hidden states once, then the LM head a chunk of positions at a time: no
+                # [B, Lr, V] logits tensor, in forward or backward (graftrl.core.logprobs).
+                assert self._head is not None and self.logprob_chunk_tokens is not None
+                decoder, head = self._head
+                hidden = decoder(**inputs).last_hidden_state[:, columns]  # [B, Lr, H]
+                return chunked_token_logprobs(
+                    hidden,
+                    head.weight,
+                    head.bias,
+                    batch.response_ids,
+                    self.temperature,
+                    self.logprob_chunk_tokens,
+                )
             if self._keeps_logits:
                 # The LM head runs only on the width + 1 last columns (those predicting response
                 # tokens, and the final one): no vocab-sized projection or softmax on the prompt.
                 logits = self.model(**inputs, logits_to_keep=width + 1).logits[:, :width]
             else:  # a model whose forward has no `logits_to_keep`
-                logits = self.model(**inputs).logits
-                logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+                logits = self.model(**inputs).logits[:, columns]
         logits = logits.float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -191,15 +266,24 @@ class Policy:
         for start in range(0, count, self.micro_batch_size):
             yield slice(start, min(start + self.micro_batch_size, count))
 
+    def micro_batch_groups(self, shapes: Sequence[tuple[int, int]]) -> list[list[int]]:
+        """Micro-batches of rows given their (prompt, response) lengths, as positions into ``shapes``:
+        ``micro_batch_tokens`` padded tokens each when set, else ``micro_batch_size`` rows."""
+        if self.micro_batch_tokens is not None:
+            return token_micro_batches(shapes, self.micro_batch_tokens)
+        positions = list(range(len(shapes)))
+        return [positions[part] for part in self.micro_batches(len(shapes))]
+
     @torch.no_grad()
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[Tensor]:
         """Per-token log-probs (current weights, no grad) of each response, in its own length."""
         # Sort by length so micro-batches carry little padding.
         order = sorted(range(len(responses)), key=lambda i: len(prompts[i]) + len(responses[i]))
         by_index: dict[int, Tensor] = {}
+        shapes = [(len(prompts[i]), len(responses[i])) for i in order]
         with self.eval_mode():
-            for part in self.micro_batches(len(order)):
-                idx = order[part]
+            for group in self.micro_batch_groups(shapes):
+                idx = [order[k] for k in group]
                 batch = self.pad([prompts[i] for i in idx], [responses[i] for i in idx])
                 logprobs = self.response_logprobs(batch).cpu()
                 for row, i in enumerate(idx):
@@ -221,6 +305,8 @@ class Policy:
             self.temperature,
             self.micro_batch_size,
             self.compute_dtype,
+            micro_batch_tokens=self.micro_batch_tokens,
+            logprob_chunk_tokens=self.logprob_chunk_tokens,
         )
 
     # ----- checkpoint ---------------------------------------------------------------------
@@ -242,3 +328,26 @@ class Policy:
             yield
         finally:
             self.model.train(was_training)
+
+
+def _decoder_and_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, LM head) when the logits are exactly ``head(decoder(...).last_hidden_state)``.
+
+    True of the usual decoder-only causal LMs (Llama, Qwen, Mistral, GPT-2, OLMo, SmolLM3, ...):
+    the base model applies the final norm, the head is a Linear. None (so the unchunked path is
+    used) when the head is something else, the decoder cannot be told apart from the wrapper, or
+    the config rescales / soft-caps the logits.
+    """
+    head = model.get_output_embeddings()
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+        return None
+    configs = [model.config]
+    text_config = getattr(model.config, "get_text_config", None)
+    if callable(text_config):
+        configs.append(text_config())
+    for config in configs:
+        if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+            return None
+    return decoder, head

@@ -236,6 +236,10 @@ class PolicyWorker:
         self.name = self.policy.name
         self.policy.temperature = config.rollout.temperature
         self.policy.micro_batch_size = config.train.micro_batch_size
+        self.policy.micro_batch_tokens = config.train.micro_batch_tokens
+        self.policy.logprob_chunk_tokens = config.train.logprob_chunk_tokens
+        if config.train.gradient_checkpointing:
+            self.policy.enable_gradient_checkpointing()
         if self.policy.optimizer is None:
             self.policy.configure_optimizer(
                 spec.lr or config.optim.lr, config.optim.betas, config.optim.weight_decay
@@ -570,8 +574,9 @@ class PolicyWorker:
                     totals["peer_tokens" if rows.is_peer[r] else "own_tokens"] += len(rows.response_ids[r])
                 policy.optimizer.zero_grad(set_to_none=False)
                 loss_value = 0.0
-                for part in policy.micro_batches(len(active)):
-                    idx = active[part]
+                shapes = [(len(rows.prompt_ids[r]), len(rows.response_ids[r])) for r in active]
+                for group in policy.micro_batch_groups(shapes):
+                    idx = [active[k] for k in group]
                     loss, m = self.method.loss(
                         self._loss_inputs(rows, idx, normalizer, nll_normalizer, len(kept), minibatch_index)
                     )
