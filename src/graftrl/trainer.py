@@ -57,6 +57,10 @@ class Trainer:
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
         self.names = [p.name for p in config.policies]
+        if policies is None:  # before any weights load: a clear error when the run cannot fit
+            from graftrl.memory import check_before_loading
+
+            check_before_loading(config)
         self.backend: LocalBackend | RayBackend = make_backend(
             config, self.run_dir, self.problems, policies=policies, verifier=verifier, method=self.method
         )
