@@ -136,8 +136,8 @@ class TrainConfig(_Section):
     rescale or soft-cap logits (Gemma 2/3, Cohere, Granite) keep the unchunked path."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in backward (Hugging Face gradient checkpointing,
-    non-reentrant): activation memory of a micro-batch drops to about one layer's, for ~30% more
-    update time. Generation is unaffected."""
+    non-reentrant): a micro-batch keeps only each layer's input plus one layer's activations, for
+    one more forward pass per layer in backward. Generation is unaffected."""
     eps_low: float = Field(default=0.2, ge=0)
     """Lower clip range of the token ratio."""
     eps_high: float = Field(default=0.28, ge=0)
