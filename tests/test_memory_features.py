@@ -246,3 +246,16 @@ def test_gradient_checkpointing_unsupported_is_a_user_error(tiny_checkpoints):
     policy.model.supports_gradient_checkpointing = False
     with pytest.raises(UserError, match=r"train\.gradient_checkpointing"):
         policy.enable_gradient_checkpointing()
+
+
+def test_a_model_that_cannot_chunk_warns_and_trains_unchunked(tiny_checkpoints, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoints["llama"]))
+    model.config.final_logit_softcapping = 30.0
+    model.save_pretrained(tmp_path / "softcap")
+    AutoTokenizer.from_pretrained(str(tiny_checkpoints["llama"])).save_pretrained(tmp_path / "softcap")
+    raw = make_config(
+        {"llama": tmp_path / "softcap", "gpt2": tiny_checkpoints["gpt2"]}, logprob_chunk_tokens=4
+    )
+    with pytest.warns(UserWarning, match=r"policy 'llama' .* keeps the unchunked log-prob"):
+        trainer = Trainer(config_from_dict(raw), tmp_path / "run", verifier=ScriptedRewards(CROSSED))
+    assert [p.chunks_logprobs for p in trainer.policies] == [False, True]

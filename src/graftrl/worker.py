@@ -17,6 +17,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -238,6 +239,13 @@ class PolicyWorker:
         self.policy.micro_batch_size = config.train.micro_batch_size
         self.policy.micro_batch_tokens = config.train.micro_batch_tokens
         self.policy.logprob_chunk_tokens = config.train.logprob_chunk_tokens
+        if config.train.logprob_chunk_tokens is not None and not self.policy.chunks_logprobs:
+            warnings.warn(
+                f"train.logprob_chunk_tokens: policy {self.name!r} ({type(self.policy.model).__name__}) "
+                "transforms its logits after the LM head or has no separate decoder; it keeps the "
+                "unchunked log-prob",
+                stacklevel=2,
+            )
         if config.train.gradient_checkpointing:
             self.policy.enable_gradient_checkpointing()
         if self.policy.optimizer is None:
