@@ -259,3 +259,41 @@ def test_a_model_that_cannot_chunk_warns_and_trains_unchunked(tiny_checkpoints, 
     with pytest.warns(UserWarning, match=r"policy 'llama' .* keeps the unchunked log-prob"):
         trainer = Trainer(config_from_dict(raw), tmp_path / "run", verifier=ScriptedRewards(CROSSED))
     assert [p.chunks_logprobs for p in trainer.policies] == [False, True]
+
+
+def test_chunked_logprobs_under_fsdp2_match(tiny_checkpoints, tmp_path):
+    """The chunked path calls the model itself (not its decoder), so FSDP2's hooks gather the
+    sharded embedding and LM head: 2 gloo ranks on CPU, log-probs and gradients as unchunked."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("fsdp_chunked_logprobs.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    paths = [str(tiny_checkpoints["llama"]), str(tiny_checkpoints["gpt2"])]
+    done = subprocess.run(
+        [*command, str(script), *paths], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["path"] for row in rows] == paths
+    for row in rows:
+        assert row["chunked"] and row["logp_diff"] < 1e-5
+        assert row["grad_diff"] < 1e-6 * max(row["grad_max"], 1.0) * 10
+
+
+def test_an_unknown_logit_transform_is_caught_at_first_use(tiny_checkpoints):
+    """Logits rescaled after the head with no config field naming it: the first chunked call
+    compares the model's own last-column logits with the head's and falls back, with a warning."""
+    policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]), device="cpu")
+    policy.model.get_output_embeddings().register_forward_hook(lambda module, args, out: out * 2.0)
+    batch = padded_batch(policy)
+    expected = policy.response_logprobs(batch)
+    policy.logprob_chunk_tokens = 3
+    assert policy.chunks_logprobs
+    with pytest.warns(UserWarning, match="logprob_chunk_tokens is ignored"):
+        got = policy.response_logprobs(batch)
+    assert not policy.chunks_logprobs
+    torch.testing.assert_close(got, expected)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -104,7 +105,8 @@ class Policy:
         """Autocast dtype for forward passes (None: the parameters' dtype)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._head = _decoder_and_head(model)
+        self._head = _plain_lm_head(model)
+        self._head_checked = False
         if tokenizer.eos_token_id is None:
             raise ValueError(
                 f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
@@ -173,6 +175,27 @@ class Policy:
         """Whether ``response_logprobs`` takes the chunked path (configured and exact for this model)."""
         return self.logprob_chunk_tokens is not None and self._head is not None
 
+    @torch.no_grad()
+    def _check_head(self, last_hidden: Tensor, last_logits: Tensor) -> bool:
+        """Once per policy: are the model's logits the bare LM head of its last hidden state?
+
+        last_hidden: [B, H]; last_logits: [B, V], the model's own. If not (a logit transform no
+        config field names), the policy keeps the unchunked path from now on.
+        """
+        self._head_checked = True
+        assert self._head is not None
+        ours = torch.nn.functional.linear(last_hidden, self._head.weight, self._head.bias).float()
+        tolerance = 1e-4 if ours.dtype == last_hidden.dtype == torch.float32 else 2e-2
+        if torch.allclose(ours, last_logits.float(), rtol=tolerance, atol=tolerance):
+            return True
+        warnings.warn(
+            f"policy {self.name!r}: {type(self.model).__name__}'s logits are not its LM head applied to "
+            "its last hidden state; train.logprob_chunk_tokens is ignored (unchunked log-probs)",
+            stacklevel=3,
+        )
+        self._head = None
+        return False
+
     # ----- tokenization -------------------------------------------------------------------
     def format_prompt(self, problem: str) -> str:
         """The prompt string this policy sees for a problem (its own template or chat template)."""
@@ -237,13 +260,17 @@ class Policy:
         columns = slice(batch.prompt_width - 1, batch.prompt_width - 1 + width)
         with self.autocast():
             if self.chunks_logprobs:
-                # Hidden states once, then the LM head a chunk of positions at a time: no
-                # [B, Lr, V] logits tensor, in forward or backward (graftrl.core.logprobs).
-                assert self._head is not None and self.logprob_chunk_tokens is not None
-                decoder, head = self._head
-                hidden = decoder(**inputs).last_hidden_state[:, columns]  # [B, Lr, H]
+                # The model's own forward (so wrappers such as FSDP see a normal call) with the LM
+                # head on one column only, then the head a chunk of positions at a time on its
+                # input, the last hidden state: no [B, Lr, V] logits, forward or backward.
+                out = self.model(**inputs, logits_to_keep=1, output_hidden_states=True)
+                hidden = out.hidden_states[-1]  # [B, Lp + Lr, H]
+                if not self._head_checked and not self._check_head(hidden[:, -1], out.logits[:, -1]):
+                    return self.response_logprobs(batch)  # the unchunked path
+                head = self._head
+                assert head is not None and self.logprob_chunk_tokens is not None
                 return chunked_token_logprobs(
-                    hidden,
+                    hidden[:, columns],
                     head.weight,
                     head.bias,
                     batch.response_ids,
@@ -330,18 +357,15 @@ class Policy:
             self.model.train(was_training)
 
 
-def _decoder_and_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(decoder, LM head) when the logits are exactly ``head(decoder(...).last_hidden_state)``.
+def _plain_lm_head(model: PreTrainedModel) -> torch.nn.Linear | None:
+    """The LM head when the logits are ``head(last hidden state)`` with nothing after it, else None.
 
-    True of the usual decoder-only causal LMs (Llama, Qwen, Mistral, GPT-2, OLMo, SmolLM3, ...):
-    the base model applies the final norm, the head is a Linear. None (so the unchunked path is
-    used) when the head is something else, the decoder cannot be told apart from the wrapper, or
-    the config rescales / soft-caps the logits.
+    True of the usual decoder-only causal LMs (Llama, Qwen, Mistral, GPT-2, OLMo, SmolLM3, ...).
+    None when the head is not a Linear or the config rescales / soft-caps the logits; the first
+    chunked call also checks the model's own last-column logits against it (``_check_head``).
     """
     head = model.get_output_embeddings()
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    if not isinstance(head, torch.nn.Linear) or decoder is None or decoder is model:
+    if not isinstance(head, torch.nn.Linear):
         return None
     configs = [model.config]
     text_config = getattr(model.config, "get_text_config", None)
@@ -350,4 +374,4 @@ def _decoder_and_head(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn
     for config in configs:
         if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
             return None
-    return decoder, head
+    return head
