@@ -21,6 +21,8 @@ response runs to ``--max-new-tokens``: the figures are for full-length responses
     PYTHONPATH=src python benchmarks/gpu_step.py                       # CUDA, ~0.5B, bf16
     PYTHONPATH=src python benchmarks/gpu_step.py --engines hf,vllm     # also the vLLM engine
     PYTHONPATH=src python benchmarks/gpu_step.py --tiny                # CPU smoke test, small dims
+    PYTHONPATH=src python benchmarks/gpu_step.py --max-new-tokens 4096 --gradient-checkpointing \
+        --logprob-chunk-tokens 1024 --micro-batch-tokens 16384      # paper lengths, memory features on
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engines", default="hf,vllm", help="rollout engines to run the step with (vllm: when importable)"
     )
     ap.add_argument("--lr", type=float, default=1e-6)
+    # Memory features (train.*); off by default, so figures stay comparable with earlier runs.
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="train.gradient_checkpointing")
+    ap.add_argument("--logprob-chunk-tokens", type=int, default=None, help="train.logprob_chunk_tokens")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None, help="train.micro_batch_tokens")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--vllm-sleep", default="auto", choices=["auto", "on", "off"])
@@ -236,6 +242,18 @@ def make_problems(args):
     return out
 
 
+def memory_settings(args) -> dict[str, Any]:
+    """The train.* memory fields given on the command line (none: the row-count path as before)."""
+    settings: dict[str, Any] = {}
+    if args.gradient_checkpointing:
+        settings["gradient_checkpointing"] = True
+    if args.logprob_chunk_tokens:
+        settings["logprob_chunk_tokens"] = args.logprob_chunk_tokens
+    if args.micro_batch_tokens:
+        settings["micro_batch_tokens"] = args.micro_batch_tokens
+    return settings
+
+
 def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
     import torch
 
@@ -276,6 +294,7 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
             "batch_prompts": args.batch_prompts,
             "minibatch_prompts": args.minibatch_prompts,
             "micro_batch_size": args.micro_batch_size,
+            **memory_settings(args),
         },
         "logging": {"progress": False, "log_samples": 0},
         "checkpoint": {"every": 0, "keep_last": 1},
@@ -400,6 +419,11 @@ def vllm_available() -> str | None:
     return None
 
 
+def memory_note(args) -> str:
+    settings = memory_settings(args)
+    return (" (" + ", ".join(f"{k}={v}" for k, v in settings.items()) + ")") if settings else ""
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.threads:
@@ -433,7 +457,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{meta.get('vocab', args.vocab)}), {args.dtype} on {args.device} ({info.get('cuda') or 'cpu'}); "
         f"{args.batch_prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, "
         f"{args.batch_prompts // args.minibatch_prompts} optimizer steps of {args.minibatch_prompts * args.n} rows, "
-        f"micro-batch {args.micro_batch_size}; medians of {args.steps} steps after {args.warmup} warm-up"
+        f"micro-batch {args.micro_batch_size}{memory_note(args)}; medians of {args.steps} steps after "
+        f"{args.warmup} warm-up"
     )
     rows = [
         [

@@ -6,6 +6,7 @@ row-splitting unit tests run in the default tier.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_trainer import comparable_metrics, make_config
+from test_trainer import FIXTURES, comparable_metrics, make_config
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.parallel import RankFailure, split_rows
@@ -86,8 +87,7 @@ def test_parallel_data_config_limits(tiny_checkpoints):
     raw = make_config(tiny_checkpoints)
     raw["policies"][0]["parallel"] = {"data": 2}
     assert config_from_dict(raw).policies[0].parallel.data == 2
-    with pytest.raises(ConfigError, match=r"does not validate during training yet"):
-        config_from_dict({**raw, "validation": {"files": ["x.jsonl"]}})
+    assert config_from_dict({**raw, "validation": {"files": ["x.jsonl"]}}).validation.files  # validates too
     with pytest.raises(ConfigError, match=r"rollout.engine: hf"):
         config_from_dict({**raw, "rollout": {**raw["rollout"], "engine": "vllm"}})
 
@@ -154,6 +154,32 @@ def test_two_ranks_match_one_rank(tiny_checkpoints, tmp_path, one_rank_runs, met
     assert_runs_match(run, one_rank_runs[method], 3)
     compat, expected = (r / "compatibility.jsonl" for r in (run, one_rank_runs[method]))
     assert compat.exists() == expected.exists()
+
+
+@pytest.mark.distributed
+def test_two_ranks_validate_as_one_rank(tiny_checkpoints, tmp_path):
+    """Every rank samples the benchmark on the gathered weights with one device's seeds and rank 0
+    verifies: the validation scores, and the best/ selection, are those of the one-rank run."""
+    for ranks in (1, 2):
+        raw = data_parallel_config(tiny_checkpoints, "grpo", ranks, steps=2)
+        raw["checkpoint"] = {"every": 0}
+        raw["validation"] = {
+            "files": {"small": str(FIXTURES / "math_small.jsonl")},
+            "every": 1,
+            "samples": 2,
+            "max_problems": 4,
+        }
+        Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
+    rows = {
+        ranks: [
+            {k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+            for line in (tmp_path / str(ranks) / "validation.jsonl").read_text().splitlines()
+        ]
+        for ranks in (1, 2)
+    }
+    assert len(rows[1]) == 4 and rows[2] == rows[1]  # 2 validations x 2 policies, identical scores
+    for name in ("llama", "gpt2"):
+        assert (tmp_path / "2" / "best" / name / "model.safetensors").exists()
 
 
 @pytest.mark.distributed

@@ -140,6 +140,20 @@ class TrainConfig(_Section):
     """Passes over each rollout batch."""
     micro_batch_size: int = Field(default=64, ge=1)
     """Sequences per forward/backward pass (gradient accumulation within a minibatch)."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Size micro-batches by padded tokens instead (verl's dynamic batch size): length-sorted rows
+    are packed so rows x (longest prompt + longest response) stays within this budget; a longer
+    row goes alone. Also bounds the no-grad scoring passes. None: `micro_batch_size` rows each.
+    Memory only, not the math (the loss denominators are per minibatch)."""
+    logprob_chunk_tokens: int | None = Field(default=None, ge=1)
+    """Apply the LM head and log-softmax to this many response positions at a time, each chunk
+    recomputed in backward, so no [rows, response length, vocab] logits tensor is ever held
+    (e.g. 1024). None: all positions at once. Same values within float tolerance; models that
+    rescale or soft-cap logits (Gemma 2/3, Cohere, Granite) keep the unchunked path."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in backward (Hugging Face gradient checkpointing,
+    non-reentrant): a micro-batch keeps only each layer's input plus one layer's activations, for
+    one more forward pass per layer in backward. Generation is unaffected."""
     eps_low: float = Field(default=0.2, ge=0)
     """Lower clip range of the token ratio."""
     eps_high: float = Field(default=0.28, ge=0)
@@ -417,11 +431,6 @@ class Config(_Section):
             raise ValueError(
                 f"policies[{sharded[0]}].parallel.data > 1 samples with rollout.engine: hf for now "
                 "(set rollout.engine: hf or parallel.data: 1)"
-            )
-        if sharded and self.validation.files:
-            raise ValueError(
-                f"policies[{sharded[0]}].parallel.data > 1 does not validate during training yet; remove "
-                "`validation.files` and evaluate the exported checkpoints (`graftrl eval`) instead"
             )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(

@@ -280,6 +280,12 @@ class DataParallelWorker:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self._call("state_dict", ())
 
+    def validation_scores(self) -> dict[str, float]:
+        return self._call("validation_scores", ())
+
+    def nonfinite_state(self, limit: int = 3) -> list[str]:
+        return self._call("nonfinite_state", (limit,))
+
     @property
     def policy(self) -> Any:
         raise AttributeError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,37 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graftrl.errors import ModelError
+from graftrl.core.logprobs import chunked_token_logprobs
+from graftrl.errors import ModelError, UserError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Config fields that rescale or soft-cap the logits after the LM head (Gemma 2/3, Cohere, Granite,
+# ...): the chunked log-prob, which applies the bare LM head, is not exact for those models.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier")
+
+
+def token_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Group rows (in the given order) so each group's padded size stays within ``max_tokens``.
+
+    shapes: (prompt length, response length) per row, best sorted by total length. A group pads
+    prompts to its longest prompt and responses to its longest response (``Policy.pad``), so its
+    size is rows x (max prompt + max response). Rows are packed greedily in order; a row alone
+    over the budget forms its own group. Returns lists of positions into ``shapes``.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_response = 0
+    for position, (prompt, response) in enumerate(shapes):
+        prompt_width, response_width = max(widest_prompt, prompt), max(widest_response, max(response, 1))
+        if current and (len(current) + 1) * (prompt_width + response_width) > max_tokens:
+            groups.append(current)
+            current, prompt_width, response_width = [], prompt, max(response, 1)
+        current.append(position)
+        widest_prompt, widest_response = prompt_width, response_width
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _first_line(error: BaseException) -> str:
@@ -93,6 +122,9 @@ class Policy:
         temperature: float = 1.0,
         micro_batch_size: int = 64,
         compute_dtype: torch.dtype | None = None,
+        *,
+        micro_batch_tokens: int | None = None,
+        logprob_chunk_tokens: int | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -102,10 +134,16 @@ class Policy:
         self.temperature = temperature
         """Sampling temperature; training log-probs use the same logits / T (as verl does)."""
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        """Padded-token budget of a micro-batch (None: ``micro_batch_size`` rows each)."""
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        """Response positions per LM-head chunk in ``response_logprobs`` (None: all at once)."""
         self.compute_dtype = compute_dtype
         """Autocast dtype for forward passes (None: the parameters' dtype)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._head = _plain_lm_head(model)
+        self._head_checked = False
         if tokenizer.eos_token_id is None:
             raise ValueError(
                 f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
@@ -211,6 +249,50 @@ class Policy:
             self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay
         )
 
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each decoder layer's activations in backward (HF's non-reentrant checkpointing).
+
+        It acts only in training mode; generation and scoring run in eval mode with the KV cache.
+        """
+        model = self.model
+        if not model.supports_gradient_checkpointing:
+            raise UserError(
+                f"train.gradient_checkpointing: {type(model).__name__} ({self.name}) does not support it; "
+                "set train.gradient_checkpointing: false"
+            )
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.config.use_cache = True  # for generate; training forwards pass use_cache=False
+
+    @property
+    def chunks_logprobs(self) -> bool:
+        """Whether ``response_logprobs`` takes the chunked path (configured and exact for this model)."""
+        return self.logprob_chunk_tokens is not None and self._head is not None
+
+    @torch.no_grad()
+    def _check_head(self, last_hidden: Tensor, last_logits: Tensor) -> bool:
+        """Once per policy: are the model's logits the bare LM head of its last hidden state?
+
+        last_hidden: [B, H]; last_logits: [B, V], the model's own. If not (a logit transform no
+        config field names), the policy keeps the unchunked path from now on.
+        """
+        self._head_checked = True
+        assert self._head is not None
+        ours = torch.nn.functional.linear(last_hidden, self._head.weight, self._head.bias).float()
+        tolerance = 1e-4 if ours.dtype == last_hidden.dtype == torch.float32 else 2e-2
+        if torch.allclose(ours, last_logits.float(), rtol=tolerance, atol=tolerance):
+            return True
+        warnings.warn(
+            f"policy {self.name!r}: {type(self.model).__name__}'s logits are not its LM head applied to "
+            "its last hidden state; train.logprob_chunk_tokens is ignored (unchunked log-probs)",
+            stacklevel=3,
+        )
+        self._head = None
+        return False
+
     # ----- tokenization -------------------------------------------------------------------
     def format_prompt(self, problem: str) -> str:
         """The prompt string this policy sees for a problem (its own template or chat template)."""
@@ -272,14 +354,32 @@ class Policy:
             "position_ids": batch.position_ids,
             "use_cache": False,
         }
+        columns = slice(batch.prompt_width - 1, batch.prompt_width - 1 + width)
         with self.autocast():
+            if self.chunks_logprobs:
+                # The model's own forward (so wrappers such as FSDP see a normal call) with the LM
+                # head on one column only, then the head a chunk of positions at a time on its
+                # input, the last hidden state: no [B, Lr, V] logits, forward or backward.
+                out = self.model(**inputs, logits_to_keep=1, output_hidden_states=True)
+                hidden = out.hidden_states[-1]  # [B, Lp + Lr, H]
+                if not self._head_checked and not self._check_head(hidden[:, -1], out.logits[:, -1]):
+                    return self.response_logprobs(batch)  # the unchunked path
+                head = self._head
+                assert head is not None and self.logprob_chunk_tokens is not None
+                return chunked_token_logprobs(
+                    hidden[:, columns],
+                    head.weight,
+                    head.bias,
+                    batch.response_ids,
+                    self.temperature,
+                    self.logprob_chunk_tokens,
+                )
             if self._keeps_logits:
                 # The LM head runs only on the width + 1 last columns (those predicting response
                 # tokens, and the final one): no vocab-sized projection or softmax on the prompt.
                 logits = self.model(**inputs, logits_to_keep=width + 1).logits[:, :width]
             else:  # a model whose forward has no `logits_to_keep`
-                logits = self.model(**inputs).logits
-                logits = logits[:, batch.prompt_width - 1 : batch.prompt_width - 1 + width]
+                logits = self.model(**inputs).logits[:, columns]
         logits = logits.float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -290,15 +390,24 @@ class Policy:
         for start in range(0, count, self.micro_batch_size):
             yield slice(start, min(start + self.micro_batch_size, count))
 
+    def micro_batch_groups(self, shapes: Sequence[tuple[int, int]]) -> list[list[int]]:
+        """Micro-batches of rows given their (prompt, response) lengths, as positions into ``shapes``:
+        ``micro_batch_tokens`` padded tokens each when set, else ``micro_batch_size`` rows."""
+        if self.micro_batch_tokens is not None:
+            return token_micro_batches(shapes, self.micro_batch_tokens)
+        positions = list(range(len(shapes)))
+        return [positions[part] for part in self.micro_batches(len(shapes))]
+
     @torch.no_grad()
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[Tensor]:
         """Per-token log-probs (current weights, no grad) of each response, in its own length."""
         # Sort by length so micro-batches carry little padding.
         order = sorted(range(len(responses)), key=lambda i: len(prompts[i]) + len(responses[i]))
         by_index: dict[int, Tensor] = {}
+        shapes = [(len(prompts[i]), len(responses[i])) for i in order]
         with self.eval_mode():
-            for part in self.micro_batches(len(order)):
-                idx = order[part]
+            for group in self.micro_batch_groups(shapes):
+                idx = [order[k] for k in group]
                 batch = self.pad([prompts[i] for i in idx], [responses[i] for i in idx])
                 logprobs = self.response_logprobs(batch).cpu()
                 for row, i in enumerate(idx):
@@ -320,6 +429,8 @@ class Policy:
             self.temperature,
             self.micro_batch_size,
             self.compute_dtype,
+            micro_batch_tokens=self.micro_batch_tokens,
+            logprob_chunk_tokens=self.logprob_chunk_tokens,
         )
 
     # ----- checkpoint ---------------------------------------------------------------------
@@ -341,3 +452,23 @@ class Policy:
             yield
         finally:
             self.model.train(was_training)
+
+
+def _plain_lm_head(model: PreTrainedModel) -> torch.nn.Linear | None:
+    """The LM head when the logits are ``head(last hidden state)`` with nothing after it, else None.
+
+    True of the usual decoder-only causal LMs (Llama, Qwen, Mistral, GPT-2, OLMo, SmolLM3, ...).
+    None when the head is not a Linear or the config rescales / soft-caps the logits; the first
+    chunked call also checks the model's own last-column logits against it (``_check_head``).
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    configs = [model.config]
+    text_config = getattr(model.config, "get_text_config", None)
+    if callable(text_config):
+        configs.append(text_config())
+    for config in configs:
+        if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+            return None
+    return head

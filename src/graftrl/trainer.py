@@ -77,6 +77,10 @@ class Trainer:
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
         self.names = [p.name for p in config.policies]
+        if policies is None:  # before any weights load: a clear error when the run cannot fit
+            from graftrl.memory import check_before_loading
+
+            check_before_loading(config)
         self.backend: LocalBackend | RayBackend = make_backend(
             config, self.run_dir, self.problems, policies=policies, verifier=verifier, method=self.method
         )
@@ -89,10 +93,10 @@ class Trainer:
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.validation)
             from graftrl.validation import Validator
 
-            local = self.backend.workers[0] if isinstance(self.backend, LocalBackend) else None
-            self.validator = Validator(
-                config, self.run_dir, local.verifier if local else None, local.engine if local else None
-            )
+            # During training each worker samples and scores its own policy (validation_scores),
+            # whatever the backend or rank count; the trainer's validator records the scores and
+            # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
+            self.validator = Validator(config, self.run_dir, verifier)
         # Trajectory recording (graftrl.store) and stored peers replayed from earlier runs (SPEC 2.3).
         self.recorder = None
         if config.store.record:
@@ -358,10 +362,8 @@ class Trainer:
 
     # ----- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> list[dict[str, Any]]:
-        """Validate every policy now (each in its worker), keep the best checkpoints."""
+        """Validate every policy now (each in its worker, with its own engine), keep the best checkpoints."""
         assert self.validator is not None
-        if isinstance(self.backend, LocalBackend):
-            return self.validator.validate(step, self.backend.policies)
         rows = []
         start = time.perf_counter()
         scores = self.backend.call("validation_scores")

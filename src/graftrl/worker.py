@@ -18,8 +18,9 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,13 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
+class _RankZeroVerifier:
+    """A verifier for every rank of a sharded policy: rank 0 scores, every rank gets the rewards."""
+
+    def __init__(self, score: Callable[[list[str], list[str]], list[float]]) -> None:
+        self.score = score
+
+
 class PolicyWorker:
     """Samples, scores and updates one policy; see the module docstring."""
 
@@ -278,6 +286,17 @@ class PolicyWorker:
         )
         self.policy.temperature = config.rollout.temperature
         self.policy.micro_batch_size = config.train.micro_batch_size
+        self.policy.micro_batch_tokens = config.train.micro_batch_tokens
+        self.policy.logprob_chunk_tokens = config.train.logprob_chunk_tokens
+        if config.train.logprob_chunk_tokens is not None and not self.policy.chunks_logprobs:
+            warnings.warn(
+                f"train.logprob_chunk_tokens: policy {self.name!r} ({type(self.policy.model).__name__}) "
+                "transforms its logits after the LM head or has no separate decoder; it keeps the "
+                "unchunked log-prob",
+                stacklevel=2,
+            )
+        if config.train.gradient_checkpointing:
+            self.policy.enable_gradient_checkpointing()
         self.method = method or build_method(config.method, config)
         # A frozen copy of the initial policy, for a KL penalty (off unless train.kl_coef > 0);
         # unsharded under data parallelism (a full copy per rank).
@@ -715,13 +734,17 @@ class PolicyWorker:
 
     def _micro_batches_of_ranks(self, rows: TrainingRows, active: list[int]) -> list[list[int]]:
         """This rank's micro-batches (positions in ``active``), padded with empty ones to the most
-        any rank has: one rank's rows as today, or its token-balanced share (``split_rows``)."""
+        any rank has: one rank's rows as today, or its token-balanced share (``split_rows``), each cut
+        by ``micro_batch_size`` rows or ``micro_batch_tokens`` padded tokens (``micro_batch_groups``)."""
+        shapes = [(len(rows.prompt_ids[r]), len(rows.response_ids[r])) for r in active]
         if self.world == 1:
-            return [list(range(len(active)))[part] for part in self.policy.micro_batches(len(active))]
-        lengths = [len(rows.prompt_ids[r]) + len(rows.response_ids[r]) for r in active]
-        shares = split_rows(lengths, self.world)
+            return self.policy.micro_batch_groups(shapes)
+        shares = split_rows([p + r for p, r in shapes], self.world)
         per_rank = [
-            [[share[i] for i in range(len(share))[part]] for part in self.policy.micro_batches(len(share))]
+            [
+                [share[k] for k in group]
+                for group in self.policy.micro_batch_groups([shapes[i] for i in share])
+            ]
             for share in shares
         ]
         count = max(len(parts) for parts in per_rank)
@@ -905,8 +928,12 @@ class PolicyWorker:
             from graftrl.validation import Validator
 
             engine = self.engine if isinstance(self.engine, HFRolloutEngine) else None
-            self.validator = Validator(self.config, self.run_dir, self.verifier, engine)
-        return self.validator.scores(self.policy)
+            verifier = self.verifier if self.world == 1 else _RankZeroVerifier(self._score)
+            self.validator = Validator(self.config, self.run_dir, verifier, engine)
+        # Sharded: every rank samples the whole benchmark on the gathered weights with the same
+        # seeds (the samples of one device, whatever N), rank 0 verifies and shares the rewards.
+        with gathered(self.policy.model):
+            return self.validator.scores(self.policy)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The model's full weights (for tests comparing backends and rank counts)."""
@@ -929,6 +956,8 @@ class PolicyWorker:
             for index, state in self.policy.optimizer.state_dict()["state"].items():
                 for key, value in state.items():
                     check(f"optimizer state[{index}].{key}", value)
+        if self.world > 1:  # each rank checked its shards: the answer is every rank's findings
+            found = sorted({name for part in all_gather_objects(found) for name in part})[:limit]
         return found
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from graftrl.core.hacpo import (
     sequence_mean,
     stepwise_lower_bound,
 )
+from graftrl.core.logprobs import chunked_token_logprobs, token_logprobs
 from graftrl.core.losses import (
     clipped_policy_loss,
     clipped_token_mask,
@@ -37,6 +38,7 @@ __all__ = [
     "balanced_selection",
     "capability_baseline",
     "capability_ratios",
+    "chunked_token_logprobs",
     "clipped_policy_loss",
     "clipped_token_mask",
     "compatibility_score",
@@ -57,6 +59,7 @@ __all__ = [
     "select_with_ties",
     "sequence_mean",
     "stepwise_lower_bound",
+    "token_logprobs",
     "transfer_candidates",
     "truncated_is_weights",
 ]

@@ -1,0 +1,285 @@
+"""Per-GPU memory estimate of a run, from the config and each model's config.json (no weights loaded).
+
+Pure arithmetic on a model's shape (parameter count from a meta-device build, hidden size, layers,
+MLP width, vocabulary) and the run's settings. Each policy's trainer keeps, per GPU, with N
+data-parallel (FSDP) ranks:
+
+- parameters, gradients and AdamW's two moments in ``param_dtype``, sharded: 4 x P x bytes / N
+  (float32 parameters are the master weights; there is no separate copy);
+- the compute-dtype copy when ``dtype`` is below ``param_dtype``: autocast caches a bf16 copy of
+  every weight during a forward/backward (P x 2 / N; FSDP2 casts each shard before gathering);
+- activations of one micro-batch: without gradient checkpointing ``ACT_VALUES_PER_TOKEN`` values
+  per token per layer (11 h + 4 I: the norm, attention and SwiGLU inputs autograd saves, with
+  fused SDPA attention), in the compute dtype; with it, the float32 residual input of every layer
+  plus one layer's full activations (the layer being recomputed);
+- the log-prob logits: ``LOGIT_BYTES`` bytes per (position, vocabulary entry) — the LM head's
+  output, its float32 copy and the float32 log-softmax — over every response position of the
+  micro-batch, or over ``logprob_chunk_tokens`` positions per row when chunked;
+- the colocated vLLM engine's share, ``gpu_memory_utilization`` x device memory; with sleep mode
+  (the default on CUDA) it is released during the update, so the peak is the larger of the
+  rollout and the update, else their sum.
+
+Colocated policies (backend local, or Ray actors with fractional GPUs) add up on one GPU. Sequence
+lengths are worst case: ``prompt_tokens`` (an argument) plus ``rollout.max_new_tokens`` per row.
+The activation rule is a rule of thumb (Korthikanti et al., 2022, adapted to SwiGLU and fused
+attention); benchmarks/memory_vs_length.py measures the real figure.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from graftrl.config import Config, ConfigError, PolicyConfig
+
+logger = logging.getLogger(__name__)
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ACT_VALUES_PER_TOKEN = (11, 4)
+"""Saved activation values per token per decoder layer: 11 x hidden + 4 x MLP width."""
+LOGIT_BYTES = 2 + 4 + 4
+"""Bytes per (position, vocab entry) held by a log-prob pass: head output, float32 copy, log-softmax.
+In float32 compute the head output is already float32 (4 + 4 + 4)."""
+DEFAULT_PROMPT_TOKENS = 512
+"""Prompt length assumed by the estimate (the paper's MATH prompts with template are ~100-400)."""
+
+
+class MemoryEstimateError(ConfigError):
+    """A policy cannot fit the device memory, or a model's config cannot be read."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of a model, read from its config.json."""
+
+    parameters: int
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer (all but the embeddings and the LM head), on average."""
+        return max(0, self.parameters - 2 * self.vocab * self.hidden) // max(self.layers, 1)
+
+
+def model_shape(path: str) -> ModelShape:
+    """A model's shape from its config.json: parameters counted on a meta-device build (no weights,
+    no memory), so the count is exact for any AutoModelForCausalLM, tied embeddings counted once."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise MemoryEstimateError(
+            f"memory estimate: cannot read the model config at {path!r} ({str(error).splitlines()[0]}); "
+            "point policies[].path to a model folder with a config.json"
+        ) from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text = config.get_text_config()
+    hidden = int(text.hidden_size)
+    intermediate = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
+    return ModelShape(
+        parameters=sum(p.numel() for p in model.parameters()),
+        hidden=hidden,
+        layers=int(text.num_hidden_layers),
+        intermediate=int(intermediate),
+        vocab=int(text.vocab_size),
+    )
+
+
+def data_parallel_size(spec: PolicyConfig) -> int:
+    """FSDP ranks of a policy (``policies[].parallel.data``; 1 where the field does not exist)."""
+    parallel = getattr(spec, "parallel", None)
+    return int(getattr(parallel, "data", None) or 1)
+
+
+@dataclass(frozen=True)
+class PolicyEstimate:
+    """Bytes per GPU of one policy, by component."""
+
+    name: str
+    ranks: int
+    parameters: int
+    model_states: float
+    """Parameters + gradients + AdamW moments (sharded)."""
+    compute_copy: float
+    activations: float
+    logits: float
+    vllm: float
+    vllm_sleeps: bool
+
+    @property
+    def resident(self) -> float:
+        return self.model_states + self.compute_copy
+
+    @property
+    def update(self) -> float:
+        """Transient memory of one micro-batch's forward and backward."""
+        return self.activations + self.logits
+
+    @property
+    def peak(self) -> float:
+        if self.vllm_sleeps:
+            return self.resident + max(self.update, self.vllm)
+        return self.resident + self.update + self.vllm
+
+
+def estimate_policy(
+    config: Config,
+    spec: PolicyConfig,
+    shape: ModelShape,
+    *,
+    device_bytes: float,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    ranks: int | None = None,
+) -> PolicyEstimate:
+    """Per-GPU bytes of one policy's trainer (and its vLLM engine), as the module docstring says."""
+    train, rollout = config.train, config.rollout
+    n = ranks or data_parallel_size(spec)
+    param_bytes = DTYPE_BYTES[spec.param_dtype]
+    compute_bytes = DTYPE_BYTES[spec.dtype]
+    p = shape.parameters
+    model_states = 4 * p * param_bytes / n  # weights, grads, AdamW m and v
+    compute_copy = p * compute_bytes / n if compute_bytes < param_bytes else 0.0
+
+    response = rollout.max_new_tokens
+    sequence = prompt_tokens + response
+    if train.micro_batch_tokens is not None:  # rows of full length within the token budget
+        rows = max(1, train.micro_batch_tokens // sequence)
+    else:
+        rows = train.micro_batch_size
+    tokens = rows * sequence
+    per_token_layer = ACT_VALUES_PER_TOKEN[0] * shape.hidden + ACT_VALUES_PER_TOKEN[1] * shape.intermediate
+    if train.gradient_checkpointing:
+        activations = tokens * (shape.layers * shape.hidden * 4 + per_token_layer * compute_bytes)
+    else:
+        activations = tokens * shape.layers * per_token_layer * compute_bytes
+    positions = rows * min(train.logprob_chunk_tokens or response, response)
+    logit_bytes = LOGIT_BYTES if compute_bytes < 4 else 12
+    logits = positions * shape.vocab * logit_bytes
+
+    vllm = 0.0
+    sleeps = False
+    if rollout.engine == "vllm":
+        vllm = rollout.vllm.gpu_memory_utilization * device_bytes
+        sleeps = rollout.vllm.sleep is not False
+    return PolicyEstimate(spec.name, n, p, model_states, compute_copy, activations, logits, vllm, sleeps)
+
+
+def colocated(config: Config) -> bool:
+    """Whether the policies share GPUs: one process (local) or Ray actors with fractional GPUs."""
+    return config.backend == "local" or any(0 < p.resources.num_gpus < 1 for p in config.policies)
+
+
+def per_gpu_total(config: Config, estimates: list[PolicyEstimate]) -> float:
+    """Peak bytes on one GPU: colocated policies' resident states add up; the engines' shares add
+    up too, during the rollout only when they sleep; the largest update counts once (local backend),
+    every update (Ray actors update concurrently)."""
+    if not estimates:
+        return 0.0
+    if not colocated(config):
+        return max(e.peak for e in estimates)
+    resident = sum(e.resident for e in estimates)
+    awake = sum(e.vllm for e in estimates if not e.vllm_sleeps)
+    # Sleeping engines of one process wake together (vLLM's one sleep allocator per process).
+    asleep = sum(e.vllm for e in estimates if e.vllm_sleeps)
+    # The local backend updates one policy after another; Ray actors update concurrently.
+    updates = [e.update for e in estimates]
+    update = sum(updates) if config.backend == "ray" else max(updates)
+    return resident + awake + max(update, asleep)
+
+
+def estimate_config(
+    config: Config,
+    device_bytes: float,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+    shapes: dict[str, ModelShape] | None = None,
+    ranks: int | None = None,
+) -> tuple[list[PolicyEstimate], float]:
+    """Every policy's estimate and the per-GPU peak; shapes read from config.json unless given;
+    ``ranks`` replaces every policy's data-parallel size (a what-if)."""
+    estimates = []
+    for spec in config.policies:
+        shape = (shapes or {}).get(spec.name) or model_shape(spec.path)
+        estimates.append(
+            estimate_policy(
+                config, spec, shape, device_bytes=device_bytes, prompt_tokens=prompt_tokens, ranks=ranks
+            )
+        )
+    return estimates, per_gpu_total(config, estimates)
+
+
+def memory_table(estimates: list[PolicyEstimate], total: float, device_bytes: float) -> Any:
+    """A rich table of the estimate, GiB per GPU."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"memory estimate per GPU, GiB (device {device_bytes / GIB:.0f} GiB)",
+        caption="states: parameters + gradients + AdamW m, v, sharded over N FSDP ranks; copy: autocast "
+        "compute-dtype weights; acts / logits: one micro-batch's forward + backward",
+    )
+    for column in ("policy", "params", "N", "states", "copy", "acts", "logits", "vLLM", "peak"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for e in estimates:
+        vllm = f"{e.vllm / GIB:.1f}" + (" (sleeps)" if e.vllm_sleeps and e.vllm else "")
+        table.add_row(
+            e.name,
+            f"{e.parameters / 1e9:.2f}B",
+            str(e.ranks),
+            *(f"{x / GIB:.1f}" for x in (e.model_states, e.compute_copy, e.activations, e.logits)),
+            vllm,
+            f"{e.peak / GIB:.1f}",
+        )
+    table.add_row("per GPU", "", "", "", "", "", "", "", f"{total / GIB:.1f}", end_section=True)
+    return table
+
+
+def fit_message(total: float, device_bytes: float) -> str | None:
+    """None when the estimate fits, else the one-line error with what to change."""
+    if total <= device_bytes:
+        return None
+    return (
+        f"memory estimate {total / GIB:.1f} GiB per GPU exceeds the {device_bytes / GIB:.1f} GiB available: "
+        "raise policies[].parallel.data, or set train.gradient_checkpointing, train.logprob_chunk_tokens, "
+        "a smaller train.micro_batch_tokens or rollout.vllm.gpu_memory_utilization "
+        "(`graftrl estimate-memory CONFIG` shows the parts)"
+    )
+
+
+def check_before_loading(config: Config, console: Any = None) -> None:
+    """At start-up, before any weights load: on CUDA print the estimate and raise
+    ``MemoryEstimateError`` when it exceeds the device's free memory; on CPU only log it."""
+    import torch
+
+    from graftrl.policy import resolve_device
+
+    devices = [resolve_device(p.device) for p in config.policies]
+    cuda = next((d for d in devices if d.type == "cuda"), None)
+    if cuda is None:  # CPU memory is the host's: log, never refuse
+        if logger.isEnabledFor(logging.INFO):
+            try:
+                _, total = estimate_config(config, device_bytes=0.0)
+                logger.info("memory estimate (CPU run): %.2f GiB", total / GIB)
+            except Exception as error:  # an estimate never stops a CPU run
+                logger.info("memory estimate unavailable: %s", error)
+        return
+    free, device_total = torch.cuda.mem_get_info(cuda)
+    try:
+        estimates, total = estimate_config(config, device_bytes=device_total)
+    except MemoryEstimateError as error:  # loading will name the missing folder itself
+        logger.warning("%s", error)
+        return
+    if console is None:
+        from rich.console import Console
+
+        console = Console()
+    console.print(memory_table(estimates, total, device_total))
+    message = fit_message(total, free)
+    if message is not None:
+        raise MemoryEstimateError(message)
