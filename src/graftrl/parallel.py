@@ -219,6 +219,14 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
+def _has_reply(connection: Connection) -> bool:
+    """A reply is waiting (a closed pipe with nothing in it is no reply)."""
+    try:
+        return connection.poll()
+    except (EOFError, OSError):
+        return False
+
+
 class RankFailure(RuntimeError):
     """A rank of a data-parallel policy raised or died; every rank of it has been stopped."""
 
@@ -297,7 +305,9 @@ class DataParallelWorker:
         if not self.processes:
             raise RankFailure(f"policy {self.name!r}: its ranks were stopped after an earlier failure")
         for connection in self.connections:
-            connection.send((name, args))
+            # A dead rank's pipe refuses the call; _collect names the rank from its exit code.
+            with contextlib.suppress(OSError):
+                connection.send((name, args))
         return self._collect(name)
 
     def _collect(self, name: str) -> Any:
@@ -310,17 +320,14 @@ class DataParallelWorker:
             for item in ready:
                 if item in sentinels:
                     rank = sentinels[item]
-                    if rank in pending and not pending[rank].poll():
-                        self.processes[rank].join(timeout=5)
-                        code = self.processes[rank].exitcode
-                        self._stop()
-                        raise RankFailure(
-                            f"policy {self.name!r}: rank {rank} exited (code {code}) during `{name}`; "
-                            "all its ranks were stopped"
-                        )
+                    if rank in pending and not _has_reply(pending[rank]):
+                        self._rank_exited(rank, name)
                     continue
                 rank = next(r for r, c in pending.items() if c is item)
-                status, value = item.recv()
+                try:
+                    status, value = item.recv()
+                except (EOFError, OSError):  # the rank died before it answered
+                    self._rank_exited(rank, name)
                 del pending[rank]
                 if status == "error":
                     self._stop()
@@ -328,6 +335,14 @@ class DataParallelWorker:
                 if rank == 0:
                     result = value
         return result
+
+    def _rank_exited(self, rank: int, name: str) -> None:
+        self.processes[rank].join(timeout=5)
+        code = self.processes[rank].exitcode
+        self._stop()
+        raise RankFailure(
+            f"policy {self.name!r}: rank {rank} exited (code {code}) during `{name}`; all its ranks were stopped"
+        )
 
     def _stop(self) -> None:
         for process in self.processes:
