@@ -3,6 +3,7 @@ check (refuses on CUDA before loading, never on CPU) and `graftrl estimate-memor
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -84,6 +85,23 @@ def test_estimate_by_hand():
     assert saved.peak < e.peak / 3
 
 
+def test_hf_generation_by_hand():
+    """The HF engine's KV cache of max_batch_size full-length rows, one step's logits and, when
+    sharded, the gathered compute-dtype weights; it never coincides with the update."""
+    shape = dataclasses.replace(SHAPE, kv_width=8 * 128)  # 8 KV heads of 128
+    raw = config_with().model_dump()
+    raw["rollout"]["max_batch_size"] = 64
+    config = config_from_dict(raw)
+    e = estimate_policy(config, config.policies[0], shape, device_bytes=141 * GIB, prompt_tokens=512, ranks=4)
+    kv = 64 * (512 + 4096) * 2 * 28 * 1024 * 2  # rows x tokens x (K, V) x layers x width x bf16
+    assert e.generation == kv + 64 * 151_936 * 4 * 2 + SHAPE.parameters * 2 * 3 / 4
+    assert e.peak == e.resident + max(e.update, e.generation)
+    one = estimate_policy(
+        config, config.policies[0], shape, device_bytes=141 * GIB, prompt_tokens=512, ranks=1
+    )
+    assert one.generation == kv + 64 * 151_936 * 4 * 2  # unsharded: the weights are already there
+
+
 def test_vllm_share_and_sleep():
     raw = config_with().model_dump()
     raw["rollout"].update(engine="vllm", vllm={**raw["rollout"]["vllm"], "gpu_memory_utilization": 0.3})
@@ -100,7 +118,9 @@ def test_vllm_share_and_sleep():
 def test_colocated_policies_add_their_states(tiny_checkpoints):
     config = config_from_dict(make_config(tiny_checkpoints))  # backend local: one device
     estimates, total = estimate_config(config, 141 * GIB)
-    assert total == pytest.approx(sum(e.resident for e in estimates) + max(e.update for e in estimates))
+    # one policy samples or updates at a time: the larger of the biggest update and generation
+    transient = max(max(e.update for e in estimates), max(e.generation for e in estimates))
+    assert total == pytest.approx(sum(e.resident for e in estimates) + transient)
     assert [e.parameters for e in estimates] == [
         model_shape(str(tiny_checkpoints[name])).parameters for name in ("llama", "gpt2")
     ]

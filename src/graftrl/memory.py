@@ -17,7 +17,11 @@ data-parallel (FSDP) ranks:
   micro-batch, or over ``logprob_chunk_tokens`` positions per row when chunked;
 - the colocated vLLM engine's share, ``gpu_memory_utilization`` x device memory; with sleep mode
   (the default on CUDA) it is released during the update, so the peak is the larger of the
-  rollout and the update, else their sum.
+  rollout and the update, else their sum;
+- with the HF engine, generation (during the rollout, never beside the update): the KV cache of
+  ``rollout.max_batch_size`` rows of full length (2 x layers x KV heads x head dim values per
+  token, compute dtype), one step's float32 logits and log-softmax, and, for a sharded policy, the
+  all-gathered compute-dtype weights (every rank samples on the full model).
 
 Colocated policies (backend local, or Ray actors with fractional GPUs) add up on one GPU. Sequence
 lengths are worst case: ``prompt_tokens`` (an argument) plus ``rollout.max_new_tokens`` per row.
@@ -59,6 +63,8 @@ class ModelShape:
     layers: int
     intermediate: int
     vocab: int
+    kv_width: int = 0
+    """KV heads x head dim: a token's keys (or values) per layer."""
 
     @property
     def layer_parameters(self) -> int:
@@ -84,12 +90,16 @@ def model_shape(path: str) -> ModelShape:
     text = config.get_text_config()
     hidden = int(text.hidden_size)
     intermediate = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
+    heads = int(text.num_attention_heads)
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
     return ModelShape(
         parameters=sum(p.numel() for p in model.parameters()),
         hidden=hidden,
         layers=int(text.num_hidden_layers),
         intermediate=int(intermediate),
         vocab=int(text.vocab_size),
+        kv_width=int(kv_heads) * int(head_dim),
     )
 
 
@@ -113,6 +123,8 @@ class PolicyEstimate:
     logits: float
     vllm: float
     vllm_sleeps: bool
+    generation: float = 0.0
+    """HF engine: KV cache, step logits and gathered weights while sampling (0 with vLLM)."""
 
     @property
     def resident(self) -> float:
@@ -127,7 +139,7 @@ class PolicyEstimate:
     def peak(self) -> float:
         if self.vllm_sleeps:
             return self.resident + max(self.update, self.vllm)
-        return self.resident + self.update + self.vllm
+        return self.resident + max(self.update, self.generation) + self.vllm
 
 
 def estimate_policy(
@@ -164,12 +176,19 @@ def estimate_policy(
     logit_bytes = LOGIT_BYTES if compute_bytes < 4 else 12
     logits = positions * shape.vocab * logit_bytes
 
-    vllm = 0.0
+    vllm = generation = 0.0
     sleeps = False
     if rollout.engine == "vllm":
         vllm = rollout.vllm.gpu_memory_utilization * device_bytes
         sleeps = rollout.vllm.sleep is not False
-    return PolicyEstimate(spec.name, n, p, model_states, compute_copy, activations, logits, vllm, sleeps)
+    else:
+        kv_cache = rollout.max_batch_size * sequence * 2 * shape.layers * shape.kv_width * compute_bytes
+        step_logits = rollout.max_batch_size * shape.vocab * 4 * 2
+        gathered = p * compute_bytes * (1 - 1 / n)  # the other ranks' shards, for sampling
+        generation = kv_cache + step_logits + gathered
+    return PolicyEstimate(
+        spec.name, n, p, model_states, compute_copy, activations, logits, vllm, sleeps, generation
+    )
 
 
 def colocated(config: Config) -> bool:
@@ -189,10 +208,11 @@ def per_gpu_total(config: Config, estimates: list[PolicyEstimate]) -> float:
     awake = sum(e.vllm for e in estimates if not e.vllm_sleeps)
     # Sleeping engines of one process wake together (vLLM's one sleep allocator per process).
     asleep = sum(e.vllm for e in estimates if e.vllm_sleeps)
-    # The local backend updates one policy after another; Ray actors update concurrently.
-    updates = [e.update for e in estimates]
-    update = sum(updates) if config.backend == "ray" else max(updates)
-    return resident + awake + max(update, asleep)
+    # The local backend samples and updates one policy after another; Ray actors concurrently.
+    combine = sum if config.backend == "ray" else max
+    update = combine(e.update for e in estimates)
+    generation = combine(e.generation for e in estimates)
+    return resident + awake + max(update, asleep + generation)
 
 
 def estimate_config(
@@ -222,9 +242,10 @@ def memory_table(estimates: list[PolicyEstimate], total: float, device_bytes: fl
     table = Table(
         title=f"memory estimate per GPU, GiB (device {device_bytes / GIB:.0f} GiB)",
         caption="states: parameters + gradients + AdamW m, v, sharded over N FSDP ranks; copy: autocast "
-        "compute-dtype weights; acts / logits: one micro-batch's forward + backward",
+        "compute-dtype weights; acts / logits: one micro-batch's forward + backward; HF gen: KV cache, step "
+        "logits and gathered weights while sampling with the HF engine",
     )
-    for column in ("policy", "params", "N", "states", "copy", "acts", "logits", "vLLM", "peak"):
+    for column in ("policy", "params", "N", "states", "copy", "acts", "logits", "vLLM", "HF gen", "peak"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for e in estimates:
         vllm = f"{e.vllm / GIB:.1f}" + (" (sleeps)" if e.vllm_sleeps and e.vllm else "")
@@ -234,9 +255,10 @@ def memory_table(estimates: list[PolicyEstimate], total: float, device_bytes: fl
             str(e.ranks),
             *(f"{x / GIB:.1f}" for x in (e.model_states, e.compute_copy, e.activations, e.logits)),
             vllm,
+            f"{e.generation / GIB:.1f}",
             f"{e.peak / GIB:.1f}",
         )
-    table.add_row("per GPU", "", "", "", "", "", "", "", f"{total / GIB:.1f}", end_section=True)
+    table.add_row("per GPU", "", "", "", "", "", "", "", "", f"{total / GIB:.1f}", end_section=True)
     return table
 
 
@@ -247,7 +269,7 @@ def fit_message(total: float, device_bytes: float) -> str | None:
     return (
         f"memory estimate {total / GIB:.1f} GiB per GPU exceeds the {device_bytes / GIB:.1f} GiB available: "
         "raise policies[].parallel.data, or set train.gradient_checkpointing, train.logprob_chunk_tokens, "
-        "a smaller train.micro_batch_tokens or rollout.vllm.gpu_memory_utilization "
+        "a smaller train.micro_batch_tokens, rollout.max_batch_size or rollout.vllm.gpu_memory_utilization "
         "(`graftrl estimate-memory CONFIG` shows the parts)"
     )
 
