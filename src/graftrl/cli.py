@@ -10,10 +10,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from graftrl.embedded.task import DEFAULT_TASK, TASKS
+
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Cross-model trajectory exchange for RLVR."
 )
 console = Console()
+
+_TASK_HELP = "Embedded task: " + "; ".join(f"{t.name} = {t.description}" for t in TASKS.values()) + "."
+
+
+def _check_task(name: str) -> None:
+    """An unknown --task ends with one line naming the known tasks."""
+    if name not in TASKS:
+        console.print(f"[red]error:[/red] --task {name!r} is not an embedded task; known: {', '.join(TASKS)}")
+        raise typer.Exit(2)
 
 
 @app.callback()
@@ -64,11 +75,13 @@ def demo(
     quick: Annotated[bool, typer.Option(help="Smoke-test size (about a minute).")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Repeat the comparison with this many seeds.")] = 1,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
     from graftrl.demo import run_demo
 
-    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console)
+    _check_task(task)
+    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task)
 
 
 @app.command("config-reference")
@@ -301,10 +314,12 @@ def compare(
         Path | None, typer.Option(help="Output folder (default runs/compare/<preset or matrix name>).")
     ] = None,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.compare import CompareError, load_matrix, run_compare
 
+    _check_task(task)
     if preset is not None and matrix is not None:
         console.print("[red]error:[/red] give --preset or --matrix, not both")
         raise typer.Exit(2)
@@ -319,6 +334,7 @@ def compare(
             quick=quick,
             cache_dir=cache,
             console=console,
+            embedded=task,
         )
     except CompareError as error:
         console.print(f"[red]error:[/red] {error}")
