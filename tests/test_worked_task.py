@@ -83,7 +83,9 @@ def test_worked_answers_are_what_the_verifier_extracts():
     with MathVerifier() as verifier:
         assert verifier.score(texts, golds) == [1.0] * len(problems)
         # a wrong final answer scores 0 even though the working is right
-        wrong = [t.replace("{" + g + "}", "{" + str(int(g) + 1) + "}") for t, g in zip(texts, golds, strict=True)]
+        wrong = [
+            t.replace("{" + g + "}", "{" + str(int(g) + 1) + "}") for t, g in zip(texts, golds, strict=True)
+        ]
         assert verifier.score(wrong, golds) == [0.0] * len(problems)
 
 

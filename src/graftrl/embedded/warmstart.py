@@ -139,7 +139,9 @@ def sampled_accuracy(
 
     policy = Policy("warm-start", model, tok, template=template, temperature=temperature)
     batch = HFRolloutEngine().generate(
-        policy, [p.problem for p in problems], SamplingParams(n=1, temperature=temperature, max_new_tokens=max_new_tokens)
+        policy,
+        [p.problem for p in problems],
+        SamplingParams(n=1, temperature=temperature, max_new_tokens=max_new_tokens),
     )
     with MathVerifier() as verifier:
         rewards = verifier.score(batch.texts, [p.answer for p in problems])
@@ -191,7 +193,9 @@ def warm_start(
     out_dir = Path(out_dir)
     spec = MODEL_SPECS[spec_name]
     template: str = spec["template"]
-    fp = fingerprint(spec_name, families_mix, seed, task, target_accuracy=target_accuracy, max_steps=max_steps)
+    fp = fingerprint(
+        spec_name, families_mix, seed, task, target_accuracy=target_accuracy, max_steps=max_steps
+    )
     embedded = get_task(task)
     t0 = time.perf_counter()
     model, tok = build_spec(
@@ -321,7 +325,12 @@ def prepare_embedded_models(
     for name in MODEL_SPECS:
         mix = TASK_MIXES[task][name]
         fp = fingerprint(
-            name, mix, seed, task, target_accuracy=settings["target_accuracy"], max_steps=settings["max_steps"]
+            name,
+            mix,
+            seed,
+            task,
+            target_accuracy=settings["target_accuracy"],
+            max_steps=settings["max_steps"],
         )
         out = cache_dir / f"{name}-{fp}"
         paths[name] = out
