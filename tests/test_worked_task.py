@@ -169,3 +169,28 @@ def test_cli_rejects_an_unknown_task(command):
     result = CliRunner().invoke(app, [command, "--task", "algebra"])
     assert result.exit_code == 2
     assert "not an embedded task" in result.output and "worked" in result.output
+
+
+def test_demo_diagnostics_report_the_all_fail_share():
+    from graftrl.demo import diagnostics_table, summarize_exchange
+
+    rows = [
+        {
+            "model": "a",
+            "all_fail_frac": 0.25,
+            "complementarity/b": 0.5,
+            "peer_responses": 8,
+            "peer_admitted": 6,
+        },
+        {
+            "model": "a",
+            "all_fail_frac": 0.75,
+            "complementarity/b": None,
+            "peer_responses": 0,
+            "peer_admitted": 0,
+        },
+    ]
+    summary = summarize_exchange({"graft seed 0": rows})["graft"]["a"]
+    assert summary["all_fail_mean"] == 0.5 and summary["complementarity_mean"] == 0.5
+    assert summary["admit_rate"] == 0.75
+    assert "all-fail share" in [c.header for c in diagnostics_table({"graft": {"a": summary}}).columns]

@@ -229,14 +229,18 @@ def run_demo(
 
 
 def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Mean per-step complementarity (all runs) and GRAFT's exchange volumes, per model."""
+    """Mean per-step all-fail share and complementarity (all runs) and GRAFT's exchange volumes,
+    per model: the regime statistics of docs/task_design.md."""
     out: dict[str, Any] = {}
     for label, rows in curves.items():
         method = label.split()[0]
         for row in rows:
             entry = out.setdefault(method, {}).setdefault(
-                row["model"], {"complementarity": [], "selected": [], "peer_responses": [], "admitted": []}
+                row["model"],
+                {"all_fail": [], "complementarity": [], "selected": [], "peer_responses": [], "admitted": []},
             )
+            if row.get("all_fail_frac") is not None:
+                entry["all_fail"].append(row["all_fail_frac"])
             entry["complementarity"] += [
                 v for k, v in row.items() if k.startswith("complementarity/") and v is not None
             ]
@@ -248,6 +252,7 @@ def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any
         for model, entry in models.items():
             transferred = sum(entry["peer_responses"])
             summary.setdefault(method, {})[model] = {
+                "all_fail_mean": statistics.fmean(entry["all_fail"]) if entry["all_fail"] else None,
                 "complementarity_mean": statistics.fmean(entry["complementarity"])
                 if entry["complementarity"]
                 else None,
@@ -300,6 +305,7 @@ def diagnostics_table(diagnostics: dict[str, Any]) -> Table:
     table = Table(
         "method",
         "receiver",
+        "all-fail share",
         "complementarity",
         "selected prompts/step",
         "transferred",
@@ -310,9 +316,11 @@ def diagnostics_table(diagnostics: dict[str, Any]) -> Table:
         for model, d in models.items():
             comp = d["complementarity_mean"]
             rate = d["admit_rate"]
+            all_fail = d.get("all_fail_mean")
             table.add_row(
                 method,
                 model,
+                "" if all_fail is None else f"{all_fail:.3f}",
                 "" if comp is None else f"{comp:.3f}",
                 f"{d['selected_prompts_per_step']:.2f}",
                 str(d["transferred_responses"]),
