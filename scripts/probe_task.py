@@ -41,6 +41,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--examples", type=int, default=2, help="token-level examples to print per direction")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
+    ap.add_argument(
+        "--graft-steps",
+        type=int,
+        default=0,
+        help="then train GRAFT this many steps (the demo's settings) and print the regime per step",
+    )
+    ap.add_argument("--run-dir", default="runs/probe_task", help="where the --graft-steps run is written")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -163,8 +170,61 @@ def main() -> None:
     }
     out["summary"] = summary
     print("\nsummary " + json.dumps(summary))
+    if args.graft_steps:
+        out["graft_run"] = graft_run(paths, args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def graft_run(paths: dict, args: argparse.Namespace) -> dict:
+    """A short GRAFT run with the demo's settings: all-fail share, complementarity and the share
+    of transferred responses the gate admits, per step and over the run (training prompts)."""
+    import dataclasses
+    import shutil
+
+    from graftrl.config import config_from_dict
+    from graftrl.demo import _write_jsonl, demo_config, demo_settings
+    from graftrl.embedded.task import make_split
+    from graftrl.metrics import read_metrics
+    from graftrl.rewards import MathVerifier
+    from graftrl.trainer import Trainer
+
+    settings = dataclasses.replace(demo_settings(args.task), steps=args.graft_steps)
+    run_dir = Path(args.run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    train, _ = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=args.task)
+    _write_jsonl(train, run_dir / "data" / "train.jsonl")
+    raw = demo_config(paths, run_dir / "data" / "train.jsonl", "graft", args.seed, settings)
+    raw["logging"]["progress"] = False
+    start = time.perf_counter()
+    with MathVerifier() as verifier:
+        Trainer(config_from_dict(raw), run_dir / "run", verifier=verifier).train()
+    rows = read_metrics(run_dir / "run")
+    print(f"\nGRAFT {args.graft_steps} steps in {time.perf_counter() - start:.0f}s")
+    per_model: dict = {}
+    for row in rows:
+        m = per_model.setdefault(row["model"], {"all_fail": [], "comp": [], "transferred": 0, "admitted": 0})
+        m["all_fail"].append(row.get("all_fail_frac"))
+        m["comp"] += [v for k, v in row.items() if k.startswith("complementarity/") and v is not None]
+        m["transferred"] += row.get("peer_responses", 0) or 0
+        m["admitted"] += row.get("peer_admitted", 0) or 0
+        print(
+            f"  step {row.get('step')} {row['model']:10s} all-fail {row.get('all_fail_frac', 0):.2f} "
+            f"reward {row.get('reward_mean', float('nan')):.2f} "
+            f"peer {row.get('peer_admitted', 0)}/{row.get('peer_responses', 0)}"
+        )
+    summary = {
+        model: {
+            "all_fail_mean": round(sum(m["all_fail"]) / len(m["all_fail"]), 3),
+            "complementarity_mean": round(sum(m["comp"]) / len(m["comp"]), 3) if m["comp"] else None,
+            "transferred": m["transferred"],
+            "admitted_share": round(m["admitted"] / m["transferred"], 3) if m["transferred"] else None,
+        }
+        for model, m in per_model.items()
+    }
+    print("graft run summary " + json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":

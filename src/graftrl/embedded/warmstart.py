@@ -62,10 +62,12 @@ TASK_MIXES: dict[str, dict[str, dict[str, float]]] = {
         "gpt2-bpe": {"add": 0.1, "sub": 0.9},
     },
     # Both models learn the format and the no-regrouping steps; each sees few examples of the
-    # other's regrouping step (carry vs borrow), its complementary deficit.
+    # other's regrouping step (carry vs borrow), its complementary deficit. The GPT-2 generalises
+    # to carries from fewer examples than the Llama to borrows, hence the smaller share
+    # (docs/task_design.md, candidates 1-2).
     "worked": {
-        "llama-char": {"add": 0.3, "add_carry": 0.45, "sub": 0.22, "sub_borrow": 0.03},
-        "gpt2-bpe": {"add": 0.22, "add_carry": 0.03, "sub": 0.3, "sub_borrow": 0.45},
+        "llama-char": {"add": 0.3, "add_carry": 0.45, "sub": 0.225, "sub_borrow": 0.025},
+        "gpt2-bpe": {"add": 0.238, "add_carry": 0.012, "sub": 0.3, "sub_borrow": 0.45},
     },
 }
 EMBEDDED_MIXES = TASK_MIXES["arith"]
@@ -80,7 +82,7 @@ TASK_WARMSTART_SETTINGS: dict[str, dict[str, dict[str, float]]] = {
         "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
     },
     "worked": {
-        "full": {"target_accuracy": 0.65, "max_steps": 1000, "max_seconds": 900.0},
+        "full": {"target_accuracy": 0.6, "max_steps": 600, "max_seconds": 2400.0},
         "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
     },
 }
