@@ -194,3 +194,19 @@ def test_demo_diagnostics_report_the_all_fail_share():
     assert summary["all_fail_mean"] == 0.5 and summary["complementarity_mean"] == 0.5
     assert summary["admit_rate"] == 0.75
     assert "all-fail share" in [c.header for c in diagnostics_table({"graft": {"a": summary}}).columns]
+
+
+def test_compare_builds_the_named_embedded_task(tmp_path, monkeypatch):
+    from graftrl import compare
+
+    seen: list[tuple] = []
+
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name="arith"):
+        seen.append((quick, name))
+        raise compare.CompareError("stop after the task is chosen")
+
+    monkeypatch.setattr(compare, "embedded_task", fake_embedded_task)
+    for name in ("worked", DEFAULT_TASK):
+        with pytest.raises(compare.CompareError, match="stop after"):
+            compare.run_compare(tmp_path / name, "table1", quick=True, embedded=name)
+    assert seen == [(True, "worked"), (True, DEFAULT_TASK)]

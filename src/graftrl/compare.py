@@ -711,7 +711,13 @@ def run_compare(
     check_methods(spec)  # before the warm-start
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    task = task or embedded_task(out_dir, cache_dir, quick, console, embedded)
+    if task is None:
+        # The default task keeps the four-argument call (tests substitute ``embedded_task``).
+        task = (
+            embedded_task(out_dir, cache_dir, quick, console)
+            if embedded == DEFAULT_TASK
+            else embedded_task(out_dir, cache_dir, quick, console, embedded)
+        )
     if isinstance(matrix, str):
         spec = preset_matrix(matrix, task.base_config["train"]["batch_prompts"])
     for variant in spec.variants:  # every config is checked before the first cell trains
