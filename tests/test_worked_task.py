@@ -201,12 +201,13 @@ def test_compare_builds_the_named_embedded_task(tmp_path, monkeypatch):
 
     seen: list[tuple] = []
 
-    def fake_embedded_task(out_dir, cache_dir, quick, console, name="arith"):
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name=DEFAULT_TASK):
         seen.append((quick, name))
         raise compare.CompareError("stop after the task is chosen")
 
     monkeypatch.setattr(compare, "embedded_task", fake_embedded_task)
-    for name in ("worked", DEFAULT_TASK):
+    other = next(name for name in TASKS if name != DEFAULT_TASK)
+    for name in (other, DEFAULT_TASK):
         with pytest.raises(compare.CompareError, match="stop after"):
             compare.run_compare(tmp_path / name, "table1", quick=True, embedded=name)
-    assert seen == [(True, "worked"), (True, DEFAULT_TASK)]
+    assert seen == [(True, other), (True, DEFAULT_TASK)]
