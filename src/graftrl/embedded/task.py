@@ -31,6 +31,7 @@ from dataclasses import dataclass
 __all__ = [
     "DEFAULT_TASK",
     "FAMILIES",
+    "ORIGINAL_TASK",
     "RESPONSE_FORMAT",
     "TASKS",
     "EmbeddedTask",
@@ -194,6 +195,10 @@ TASKS: dict[str, EmbeddedTask] = {
 #: The task ``graftrl demo`` and ``graftrl compare`` use when ``--task`` is not given.
 DEFAULT_TASK = "arith"
 
+#: The default of the generator and warm-start functions: the task they served before tasks had
+#: names, so library callers that name no task keep their problems and models.
+ORIGINAL_TASK = "arith"
+
 
 def get_task(name: str) -> EmbeddedTask:
     """The embedded task called ``name``; an unknown name raises KeyError listing the known ones."""
@@ -227,7 +232,7 @@ def make_problems(
     count: int,
     seed: int,
     exclude_ids: Iterable[str] = (),
-    task: str = DEFAULT_TASK,
+    task: str = ORIGINAL_TASK,
 ) -> list[Problem]:
     """Generate ``count`` distinct problems, deterministically from ``seed``.
 
@@ -269,7 +274,7 @@ def make_split(
     n_train: int,
     n_eval: int,
     families: Sequence[str] | Mapping[str, float] | None = None,
-    task: str = DEFAULT_TASK,
+    task: str = ORIGINAL_TASK,
 ) -> tuple[list[Problem], list[Problem]]:
     """Disjoint RL-train and held-out evaluation sets over ``families`` (default: the task's
     prompt mix, else all families uniformly).
@@ -286,7 +291,7 @@ def make_split(
     return train, eval_set
 
 
-def supervised_text(problem: Problem, task: str = DEFAULT_TASK) -> str:
+def supervised_text(problem: Problem, task: str = ORIGINAL_TASK) -> str:
     """The supervised response for ``problem`` (without EOS) in ``task``'s format, e.g.
     ``"The answer is \\boxed{82}."`` (arith)."""
     return get_task(task).respond(problem)

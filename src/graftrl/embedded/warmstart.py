@@ -29,6 +29,7 @@ from typing import Any
 from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
 from graftrl.embedded.task import (
     DEFAULT_TASK,
+    ORIGINAL_TASK,
     Problem,
     get_task,
     make_problems,
@@ -97,7 +98,7 @@ def encode_pair(tok: Any, template: str, problem: str, response: str) -> tuple[l
 
 
 def fingerprint(
-    spec_name: str, families_mix: Mapping[str, float], seed: int, task: str = DEFAULT_TASK, **settings: Any
+    spec_name: str, families_mix: Mapping[str, float], seed: int, task: str = ORIGINAL_TASK, **settings: Any
 ) -> str:
     """A hash of everything that determines a warm-started model (spec, mix, task, settings)."""
     embedded = get_task(task)
@@ -155,7 +156,7 @@ def sampled_accuracy(
     return acc
 
 
-def _corpus(template: str, seed: int, task: str = DEFAULT_TASK) -> list[str]:
+def _corpus(template: str, seed: int, task: str = ORIGINAL_TASK) -> list[str]:
     """Prompts and supervised responses of the task: the BPE tokenizer's training text."""
     probs = make_problems(None, 1000, seed=seed + 777, task=task)
     return [template.format(problem=p.problem) for p in probs] + [supervised_text(p, task) for p in probs]
@@ -173,7 +174,7 @@ def warm_start(
     batch_size: int = 128,
     check_every_steps: int = 40,
     check_problems: int = 128,
-    task: str = DEFAULT_TASK,
+    task: str = ORIGINAL_TASK,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Supervised warm-start of ``spec_name`` on ``families_mix``; save to ``out_dir``.
@@ -310,7 +311,7 @@ def prepare_embedded_models(
     quick: bool = False,
     seed: int = 0,
     parallel: bool = True,
-    task: str = DEFAULT_TASK,
+    task: str = ORIGINAL_TASK,
     progress: bool = False,
 ) -> dict[str, Path]:
     """Warm-start both embedded models for ``task`` (or reuse the cache); their folders by spec name.
