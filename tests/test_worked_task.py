@@ -61,12 +61,12 @@ def test_worked_split_disjoint_and_covers_every_family():
 @pytest.mark.parametrize(
     ("problem", "text"),
     [
-        ("37+5", "ones 7+5=12, tens 3+1=4. The answer is \\boxed{42}."),
-        ("32+5", "ones 2+5=7, tens 3+0=3. The answer is \\boxed{37}."),
-        ("195+7", "ones 5+7=12, tens 19+1=20. The answer is \\boxed{202}."),
-        ("37-5", "ones 7-5=2, tens 3-0=3. The answer is \\boxed{32}."),
-        ("132-5", "ones 12-5=7, tens 13-1=12. The answer is \\boxed{127}."),
-        ("20-9", "ones 10-9=1, tens 2-1=1. The answer is \\boxed{11}."),
+        ("37+5", "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."),
+        ("32+5", "ones 2+5=7, write 7 carry 0; tens 3+0=3. The answer is \\boxed{37}."),
+        ("195+7", "ones 5+7=12, write 2 carry 1; tens 19+1=20. The answer is \\boxed{202}."),
+        ("37-5", "ones 7-5=2, write 2 borrow 0; tens 3-0=3. The answer is \\boxed{32}."),
+        ("132-5", "ones 12-5=7, write 7 borrow 1; tens 13-1=12. The answer is \\boxed{127}."),
+        ("20-9", "ones 10-9=1, write 1 borrow 1; tens 2-1=1. The answer is \\boxed{11}."),
     ],
 )
 def test_worked_solution_format(problem, text):

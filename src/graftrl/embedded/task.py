@@ -5,7 +5,7 @@ Two tasks, selected by name (:data:`TASKS`):
 - ``arith`` (the original task, kept so old results stay reproducible): the response is a fixed
   template around the answer, ``"The answer is \\boxed{82}."``.
 - ``worked``: the response is a short digit-by-digit worked solution in one format both models
-  share, e.g. ``"ones 7+5=12, tens 3+1=4. The answer is \\boxed{42}."``, so most tokens of a
+  share, e.g. ``"ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."``, so most tokens of a
   peer's response are mechanical copying that the receiver also produces, and the compatibility
   gate judges fit rather than only the answer (see docs/task_design.md).
 
@@ -113,13 +113,15 @@ def _draw(rng: random.Random, op: str, regrouping: bool) -> tuple[str, str]:
 def worked_solution(problem: str) -> str:
     """The worked solution of ``"a+b"`` / ``"a-b"`` (a in [10, 199], b a digit), without EOS.
 
-    The ones digits first (with the carry or borrow written as a leading 1), then the tens part
-    (every digit of a but the last) plus or minus the carry, then the answer, which is the tens
-    result followed by the last digit of the ones result::
+    The ones digits first (a borrow written as a leading 1), the digit written and the carry
+    (borrow) restated, then the tens part (every digit of a but the last) plus or minus the carry,
+    then the answer: the tens result followed by the written digit. Most characters are copies
+    (of the operands, of the previous step) that a model without the regrouping skill also
+    produces::
 
-        37+5  -> "ones 7+5=12, tens 3+1=4. The answer is \\boxed{42}."
-        32+5  -> "ones 2+5=7, tens 3+0=3. The answer is \\boxed{37}."
-        132-5 -> "ones 12-5=7, tens 13-1=12. The answer is \\boxed{127}."
+        37+5  -> "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."
+        32+5  -> "ones 2+5=7, write 7 carry 0; tens 3+0=3. The answer is \\boxed{37}."
+        132-5 -> "ones 12-5=7, write 7 borrow 1; tens 13-1=12. The answer is \\boxed{127}."
     """
     op = "+" if "+" in problem else "-"
     left, right = problem.split(op)
@@ -129,14 +131,14 @@ def worked_solution(problem: str) -> str:
         ones_value = ones + b
         carry = ones_value // 10
         tens_value = tens + carry
-        ones_text = f"{ones}+{b}={ones_value}"
+        ones_text = f"{ones}+{b}={ones_value}, write {ones_value % 10} carry {carry}"
     else:
         carry = int(ones < b)
         ones_value = ones + 10 * carry - b
         tens_value = tens - carry
-        ones_text = f"{ones + 10 * carry}-{b}={ones_value}"
+        ones_text = f"{ones + 10 * carry}-{b}={ones_value}, write {ones_value} borrow {carry}"
     answer = f"{tens_value}{ones_value % 10}"
-    return f"ones {ones_text}, tens {tens}{op}{carry}={tens_value}. " + RESPONSE_FORMAT.format(answer=answer)
+    return f"ones {ones_text}; tens {tens}{op}{carry}={tens_value}. " + RESPONSE_FORMAT.format(answer=answer)
 
 
 #: The ``worked`` families: addition and subtraction, each with and without regrouping.
@@ -184,7 +186,7 @@ TASKS: dict[str, EmbeddedTask] = {
             "[10, 199] +/- 1-digit with a digit-by-digit worked solution; families by carry/borrow",
             WORKED_FAMILIES,
             lambda p: worked_solution(p.problem),
-            max_new_tokens=64,
+            max_new_tokens=80,
             max_positions=96,
             # Most RL prompts need a regrouping step: the families where one model fails all n.
             prompt_mix={"add": 0.15, "add_carry": 0.35, "sub": 0.15, "sub_borrow": 0.35},
