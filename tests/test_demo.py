@@ -35,7 +35,8 @@ def check_outputs(out, results, seeds):
 
 
 def test_quick_demo(tmp_path):
-    out, results, output = run_demo_cli(tmp_path, "--quick")
+    # the original task, by name (its families are add and sub)
+    out, results, output = run_demo_cli(tmp_path, "--quick", "--task", "arith")
     check_outputs(out, results, seeds=1)
     assert "held-out pass@1" in output
     # the embedded problems carry their family: pass@1 and training reward per family
@@ -51,7 +52,7 @@ def test_quick_demo(tmp_path):
     assert all({"family_reward/add", "family_reward/sub"} <= set(m) for m in metrics)
     # a second run reuses the cached warm-started models
     first = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    run_demo_cli(tmp_path, "--quick")
+    run_demo_cli(tmp_path, "--quick", "--task", "arith")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == first
 
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from graftrl.embedded.task import DEFAULT_TASK, TASKS
 from graftrl.errors import UserError
 
 console = Console()
@@ -56,6 +57,14 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Cross-model trajectory exchange for RLVR.",
 )
+
+_TASK_HELP = "Embedded task: " + "; ".join(f"{t.name} = {t.description}" for t in TASKS.values()) + "."
+
+
+def _check_task(name: str) -> None:
+    """An unknown --task ends with one line naming the known tasks."""
+    if name not in TASKS:
+        raise UserError(f"--task {name!r} is not an embedded task; known: {', '.join(TASKS)}")
 
 
 @app.callback()
@@ -120,11 +129,13 @@ def demo(
     quick: Annotated[bool, typer.Option(help="Smoke-test size (about a minute).")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Repeat the comparison with this many seeds.")] = 1,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
     from graftrl.demo import run_demo
 
-    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console)
+    _check_task(task)
+    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task)
 
 
 @app.command("config-reference")
@@ -385,10 +396,12 @@ def compare(
         Path | None, typer.Option(help="Output folder (default runs/compare/<preset or matrix name>).")
     ] = None,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.compare import CompareError, load_matrix, run_compare
 
+    _check_task(task)
     if preset is not None and matrix is not None:
         raise CompareError("give --preset or --matrix, not both")
     spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
@@ -401,6 +414,7 @@ def compare(
         quick=quick,
         cache_dir=cache,
         console=console,
+        embedded=task,
     )
 
 

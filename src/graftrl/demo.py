@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from rich.table import Table
 from graftrl.config import config_from_dict
 from graftrl.data import load_problems
 from graftrl.embedded.models import MODEL_SPECS
-from graftrl.embedded.task import make_split
+from graftrl.embedded.task import DEFAULT_TASK, get_task, make_split
 from graftrl.embedded.warmstart import prepare_embedded_models
 from graftrl.evaluation import EvalProtocol, evaluate_pass_at_1
 from graftrl.metrics import read_metrics
@@ -43,6 +43,8 @@ from graftrl.trainer import Trainer
 class DemoSettings:
     """Sizes of the embedded comparison. The RL settings are the paper's except where noted."""
 
+    task: str = DEFAULT_TASK
+    """Embedded task by name (``graftrl.embedded.task.TASKS``): its problems, format and models."""
     steps: int = 60
     """RL steps per method."""
     batch_prompts: int = 32
@@ -53,8 +55,8 @@ class DemoSettings:
     """Rollouts per prompt per model (the paper's n = 8)."""
     lr: float = 1e-4
     """Tiny randomly initialised models need a far larger rate than the paper's 1e-6."""
-    max_new_tokens: int = 32
-    """Response length limit (answers read `The answer is \\boxed{NNN}.`: 26 characters at most)."""
+    max_new_tokens: int | None = None
+    """Response length limit; None: the task's (``EmbeddedTask.max_new_tokens``)."""
     n_train: int = 1200
     """Procedural RL training problems."""
     n_eval: int = 256
@@ -62,10 +64,19 @@ class DemoSettings:
     eval_samples: int = 8
     """Samples per held-out problem (paper protocol: 8 at T = 0.6, top-p 0.95)."""
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is None:
+            object.__setattr__(self, "max_new_tokens", get_task(self.task).max_new_tokens)
+
 
 DEFAULT = DemoSettings()
 QUICK = DemoSettings(steps=4, batch_prompts=16, minibatch_prompts=4, n_train=200, n_eval=48, eval_samples=4)
 METHODS = ("grpo", "graft")
+
+
+def demo_settings(task: str = DEFAULT_TASK, quick: bool = False) -> DemoSettings:
+    """The demo's sizes (``quick``: smoke-test sizes) on the embedded task ``task``."""
+    return replace(QUICK if quick else DEFAULT, task=task, max_new_tokens=get_task(task).max_new_tokens)
 
 
 def demo_config(
@@ -120,20 +131,21 @@ def run_demo(
     seeds: int = 1,
     cache_dir: Path | None = None,
     console: Console | None = None,
+    task: str = DEFAULT_TASK,
 ) -> dict[str, Any]:
     console = console or Console()
-    settings = QUICK if quick else DEFAULT
+    settings = demo_settings(task, quick)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     started = time.perf_counter()
-    console.print(f"[bold]warm-starting the embedded models[/bold] (cached in {cache_dir})")
-    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0)
+    console.print(f"[bold]warm-starting the embedded models[/bold] for task {task!r} (cached in {cache_dir})")
+    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=task)
     console.print(
         f"models ready in {time.perf_counter() - started:.0f}s: "
         + ", ".join(f"{k} -> {v}" for k, v in paths.items())
     )
 
-    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval)
+    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=task)
     _write_jsonl(train, out_dir / "data" / "train.jsonl")
     _write_jsonl(heldout, out_dir / "data" / "heldout.jsonl")
     heldout_problems = load_problems(out_dir / "data" / "heldout.jsonl")
@@ -217,14 +229,18 @@ def run_demo(
 
 
 def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Mean per-step complementarity (all runs) and GRAFT's exchange volumes, per model."""
+    """Mean per-step all-fail share and complementarity (all runs) and GRAFT's exchange volumes,
+    per model: the regime statistics of docs/task_design.md."""
     out: dict[str, Any] = {}
     for label, rows in curves.items():
         method = label.split()[0]
         for row in rows:
             entry = out.setdefault(method, {}).setdefault(
-                row["model"], {"complementarity": [], "selected": [], "peer_responses": [], "admitted": []}
+                row["model"],
+                {"all_fail": [], "complementarity": [], "selected": [], "peer_responses": [], "admitted": []},
             )
+            if row.get("all_fail_frac") is not None:
+                entry["all_fail"].append(row["all_fail_frac"])
             entry["complementarity"] += [
                 v for k, v in row.items() if k.startswith("complementarity/") and v is not None
             ]
@@ -236,6 +252,7 @@ def summarize_exchange(curves: dict[str, list[dict[str, Any]]]) -> dict[str, Any
         for model, entry in models.items():
             transferred = sum(entry["peer_responses"])
             summary.setdefault(method, {})[model] = {
+                "all_fail_mean": statistics.fmean(entry["all_fail"]) if entry["all_fail"] else None,
                 "complementarity_mean": statistics.fmean(entry["complementarity"])
                 if entry["complementarity"]
                 else None,
@@ -288,6 +305,7 @@ def diagnostics_table(diagnostics: dict[str, Any]) -> Table:
     table = Table(
         "method",
         "receiver",
+        "all-fail share",
         "complementarity",
         "selected prompts/step",
         "transferred",
@@ -298,9 +316,11 @@ def diagnostics_table(diagnostics: dict[str, Any]) -> Table:
         for model, d in models.items():
             comp = d["complementarity_mean"]
             rate = d["admit_rate"]
+            all_fail = d.get("all_fail_mean")
             table.add_row(
                 method,
                 model,
+                "" if all_fail is None else f"{all_fail:.3f}",
                 "" if comp is None else f"{comp:.3f}",
                 f"{d['selected_prompts_per_step']:.2f}",
                 str(d["transferred_responses"]),

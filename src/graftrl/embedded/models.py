@@ -179,13 +179,17 @@ MODEL_SPECS: dict[str, dict[str, Any]] = {
 
 
 def build_spec(
-    spec_name: str, corpus_texts: Iterable[str] = (), seed: int = 0
+    spec_name: str, corpus_texts: Iterable[str] = (), seed: int = 0, max_positions: int | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Tokenizer and fresh model for ``MODEL_SPECS[spec_name]`` (BPE trains on ``corpus_texts``)."""
+    """Tokenizer and fresh model for ``MODEL_SPECS[spec_name]`` (BPE trains on ``corpus_texts``).
+
+    ``max_positions`` (the task's sequence limit) overrides the spec's size when given.
+    """
     spec = MODEL_SPECS[spec_name]
     if spec["tokenizer"] == "char":
         tok = build_char_tokenizer()
     else:
         tok = build_bpe_tokenizer(corpus_texts, vocab_size=int(spec.get("bpe_vocab_size", 300)))
-    model = build_model(spec["arch"], tok, seed=seed, **spec["size"])
+    size = dict(spec["size"]) if max_positions is None else {**spec["size"], "max_positions": max_positions}
+    model = build_model(spec["arch"], tok, seed=seed, **size)
     return model, tok

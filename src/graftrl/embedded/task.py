@@ -1,6 +1,15 @@
-"""The embedded arithmetic task used by ``graftrl demo``.
+"""The embedded arithmetic tasks used by ``graftrl demo`` and ``graftrl compare`` (``--task NAME``).
 
-A procedural family of short arithmetic problems with a direct boxed answer, small enough that
+Two tasks, selected by name (:data:`TASKS`):
+
+- ``arith`` (the original task, kept so old results stay reproducible): the response is a fixed
+  template around the answer, ``"The answer is \\boxed{82}."``.
+- ``worked``: the response is a short digit-by-digit worked solution in one format both models
+  share, e.g. ``"ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."``, so most tokens of a
+  peer's response are mechanical copying that the receiver also produces, and the compatibility
+  gate judges fit rather than only the answer (see docs/task_design.md).
+
+The ``arith`` task: a procedural family of short arithmetic problems with a direct boxed answer, small enough that
 1M-parameter models learn it on a 2-core CPU in about a minute. The problem text is the bare
 expression (``"37+45"``); each model spec wraps it in its own prompt template (see
 :data:`graftrl.embedded.models.MODEL_SPECS`). The supervised response is
@@ -20,16 +29,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "DEFAULT_TASK",
     "FAMILIES",
+    "ORIGINAL_TASK",
     "RESPONSE_FORMAT",
+    "TASKS",
+    "EmbeddedTask",
     "Family",
     "Problem",
+    "get_task",
     "make_problems",
     "make_split",
     "supervised_text",
+    "worked_solution",
 ]
 
-#: How the supervised (warm-start) response is written; ``{answer}`` is the gold answer.
+#: How the supervised (warm-start) response of the ``arith`` task is written; ``{answer}`` is the
+#: gold answer. The ``worked`` task ends every solution with the same sentence.
 RESPONSE_FORMAT = "The answer is \\boxed{{{answer}}}."
 
 
@@ -69,7 +85,7 @@ def _sub(rng: random.Random) -> tuple[str, str]:
     return f"{a}-{b}", str(a - b)
 
 
-#: The families, by name: a 2-digit number plus / minus a 1-digit number.
+#: The ``arith`` families, by name: a 2-digit number plus / minus a 1-digit number.
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -79,9 +95,127 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def _weights(families: Sequence[str] | Mapping[str, float] | None) -> tuple[list[str], list[float]]:
+# ----- the worked task: a in [10, 199] plus / minus b in [1, 9], by carry / borrow -----------
+
+
+def _draw(rng: random.Random, op: str, regrouping: bool) -> tuple[str, str]:
+    """a op b with a in [10, 199], b in [1, 9], with or without a carry (borrow) in the ones digit.
+
+    A borrow needs a >= 20 so the tens part stays >= 1 (no leading-zero answers).
+    """
+    while True:
+        a, b = rng.randint(10, 199), rng.randint(1, 9)
+        carries = (a % 10 + b >= 10) if op == "+" else (a % 10 < b)
+        if carries == regrouping and not (op == "-" and carries and a < 20):
+            return f"{a}{op}{b}", str(a + b if op == "+" else a - b)
+
+
+def worked_solution(problem: str) -> str:
+    """The worked solution of ``"a+b"`` / ``"a-b"`` (a in [10, 199], b a digit), without EOS.
+
+    The ones digits first (a borrow written as a leading 1), the digit written and the carry
+    (borrow) restated, then the tens part (every digit of a but the last) plus or minus the carry,
+    then the answer: the tens result followed by the written digit. Most characters are copies
+    (of the operands, of the previous step) that a model without the regrouping skill also
+    produces::
+
+        37+5  -> "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."
+        32+5  -> "ones 2+5=7, write 7 carry 0; tens 3+0=3. The answer is \\boxed{37}."
+        132-5 -> "ones 12-5=7, write 7 borrow 1; tens 13-1=12. The answer is \\boxed{127}."
+    """
+    op = "+" if "+" in problem else "-"
+    left, right = problem.split(op)
+    a, b = int(left), int(right)
+    tens, ones = divmod(a, 10)
+    if op == "+":
+        ones_value = ones + b
+        carry = ones_value // 10
+        tens_value = tens + carry
+        ones_text = f"{ones}+{b}={ones_value}, write {ones_value % 10} carry {carry}"
+    else:
+        carry = int(ones < b)
+        ones_value = ones + 10 * carry - b
+        tens_value = tens - carry
+        ones_text = f"{ones + 10 * carry}-{b}={ones_value}, write {ones_value} borrow {carry}"
+    answer = f"{tens_value}{ones_value % 10}"
+    return f"ones {ones_text}; tens {tens}{op}{carry}={tens_value}. " + RESPONSE_FORMAT.format(answer=answer)
+
+
+#: The ``worked`` families: addition and subtraction, each with and without regrouping.
+WORKED_FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("add", "a+b, a in [10, 199], b in [1, 9], no carry", lambda rng: _draw(rng, "+", False)),
+        Family("add_carry", "a+b, a in [10, 199], b in [1, 9], carry", lambda rng: _draw(rng, "+", True)),
+        Family("sub", "a-b, a in [10, 199], b in [1, 9], no borrow", lambda rng: _draw(rng, "-", False)),
+        Family("sub_borrow", "a-b, a in [20, 199], b in [1, 9], borrow", lambda rng: _draw(rng, "-", True)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class EmbeddedTask:
+    """A named embedded task: its families, how a supervised response is written, its sizes."""
+
+    name: str
+    description: str
+    families: dict[str, Family]
+    respond: Callable[[Problem], str]
+    """The supervised response of a problem (without EOS); its last ``\\boxed{}`` is the answer."""
+    max_new_tokens: int
+    """Response length limit for rollouts and evaluation (the longest supervised response fits)."""
+    max_positions: int
+    """Position limit of the embedded models (prompt + response + EOS fit)."""
+    prompt_mix: dict[str, float] | None = None
+    """Family weights of the RL training and held-out prompts (None: uniform)."""
+
+
+TASKS: dict[str, EmbeddedTask] = {
+    t.name: t
+    for t in (
+        EmbeddedTask(
+            "arith",
+            "2-digit +/- 1-digit, direct answer (the original task)",
+            FAMILIES,
+            lambda p: RESPONSE_FORMAT.format(answer=p.answer),
+            max_new_tokens=32,
+            max_positions=64,
+        ),
+        EmbeddedTask(
+            "worked",
+            "[10, 199] +/- 1-digit with a digit-by-digit worked solution; families by carry/borrow",
+            WORKED_FAMILIES,
+            lambda p: worked_solution(p.problem),
+            max_new_tokens=80,
+            max_positions=96,
+            # Most RL prompts need a regrouping step: the families where one model fails all n.
+            prompt_mix={"add": 0.15, "add_carry": 0.35, "sub": 0.15, "sub_borrow": 0.35},
+        ),
+    )
+}
+
+#: The task ``graftrl demo`` and ``graftrl compare`` use when ``--task`` is not given: ``worked``
+#: meets the regime targets of issue 11 on the warm-started pair (docs/task_design.md).
+DEFAULT_TASK = "worked"
+
+#: The default of the generator and warm-start functions: the task they served before tasks had
+#: names, so library callers that name no task keep their problems and models.
+ORIGINAL_TASK = "arith"
+
+
+def get_task(name: str) -> EmbeddedTask:
+    """The embedded task called ``name``; an unknown name raises KeyError listing the known ones."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown embedded task {name!r}; known: {', '.join(sorted(TASKS))}") from None
+
+
+def _weights(
+    families: Sequence[str] | Mapping[str, float] | None, known: Mapping[str, Family]
+) -> tuple[list[str], list[float]]:
     if families is None:
-        families = list(FAMILIES)
+        families = list(known)
     if isinstance(families, Mapping):
         names = [n for n, w in families.items() if w > 0]
         weights = [float(families[n]) for n in names]
@@ -91,8 +225,8 @@ def _weights(families: Sequence[str] | Mapping[str, float] | None) -> tuple[list
     if not names:
         raise ValueError("no family with a positive weight")
     for n in names:
-        if n not in FAMILIES:
-            raise KeyError(f"unknown family {n!r}; known: {sorted(FAMILIES)}")
+        if n not in known:
+            raise KeyError(f"unknown family {n!r}; known: {sorted(known)}")
     return names, weights
 
 
@@ -101,6 +235,7 @@ def make_problems(
     count: int,
     seed: int,
     exclude_ids: Iterable[str] = (),
+    task: str = ORIGINAL_TASK,
 ) -> list[Problem]:
     """Generate ``count`` distinct problems, deterministically from ``seed``.
 
@@ -110,12 +245,16 @@ def make_problems(
         count: Number of problems.
         seed: Random seed; the same arguments always give the same list.
         exclude_ids: Problem ids that must not appear (e.g. a held-out set).
+        task: Name of the task whose families these are (:data:`TASKS`).
 
     Returns:
         A list of ``count`` problems with distinct ids, none in ``exclude_ids``.
     """
-    names, weights = _weights(families)
-    rng = random.Random(f"graftrl-embedded:{seed}:{','.join(names)}")
+    known = get_task(task).families
+    names, weights = _weights(families, known)
+    # The arith stream predates task selection: its seed string stays as it was.
+    prefix = "graftrl-embedded" if task == "arith" else f"graftrl-embedded-{task}"
+    rng = random.Random(f"{prefix}:{seed}:{','.join(names)}")
     seen = set(exclude_ids)
     out: list[Problem] = []
     attempts = 0
@@ -124,7 +263,7 @@ def make_problems(
         if attempts > 100 * count + 1000:
             raise RuntimeError(f"could not generate {count} distinct problems from {names}")
         name = rng.choices(names, weights)[0]
-        text, answer = FAMILIES[name].generate(rng)
+        text, answer = known[name].generate(rng)
         pid = f"{name}:{text}"
         if pid in seen:
             continue
@@ -138,17 +277,24 @@ def make_split(
     n_train: int,
     n_eval: int,
     families: Sequence[str] | Mapping[str, float] | None = None,
+    task: str = ORIGINAL_TASK,
 ) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint RL-train and held-out evaluation sets over ``families`` (default: all, uniform).
+    """Disjoint RL-train and held-out evaluation sets over ``families`` (default: the task's
+    prompt mix, else all families uniformly).
 
     The eval set is drawn first (so it does not change with ``n_train``); the train set excludes
     every eval id.
     """
-    eval_set = make_problems(families, n_eval, seed=seed * 1000 + 1)
-    train = make_problems(families, n_train, seed=seed * 1000 + 2, exclude_ids={p.id for p in eval_set})
+    if families is None:
+        families = get_task(task).prompt_mix
+    eval_set = make_problems(families, n_eval, seed=seed * 1000 + 1, task=task)
+    train = make_problems(
+        families, n_train, seed=seed * 1000 + 2, exclude_ids={p.id for p in eval_set}, task=task
+    )
     return train, eval_set
 
 
-def supervised_text(problem: Problem) -> str:
-    """The supervised response for ``problem`` (without EOS), e.g. ``"\\boxed{82}"``."""
-    return RESPONSE_FORMAT.format(answer=problem.answer)
+def supervised_text(problem: Problem, task: str = ORIGINAL_TASK) -> str:
+    """The supervised response for ``problem`` (without EOS) in ``task``'s format, e.g.
+    ``"The answer is \\boxed{82}."`` (arith)."""
+    return get_task(task).respond(problem)
