@@ -87,7 +87,9 @@ def outcome(run: Path) -> tuple[dict[str, str], list[dict]]:
 
 
 def one_line_error(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
+    # `note:` lines (e.g. how a batch remainder is trained) are advice printed before the run
+    # starts, not part of the refusal.
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("note: ")]
     assert len(lines) == 1 and lines[0].startswith("error: "), output
     assert "Traceback" not in output
     return lines[0]
