@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -33,6 +34,7 @@ def test_paired_difference_matches_the_t_interval_by_hand():
     assert d.mean == pytest.approx(0.2) and d.std == pytest.approx(0.1)
     assert d.low == pytest.approx(0.2 - half, abs=1e-6) and d.high == pytest.approx(0.2 + half, abs=1e-6)
     assert not d.resolved  # the interval [-0.048, 0.448] contains 0
+    assert json.loads(json.dumps(d.as_dict()))["high"] == pytest.approx(d.high)  # results.json-safe
     assert d.format(scale=100, digits=1) == "+20.0 [-4.8, +44.8]"
 
 

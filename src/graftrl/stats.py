@@ -113,7 +113,8 @@ def paired_difference(
     summary = mean_std(diffs)
     if len(diffs) < 2:
         return PairedDifference(summary.mean, 0.0, None, None, seeds, confidence)
-    half = student_t.ppf(0.5 + confidence / 2, df=len(diffs) - 1) * summary.std / math.sqrt(len(diffs))
+    quantile = float(student_t.ppf(0.5 + confidence / 2, df=len(diffs) - 1))  # a Python float: JSON-safe
+    half = quantile * summary.std / math.sqrt(len(diffs))
     return PairedDifference(
         summary.mean, summary.std, summary.mean - half, summary.mean + half, seeds, confidence
     )
