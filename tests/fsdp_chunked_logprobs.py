@@ -51,6 +51,9 @@ def main() -> None:
         }
         if dist.get_rank() == 0:
             print(json.dumps(row), flush=True)
+    # Both ranks leave together: destroying a gloo group while the peer is already gone can abort
+    # the process ("terminate called without an active exception") after the work is done.
+    dist.barrier()
     dist.destroy_process_group()
 
 
