@@ -58,10 +58,10 @@ def main() -> None:
     C.quiet_hf()
 
     from graftrl.config import config_from_dict
-    from graftrl.data import load_problems
     from graftrl.embedded.models import build_char_tokenizer, build_model
-    from graftrl.metrics import read_metrics
-    from graftrl.trainer import Trainer
+    from graftrl.storage.data import load_problems
+    from graftrl.storage.metrics import read_metrics
+    from graftrl.training.trainer import Trainer
 
     data = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "math_small.jsonl"
     rows = []

@@ -3,7 +3,7 @@
 Builds a random-init Qwen2-style model from a transformers config (default: Qwen2.5-0.5B's
 shape — hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocab 151,936, tied embeddings)
 and a byte-level BPE tokenizer trained locally with ``tokenizers`` on generated text, saves both
-with ``save_pretrained``, loads them through ``graftrl.policy.Policy.from_pretrained(...,
+with ``save_pretrained``, loads them through ``graftrl.models.policy.Policy.from_pretrained(...,
 dtype="bfloat16", device="cuda")`` (bf16 autocast, fp32 master weights and AdamW state) and runs
 graftrl's Trainer (method grpo) on it:
 
@@ -230,7 +230,7 @@ def build_model_dir(args) -> Path:
 
 # ----- the run --------------------------------------------------------------------------------------
 def make_problems(args):
-    from graftrl.data import MathProblem
+    from graftrl.storage.data import MathProblem
 
     rng = random.Random(args.seed)
     words = _words(rng, 5000)
@@ -258,9 +258,9 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
     import torch
 
     from graftrl.config import config_from_dict
-    from graftrl.metrics import read_metrics
-    from graftrl.policy import Policy
-    from graftrl.trainer import Trainer
+    from graftrl.models.policy import Policy
+    from graftrl.storage.metrics import read_metrics
+    from graftrl.training.trainer import Trainer
 
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -413,7 +413,7 @@ def vllm_available() -> str | None:
     try:
         import vllm  # noqa: F401
 
-        import graftrl.rollout_vllm  # noqa: F401
+        import graftrl.models.rollout_vllm  # noqa: F401
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     return None

@@ -4,7 +4,7 @@ without gradient checkpointing (``train.gradient_checkpointing``).
 
 It builds a random-init Qwen2 model from a transformers config (vocab 151,936, tied embeddings;
 small hidden size on CPU, Qwen2.5-0.5B's shape with ``--preset gpu``), wraps it in
-``graftrl.policy.Policy`` and runs ``Policy.response_logprobs`` on ``--rows`` rows of
+``graftrl.models.policy.Policy`` and runs ``Policy.response_logprobs`` on ``--rows`` rows of
 ``--prompt-tokens`` + L random tokens, then backward of a token-mean loss: the path
 ``PolicyWorker._optimize`` takes for one micro-batch. Memory: on CUDA the allocator's peak
 (``torch.cuda.max_memory_allocated``) above what was allocated before; on CPU the rise of the
@@ -88,7 +88,7 @@ def build_policy(args):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from graftrl.policy import Policy
+    from graftrl.models.policy import Policy
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1}, unk_token="<pad>")),

@@ -79,7 +79,7 @@ def problems_for(args) -> list[str]:
 def vllm_engine(policy, args):
     """(engine, start seconds) or (None, reason)."""
     try:
-        from graftrl.rollout_vllm import VLLMOptions, VLLMRolloutEngine
+        from graftrl.models.rollout_vllm import VLLMOptions, VLLMRolloutEngine
     except Exception as error:  # ImportError, or vllm failing at import (e.g. torchvision mismatch)
         return None, f"{type(error).__name__}: {error}"
     wanted = {
@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     note = C.contention_note(args.threads)
     import torch
 
-    from graftrl.policy import Policy
-    from graftrl.rollout import HFRolloutEngine, SamplingParams
+    from graftrl.models.policy import Policy
+    from graftrl.models.rollout import HFRolloutEngine, SamplingParams
 
     info = C.machine_info()
     model_path = resolve_model(args)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "vllm" in engines:
         engine, started = vllm_engine(policy, args)
         if engine is None:
-            vllm_note = f"vLLM engine not measured: graftrl.rollout_vllm is not importable here ({started})."
+            vllm_note = f"vLLM engine not measured: graftrl.models.rollout_vllm is not importable here ({started})."
         else:
             try:
                 results["vllm"] = measure(engine, policy, problems, params, args, sync)

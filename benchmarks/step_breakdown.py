@@ -159,9 +159,9 @@ def run_method(args, method: str, paths: dict[str, Path], train_file: Path, root
     import torch
 
     from graftrl.config import apply_overrides, config_from_dict
-    from graftrl.demo import DemoSettings, demo_config
-    from graftrl.rewards import MathVerifier
-    from graftrl.trainer import Trainer
+    from graftrl.models.rewards import MathVerifier
+    from graftrl.reporting.demo import DemoSettings, demo_config
+    from graftrl.training.trainer import Trainer
 
     settings = DemoSettings(
         steps=args.warmup + args.steps,
@@ -200,7 +200,7 @@ def run_method(args, method: str, paths: dict[str, Path], train_file: Path, root
         rss.reset()
         marks["t"] = time.perf_counter()
         trainer.train()
-    from graftrl.metrics import read_metrics
+    from graftrl.storage.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     for row in rows:

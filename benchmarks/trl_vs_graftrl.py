@@ -90,7 +90,7 @@ def make_verifier(args):
     """A fresh verifier per framework run (a shared one would hand the second run a warm answer cache)."""
     if args.reward == "random":
         return C.CoinVerifier(args.seed)
-    from graftrl.rewards import MathVerifier
+    from graftrl.models.rewards import MathVerifier
 
     return MathVerifier()
 
@@ -123,8 +123,8 @@ def layout(args) -> dict[str, int]:
 
 def prompt_stream(args, total_steps: int):
     """graftrl's prompt batches for steps 0..total_steps-1 (TRL gets them in this order)."""
-    from graftrl.data import MathProblem, PromptSampler
     from graftrl.embedded.task import make_split
+    from graftrl.storage.data import MathProblem, PromptSampler
 
     train, _ = make_split(seed=0, n_train=1200, n_eval=256)
     problems = [MathProblem(p.id, p.problem, p.answer) for p in train]
@@ -139,8 +139,8 @@ def run_graftrl(
     import torch
 
     from graftrl.config import config_from_dict
-    from graftrl.metrics import read_metrics
-    from graftrl.trainer import Trainer
+    from graftrl.storage.metrics import read_metrics
+    from graftrl.training.trainer import Trainer
 
     total = args.warmup + args.steps + (1 if profile else 0)
     raw = {

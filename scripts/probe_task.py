@@ -55,9 +55,9 @@ def main() -> None:
     from graftrl.embedded.models import MODEL_SPECS
     from graftrl.embedded.task import get_task, make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
-    from graftrl.policy import Policy
-    from graftrl.rewards import MathVerifier
-    from graftrl.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
+    from graftrl.models.policy import Policy
+    from graftrl.models.rewards import MathVerifier
+    from graftrl.models.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
 
     task = get_task(args.task)
     start = time.perf_counter()
@@ -183,11 +183,11 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     import shutil
 
     from graftrl.config import config_from_dict
-    from graftrl.demo import _write_jsonl, demo_config, demo_settings
     from graftrl.embedded.task import make_split
-    from graftrl.metrics import read_metrics
-    from graftrl.rewards import MathVerifier
-    from graftrl.trainer import Trainer
+    from graftrl.models.rewards import MathVerifier
+    from graftrl.reporting.demo import _write_jsonl, demo_config, demo_settings
+    from graftrl.storage.metrics import read_metrics
+    from graftrl.training.trainer import Trainer
 
     settings = dataclasses.replace(demo_settings(args.task), steps=args.graft_steps)
     run_dir = Path(args.run_dir)

@@ -20,8 +20,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:
     """A char-level Llama and a BPE GPT-2 (random init), saved with save_pretrained under root."""
-    from graftrl.data import load_problems
     from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
+    from graftrl.storage.data import load_problems
 
     corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
     corpus += [f"\\boxed{{{i}}}" for i in range(200)]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from graftrl.policy import Policy
+from graftrl.models.policy import Policy
 
 
 def main() -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from graftrl.analyze import AnalysisError, analyze_run
 from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
-from graftrl.metrics import read_metrics
-from graftrl.store import TrajectoryStore, TrajectoryWriter, rows_from_rollout, tokenizer_id
-from graftrl.trainer import Trainer
+from graftrl.reporting.analyze import AnalysisError, analyze_run
+from graftrl.storage.metrics import read_metrics
+from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, rows_from_rollout, tokenizer_id
+from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -100,7 +100,7 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
 
         worker.engine.generate = recording_generate
     trainer.train()
-    # best/best.json and validation.jsonl as graftrl.validation writes them
+    # best/best.json and validation.jsonl as graftrl.training.validation writes them
     (run / "best").mkdir()
     best = {
         "llama": {"step": 0, "completed_steps": 1, "aggregate": 0.25},

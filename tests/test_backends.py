@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from test_trainer import comparable_metrics, make_config
 
 from graftrl.config import config_from_dict
-from graftrl.metrics import read_metrics
-from graftrl.trainer import Trainer
+from graftrl.storage.metrics import read_metrics
+from graftrl.training.trainer import Trainer
 
 # Actors cannot import this test module: ship the verifier class by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -77,7 +77,7 @@ def test_ray_backend_matches_local_and_resumes(tiny_checkpoints, tmp_path, metho
 
 
 def test_ray_backend_rejects_in_memory_policies(tiny_checkpoints, tmp_path):
-    from graftrl.policy import Policy
+    from graftrl.models.policy import Policy
 
     raw = {**make_config(tiny_checkpoints), "backend": "ray", "ray": {"num_cpus": 1}}
     policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]))

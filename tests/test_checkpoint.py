@@ -21,7 +21,9 @@ import torch
 from test_store import step_rows
 from test_trainer import CROSSED, ScriptedRewards, comparable_metrics, make_config, weights_of
 
-from graftrl.checkpoint import (
+from graftrl.config import ConfigError, config_from_dict
+from graftrl.errors import CheckpointError, RunLockError
+from graftrl.storage.checkpoint import (
     MANIFEST,
     hold_run_lock,
     identity_changes,
@@ -30,11 +32,9 @@ from graftrl.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
-from graftrl.config import ConfigError, config_from_dict
-from graftrl.errors import CheckpointError, RunLockError
-from graftrl.metrics import read_metrics, truncate_jsonl
-from graftrl.store import StoreError, TrajectoryStore, TrajectoryWriter
-from graftrl.trainer import Trainer
+from graftrl.storage.metrics import read_metrics, truncate_jsonl
+from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
+from graftrl.training.trainer import Trainer
 
 SRC = Path(__file__).parents[1] / "src"
 
@@ -156,7 +156,7 @@ def _locker(run: Path, then: str) -> subprocess.Popen:
         f"""
         import sys, time
         from pathlib import Path
-        from graftrl.checkpoint import hold_run_lock
+        from graftrl.storage.checkpoint import hold_run_lock
         from graftrl.errors import RunLockError
         try:
             with hold_run_lock(Path({str(run)!r})):

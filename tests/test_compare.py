@@ -11,9 +11,11 @@ import yaml
 from test_trainer import make_config
 from typer.testing import CliRunner
 
-import graftrl.compare as compare
+import graftrl.reporting.compare as compare
 from graftrl.cli import app
-from graftrl.compare import (
+from graftrl.config import apply_overrides
+from graftrl.methods import METHODS
+from graftrl.reporting.compare import (
     ROW_KEYS,
     CompareError,
     CompareTask,
@@ -27,11 +29,9 @@ from graftrl.compare import (
     summarize,
     table_markdown,
 )
-from graftrl.config import apply_overrides
-from graftrl.data import load_problems
-from graftrl.demo import DemoSettings
-from graftrl.methods import METHODS
-from graftrl.trainer import Trainer
+from graftrl.reporting.demo import DemoSettings
+from graftrl.storage.data import load_problems
+from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PLOTS = ("training_curves.png", "pass_at_1.png")

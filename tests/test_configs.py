@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from graftrl.config import ConfigError, config_from_dict, load_config
-from graftrl.data import PAPER_PROMPT_SUFFIX
+from graftrl.storage.data import PAPER_PROMPT_SUFFIX
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""Tests for ``graftrl.data``: problem files, prompt formatting and the prompt sampler."""
+"""Tests for ``graftrl.storage.data``: problem files, prompt formatting and the prompt sampler."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graftrl.data import (
+from graftrl.storage.data import (
     PAPER_PROMPT_SUFFIX,
     DataError,
     MathProblem,

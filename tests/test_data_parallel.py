@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from test_trainer import FIXTURES, comparable_metrics, make_config
 
 from graftrl.config import ConfigError, config_from_dict
-from graftrl.parallel import RankFailure, split_rows
-from graftrl.trainer import Trainer
+from graftrl.training.parallel import RankFailure, split_rows
+from graftrl.training.trainer import Trainer
 
 # Float tolerance of a 2-rank run against a 1-rank run. The samples, rewards, plans and row sets
 # are identical; only reduction order differs (a rank sums half the rows' gradients, the

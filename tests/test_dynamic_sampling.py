@@ -10,9 +10,9 @@ import torch
 from test_trainer import comparable_metrics, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict
-from graftrl.data import load_problems
-from graftrl.metrics import read_metrics
-from graftrl.trainer import Trainer
+from graftrl.storage.data import load_problems
+from graftrl.storage.metrics import read_metrics
+from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from graftrl.rewards import MathVerifier, extract_last_boxed
+from graftrl.models.rewards import MathVerifier, extract_last_boxed
 
 torch = pytest.importorskip("torch")
 

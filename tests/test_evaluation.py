@@ -14,7 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from graftrl.benchmarks import (
+from graftrl.cli import app
+from graftrl.config import config_from_dict
+from graftrl.evaluation.benchmarks import (
     BUILTIN_BENCHMARKS,
     BenchmarkError,
     load_benchmark,
@@ -22,10 +24,7 @@ from graftrl.benchmarks import (
     parse_benchmark_spec,
     write_problems,
 )
-from graftrl.cli import app
-from graftrl.config import config_from_dict
-from graftrl.data import load_problems
-from graftrl.evaluation import (
+from graftrl.evaluation.evaluate import (
     EvalProtocol,
     ModelTarget,
     _aggregate,
@@ -38,7 +37,8 @@ from graftrl.evaluation import (
     summarize_benchmark,
     write_report,
 )
-from graftrl.trainer import Trainer
+from graftrl.storage.data import load_problems
+from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROBLEMS = load_problems(FIXTURES / "math_small.jsonl")
@@ -246,7 +246,7 @@ def test_markdown_cells_are_mean_pm_std_in_percent():
 
 
 def test_evaluate_pass_at_1_is_unchanged_for_the_demo(tiny_checkpoints):
-    from graftrl.policy import Policy
+    from graftrl.models.policy import Policy
 
     policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]), template="{problem}=")
     protocol = EvalProtocol(samples=2, max_new_tokens=3)
@@ -387,8 +387,8 @@ def test_eval_cli_errors(tiny_checkpoints, tmp_path, monkeypatch):
 
 
 def test_pass_at_1_by_family_hand_values():
-    from graftrl.data import MathProblem
-    from graftrl.evaluation import pass_at_1_by_family
+    from graftrl.evaluation.evaluate import pass_at_1_by_family
+    from graftrl.storage.data import MathProblem
 
     problems = [
         MathProblem("p0", "1+1", "2", family="add"),

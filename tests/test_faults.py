@@ -29,9 +29,9 @@ from test_checkpoint import flip_byte, truncate
 from test_trainer import comparable_metrics
 from typer.testing import CliRunner
 
-from graftrl.checkpoint import hold_run_lock, list_checkpoints, write_manifest
 from graftrl.cli import app
 from graftrl.errors import RunLockError
+from graftrl.storage.checkpoint import hold_run_lock, list_checkpoints, write_manifest
 
 pytestmark = pytest.mark.faults
 

@@ -14,10 +14,10 @@ from test_trainer import make_config
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from graftrl import memory
 from graftrl.cli import app
 from graftrl.config import config_from_dict, load_config
-from graftrl.memory import (
+from graftrl.models import memory
+from graftrl.models.memory import (
     GIB,
     MemoryEstimateError,
     ModelShape,
@@ -132,8 +132,8 @@ def test_data_parallel_size_reads_the_parallel_section_when_present():
 
 
 def test_startup_check_refuses_on_cuda_before_loading(tiny_checkpoints, tmp_path, monkeypatch):
-    from graftrl import policy as policy_module
-    from graftrl.trainer import Trainer
+    from graftrl.models import policy as policy_module
+    from graftrl.training.trainer import Trainer
 
     config = config_from_dict(make_config(tiny_checkpoints))
     check_before_loading(config)  # CPU: never refuses

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from graftrl.config import config_from_dict
 from graftrl.core import chunked_token_logprobs, token_logprobs
 from graftrl.errors import UserError
-from graftrl.policy import Policy, token_micro_batches
-from graftrl.rollout import HFRolloutEngine, SamplingParams
-from graftrl.trainer import Trainer
+from graftrl.models.policy import Policy, token_micro_batches
+from graftrl.models.rollout import HFRolloutEngine, SamplingParams
+from graftrl.training.trainer import Trainer
 
 
 # ----- the pure function ---------------------------------------------------------------------------

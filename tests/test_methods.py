@@ -30,8 +30,8 @@ from graftrl.methods.graft import GRAFT
 from graftrl.methods.luffy import LUFFY
 from graftrl.methods.pooling import Pooling
 from graftrl.methods.sgt import SGT
-from graftrl.metrics import read_metrics
-from graftrl.trainer import Trainer
+from graftrl.storage.metrics import read_metrics
+from graftrl.training.trainer import Trainer
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 

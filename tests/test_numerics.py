@@ -15,8 +15,8 @@ from graftrl.core.compatibility import mean_token_logprob
 from graftrl.core.hacpo import gspo_own_terms, hacpo_peer_terms
 from graftrl.core.luffy import luffy_policy_loss
 from graftrl.errors import TrainingDivergedError
-from graftrl.metrics import MetricsLogger
-from graftrl.trainer import Trainer
+from graftrl.storage.metrics import MetricsLogger
+from graftrl.training.trainer import Trainer
 
 B, T = 3, 5
 MASK = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)

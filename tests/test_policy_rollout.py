@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graftrl.policy import Policy
-from graftrl.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
 
 
 @pytest.fixture(scope="module")

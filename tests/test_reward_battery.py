@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from math_verify import parse, verify
 
-from graftrl.rewards import MathVerifier, gold_parse_text
+from graftrl.models.rewards import MathVerifier, gold_parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BATTERY = [json.loads(line) for line in (FIXTURES / "reward_battery.jsonl").read_text().splitlines()]

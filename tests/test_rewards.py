@@ -1,4 +1,4 @@
-"""Tests for ``graftrl.rewards``: boxed-answer extraction and the worker-backed MathVerifier.
+"""Tests for ``graftrl.models.rewards``: boxed-answer extraction and the worker-backed MathVerifier.
 
 The verifier tests run real math_verify in real worker processes; the fault tests use the
 private ``_test_faults`` hook, which makes a worker hang, crash or raise on a chosen answer.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graftrl.data import load_problems
-from graftrl.rewards import MathVerifier, extract_last_boxed, verify_answer
+from graftrl.models.rewards import MathVerifier, extract_last_boxed, verify_answer
+from graftrl.storage.data import load_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.core import grpo_advantages
-from graftrl.data import MathProblem
-from graftrl.policy import Policy
-from graftrl.rollout import HFRolloutEngine, SamplingParams
-from graftrl.store import (
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import HFRolloutEngine, SamplingParams
+from graftrl.storage.data import MathProblem
+from graftrl.storage.store import (
     SCHEMA_VERSION,
     StoredTrajectory,
     StoreError,

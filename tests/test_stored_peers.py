@@ -10,11 +10,11 @@ from test_trainer import CROSSED, ScriptedRewards, make_config
 
 from graftrl.config import config_from_dict
 from graftrl.core import multi_source_selection, transfer_candidates
-from graftrl.metrics import read_metrics
-from graftrl.policy import Policy
-from graftrl.rollout import content_mean_logprob
-from graftrl.store import StoreError, TrajectoryStore
-from graftrl.trainer import Trainer
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import content_mean_logprob
+from graftrl.storage.metrics import read_metrics
+from graftrl.storage.store import StoreError, TrajectoryStore
+from graftrl.training.trainer import Trainer
 
 LLAMA, GPT2 = CROSSED  # [P, n] reward patterns: llama fails prompt 0, gpt2 fails prompt 1
 

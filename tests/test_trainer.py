@@ -11,10 +11,10 @@ import torch
 
 from graftrl.config import config_from_dict
 from graftrl.core import compatibility_weight
-from graftrl.metrics import MetricsLogger, read_metrics
-from graftrl.policy import Policy
-from graftrl.rollout import content_mean_logprob
-from graftrl.trainer import Trainer
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import content_mean_logprob
+from graftrl.storage.metrics import MetricsLogger, read_metrics
+from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -257,7 +257,7 @@ def test_tis_is_refused_for_methods_with_their_own_ratio(tiny_checkpoints):
 def test_per_family_reward_on_the_shared_batch(tiny_checkpoints, tmp_path):
     import dataclasses
 
-    from graftrl.data import load_problems
+    from graftrl.storage.data import load_problems
 
     problems = [
         dataclasses.replace(p, family="even" if i % 2 == 0 else "odd")

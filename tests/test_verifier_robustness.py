@@ -15,9 +15,9 @@ import pytest
 from test_trainer import make_config
 
 from graftrl.config import config_from_dict
-from graftrl.metrics import read_metrics
-from graftrl.rewards import MathVerifier
-from graftrl.trainer import Trainer
+from graftrl.models.rewards import MathVerifier
+from graftrl.storage.metrics import read_metrics
+from graftrl.training.trainer import Trainer
 
 
 def test_an_overall_deadline_caps_a_flood_of_hanging_answers():
@@ -81,7 +81,7 @@ def test_step_metrics_count_verifier_timeouts_and_restarts(tiny_checkpoints, tmp
 PARENT_SCRIPT = textwrap.dedent(
     """
     import sys, threading, time
-    from graftrl.rewards import MathVerifier
+    from graftrl.models.rewards import MathVerifier
 
     def work(verifier):
         verifier.start()

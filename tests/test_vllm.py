@@ -17,9 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftrl.policy import Policy
-from graftrl.rollout import HFRolloutEngine, RolloutBatch, SamplingParams
-from graftrl.rollout_vllm import VLLMOptions, VLLMRolloutEngine  # imports vLLM only when an engine starts
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import HFRolloutEngine, RolloutBatch, SamplingParams
+from graftrl.models.rollout_vllm import (  # imports vLLM only when an engine starts
+    VLLMOptions,
+    VLLMRolloutEngine,
+)
 
 # Deselected by default (pyproject addopts); `-m vllm` runs it where vLLM is installed.
 pytestmark = pytest.mark.vllm
@@ -48,8 +51,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     conftest's models have head_dim 16, which vLLM's CPU attention kernel does not support
     (its smallest head size is 32).
     """
-    from graftrl.data import load_problems
     from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
+    from graftrl.storage.data import load_problems
 
     root = tmp_path_factory.mktemp("vllm-checkpoints")
     corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]

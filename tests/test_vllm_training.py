@@ -14,9 +14,9 @@ from test_backends import TextRewards
 from test_trainer import make_config
 
 from graftrl.config import config_from_dict
-from graftrl.metrics import read_metrics
-from graftrl.store import TrajectoryStore
-from graftrl.trainer import Trainer
+from graftrl.storage.metrics import read_metrics
+from graftrl.storage.store import TrajectoryStore
+from graftrl.training.trainer import Trainer
 
 pytestmark = pytest.mark.vllm
 

@@ -19,7 +19,7 @@ from graftrl.embedded.task import (
     supervised_text,
     worked_solution,
 )
-from graftrl.rewards import MathVerifier, extract_last_boxed
+from graftrl.models.rewards import MathVerifier, extract_last_boxed
 
 WORKED = TASKS["worked"]
 
@@ -131,7 +131,7 @@ def test_fingerprint_includes_the_task():
 
 
 def test_demo_settings_take_the_tasks_response_limit():
-    from graftrl.demo import DEFAULT, demo_settings
+    from graftrl.reporting.demo import DEFAULT, demo_settings
 
     assert DEFAULT.task == DEFAULT_TASK and DEFAULT.max_new_tokens == get_task(DEFAULT_TASK).max_new_tokens
     worked = demo_settings("worked")
@@ -172,7 +172,7 @@ def test_cli_rejects_an_unknown_task(command):
 
 
 def test_demo_diagnostics_report_the_all_fail_share():
-    from graftrl.demo import diagnostics_table, summarize_exchange
+    from graftrl.reporting.demo import diagnostics_table, summarize_exchange
 
     rows = [
         {
@@ -197,7 +197,7 @@ def test_demo_diagnostics_report_the_all_fail_share():
 
 
 def test_compare_builds_the_named_embedded_task(tmp_path, monkeypatch):
-    from graftrl import compare
+    from graftrl.reporting import compare
 
     seen: list[tuple] = []
 

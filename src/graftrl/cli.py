@@ -97,8 +97,8 @@ def train(
     ] = False,
 ) -> None:
     """Train the configured policies with GRPO or GRAFT."""
-    from graftrl.checkpoint import hold_run_lock
     from graftrl.config import ConfigError, load_config, minibatch_note
+    from graftrl.storage.checkpoint import hold_run_lock
 
     cfg = load_config(config, set_ or [])
     run_dir = out or Path("runs") / config.stem
@@ -111,7 +111,7 @@ def train(
             )
         if note := minibatch_note(cfg):
             console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
-        from graftrl.trainer import Trainer
+        from graftrl.training.trainer import Trainer
 
         try:
             trainer = Trainer(cfg, run_dir)
@@ -132,7 +132,7 @@ def demo(
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
-    from graftrl.demo import run_demo
+    from graftrl.reporting.demo import run_demo
 
     _check_task(task)
     run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task)
@@ -174,7 +174,7 @@ def estimate_memory_command(
     """Per-GPU memory of a config (parameters, gradients, AdamW, activations, logits, vLLM), offline:
     only each model's config.json is read. Exit code 1 when it does not fit."""
     from graftrl.config import ConfigError, load_config
-    from graftrl.memory import GIB, estimate_config, fit_message, memory_table
+    from graftrl.models.memory import GIB, estimate_config, fit_message, memory_table
 
     try:
         cfg = load_config(config, set_ or [])
@@ -260,17 +260,17 @@ def eval_command(
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
     import os
 
-    from graftrl.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.config import ConfigError
-    from graftrl.evaluation import (
+    from graftrl.evaluation.benchmarks import PAPER_BENCHMARKS, load_benchmarks
+    from graftrl.evaluation.evaluate import (
         EvalProtocol,
         default_prompt_suffix,
         evaluate_targets,
         resolve_targets,
         write_report,
     )
-    from graftrl.rewards import MathVerifier
-    from graftrl.rollout import HFRolloutEngine
+    from graftrl.models.rewards import MathVerifier
+    from graftrl.models.rollout import HFRolloutEngine
 
     if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
         raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
@@ -330,8 +330,8 @@ def import_trajectories_command(
     ] = 1.0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, ... (with --model).")] = "auto",
 ) -> None:
-    """Import external rollouts as a peer's trajectory store (see graftrl.store.import_jsonl)."""
-    from graftrl.store import import_jsonl
+    """Import external rollouts as a peer's trajectory store (see graftrl.storage.store.import_jsonl)."""
+    from graftrl.storage.store import import_jsonl
 
     summary = import_jsonl(
         file,
@@ -361,7 +361,7 @@ def analyze(
     ] = None,
 ) -> None:
     """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
-    from graftrl.analyze import analyze_run
+    from graftrl.reporting.analyze import analyze_run
 
     result = analyze_run(run_dir, out, store_dir=store)
     comp = result.compute
@@ -399,7 +399,7 @@ def compare(
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
-    from graftrl.compare import CompareError, load_matrix, run_compare
+    from graftrl.reporting.compare import CompareError, load_matrix, run_compare
 
     _check_task(task)
     if preset is not None and matrix is not None:

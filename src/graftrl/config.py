@@ -13,8 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from graftrl.data import PAPER_PROMPT_SUFFIX
 from graftrl.errors import UserError
+from graftrl.storage.data import PAPER_PROMPT_SUFFIX
 
 
 class _Section(BaseModel):
@@ -319,7 +319,7 @@ class ValidationConfig(_Section):
     """Use only the first this many problems of each benchmark (null: all)."""
 
     def specs(self) -> list[str]:
-        """The benchmarks as `graftrl.benchmarks` specs."""
+        """The benchmarks as `graftrl.evaluation.benchmarks` specs."""
         if isinstance(self.files, dict):
             return [f"{name}={path}" for name, path in self.files.items()]
         return list(self.files)

@@ -136,9 +136,9 @@ def sampled_accuracy(
     Uses the library's own rollout engine and verifier, so the warm-start target is measured
     exactly as RL will see it.
     """
-    from graftrl.policy import Policy
-    from graftrl.rewards import MathVerifier
-    from graftrl.rollout import HFRolloutEngine, SamplingParams
+    from graftrl.models.policy import Policy
+    from graftrl.models.rewards import MathVerifier
+    from graftrl.models.rollout import HFRolloutEngine, SamplingParams
 
     policy = Policy("warm-start", model, tok, template=template, temperature=temperature)
     batch = HFRolloutEngine().generate(

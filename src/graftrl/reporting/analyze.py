@@ -214,7 +214,7 @@ def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
     Accepted forms: {"completed_steps": k} (steps 0..k-1), {"step": s} (steps 0..s, the 0-based
     step after which the checkpoint was validated, as in metrics.jsonl), {"checkpoint":
     ".../step_000010"} (10 completed steps); per model as {name: {...}} (what
-    ``graftrl.validation`` writes) or under "models", or once at the top level for all models.
+    ``graftrl.training.validation`` writes) or under "models", or once at the top level for all models.
     A model without an entry gets no hours-to-best.
     """
 
@@ -247,7 +247,7 @@ def _complementarity_from_store(
     store: Any, steps: Sequence[int], pairs: Sequence[tuple[str, str]], notes: list[str]
 ) -> dict[tuple[str, str], dict[int, float]]:
     """(receiver, peer) -> step -> complementarity recomputed from stored rewards."""
-    from graftrl.store import StoreError
+    from graftrl.storage.store import StoreError
 
     out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     stored = set(store.steps())
@@ -459,7 +459,7 @@ def analyze_run(
     store_root = Path(store_dir) if store_dir is not None else run_dir / "store"
     store_report = store_ok = None
     if (store_root / "manifest.json").exists():
-        from graftrl.store import StoreError, TrajectoryStore
+        from graftrl.storage.store import StoreError, TrajectoryStore
 
         try:
             store = TrajectoryStore(store_root)
@@ -517,7 +517,7 @@ def _validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _plots(analysis: RunAnalysis, rows: Sequence[dict[str, Any]]) -> dict[str, Path]:
-    from graftrl import plots
+    from graftrl.reporting import plots
 
     out = analysis.out_dir
     label = analysis.run_dir.name or "run"

@@ -279,7 +279,7 @@ def check_before_loading(config: Config, console: Any = None) -> None:
     ``MemoryEstimateError`` when it exceeds the device's free memory; on CPU only log it."""
     import torch
 
-    from graftrl.policy import resolve_device
+    from graftrl.models.policy import resolve_device
 
     devices = [resolve_device(p.device) for p in config.policies]
     cuda = next((d for d in devices if d.type == "cuda"), None)

@@ -19,13 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from graftrl.config import config_from_dict
-from graftrl.data import load_problems
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task, make_split
 from graftrl.embedded.warmstart import prepare_embedded_models
-from graftrl.evaluation import EvalProtocol, evaluate_pass_at_1
-from graftrl.metrics import read_metrics
-from graftrl.plots import (
+from graftrl.evaluation.evaluate import EvalProtocol, evaluate_pass_at_1
+from graftrl.models.policy import Policy
+from graftrl.models.rewards import MathVerifier
+from graftrl.reporting.plots import (
     plot_compatibility_histogram,
     plot_complementarity,
     plot_family_curves,
@@ -33,10 +33,10 @@ from graftrl.plots import (
     plot_training_curves,
     read_compatibility,
 )
-from graftrl.policy import Policy
-from graftrl.rewards import MathVerifier
-from graftrl.stats import PairedDifference, family_rows, mean_std, paired_difference
-from graftrl.trainer import Trainer
+from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
+from graftrl.storage.data import load_problems
+from graftrl.storage.metrics import read_metrics
+from graftrl.training.trainer import Trainer
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ A benchmark *spec* is one of
 Hub datasets need the optional ``datasets`` package (``pip install 'graftrl[hub]'``), imported
 only when a hub benchmark is asked for; local files never need it. Offline (``HF_HUB_OFFLINE`` /
 ``HF_DATASETS_OFFLINE`` set, or a failed download) a hub benchmark raises ``BenchmarkError``
-saying how to pass a local file instead. ``python -m graftrl.benchmarks export DIR`` writes the
+saying how to pass a local file instead. ``python -m graftrl.evaluation.benchmarks export DIR`` writes the
 built-in benchmarks to ``DIR/<NAME>.jsonl`` on an online machine, for use offline.
 
 Built-in datasets (the paper's evaluation set, section 5.1):
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graftrl.data import DataError, MathProblem, load_problems
+from graftrl.storage.data import DataError, MathProblem, load_problems
 
 __all__ = [
     "BUILTIN_BENCHMARKS",
@@ -192,7 +192,7 @@ def is_offline() -> bool:
 def _local_hint(name: str) -> str:
     return (
         f"pass a local file instead: --benchmark {name}=path/to/{name.lower()}.jsonl (JSONL or Parquet "
-        "with 'problem' and 'answer' fields; on an online machine `python -m graftrl.benchmarks export "
+        "with 'problem' and 'answer' fields; on an online machine `python -m graftrl.evaluation.benchmarks export "
         "DIR` writes the built-in benchmarks as such files)"
     )
 
@@ -282,7 +282,7 @@ def _answer_text(value: Any) -> Any:
 
 
 def _rows_to_problems(name: str, hub: HubDataset, rows: list[dict[str, Any]]) -> list[MathProblem]:
-    from graftrl.data import _to_problem
+    from graftrl.storage.data import _to_problem
 
     if not rows:
         raise BenchmarkError(f"benchmark {name!r}: Hugging Face dataset {hub.dataset} has no rows")
@@ -317,7 +317,7 @@ def write_problems(problems: Iterable[MathProblem], path: str | Path) -> Path:
 
 def _main(argv: Sequence[str]) -> int:  # pragma: no cover - needs the hub
     if len(argv) < 2 or argv[0] != "export":
-        print("usage: python -m graftrl.benchmarks export DIR [NAME ...]", file=sys.stderr)
+        print("usage: python -m graftrl.evaluation.benchmarks export DIR [NAME ...]", file=sys.stderr)
         return 2
     out = Path(argv[1])
     for spec in argv[2:] or PAPER_BENCHMARKS:

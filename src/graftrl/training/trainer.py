@@ -7,7 +7,7 @@ peer groups ordered last. The loop knows nothing of two models in particular.
 
 The trainer is the driver: it samples the prompt batch, plans the exchange, logs, checkpoints and
 replays stored peers. Everything that touches a policy's weights is a ``PolicyWorker``
-(graftrl.worker), placed by the backend (graftrl.backends): in this process or in Ray actors.
+(graftrl.training.worker), placed by the backend (graftrl.training.backends): in this process or in Ray actors.
 """
 
 from __future__ import annotations
@@ -23,8 +23,13 @@ from typing import Any
 import torch
 import yaml
 
-from graftrl.backends import LocalBackend, RayBackend, make_backend
-from graftrl.checkpoint import (
+from graftrl.config import Config, ConfigError, dump_config
+from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
+from graftrl.errors import CheckpointError
+from graftrl.files import atomic_write, remove_stale_temps
+from graftrl.methods import GroupOutcomes, build_method
+from graftrl.models.policy import Policy
+from graftrl.storage.checkpoint import (
     METHOD_STATE,
     STAGING_SUFFIX,
     TRAINER_STATE,
@@ -41,17 +46,12 @@ from graftrl.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
-from graftrl.config import Config, ConfigError, dump_config
-from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
-from graftrl.data import MathProblem, PromptSampler, load_problems
-from graftrl.errors import CheckpointError
-from graftrl.files import atomic_write, remove_stale_temps
-from graftrl.methods import GroupOutcomes, build_method
-from graftrl.metrics import MetricsLogger, truncate_jsonl
-from graftrl.policy import Policy
-from graftrl.records import TrajectoryRecord
-from graftrl.store import StoreError, TrajectoryStore, TrajectoryWriter
-from graftrl.worker import PolicyRollout, step_seed, with_suffix, write_jsonl
+from graftrl.storage.data import MathProblem, PromptSampler, load_problems
+from graftrl.storage.metrics import MetricsLogger, truncate_jsonl
+from graftrl.storage.records import TrajectoryRecord
+from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
+from graftrl.training.backends import LocalBackend, RayBackend, make_backend
+from graftrl.training.worker import PolicyRollout, step_seed, with_suffix, write_jsonl
 
 __all__ = ["Trainer", "step_seed", "with_suffix"]
 
@@ -78,7 +78,7 @@ class Trainer:
         self.n = config.rollout.n
         self.names = [p.name for p in config.policies]
         if policies is None:  # before any weights load: a clear error when the run cannot fit
-            from graftrl.memory import check_before_loading
+            from graftrl.models.memory import check_before_loading
 
             check_before_loading(config)
         self.backend: LocalBackend | RayBackend = make_backend(
@@ -90,14 +90,14 @@ class Trainer:
         """Resume even when the config changes the run's identity (``train(force=True)``)."""
         self.logger: MetricsLogger | None = None
         self.validator = None
-        if config.validation.files:  # validation and best-checkpoint selection (graftrl.validation)
-            from graftrl.validation import Validator
+        if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
+            from graftrl.training.validation import Validator
 
             # During training each worker samples and scores its own policy (validation_scores),
             # whatever the backend or rank count; the trainer's validator records the scores and
             # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
             self.validator = Validator(config, self.run_dir, verifier)
-        # Trajectory recording (graftrl.store) and stored peers replayed from earlier runs (SPEC 2.3).
+        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (SPEC 2.3).
         self.recorder = None
         if config.store.record:
             self.recorder = TrajectoryWriter(Path(config.store.path or self.run_dir / "store"))
@@ -122,7 +122,7 @@ class Trainer:
             if isinstance(self.backend, LocalBackend):
                 self._peer_verifier = self.backend.workers[0].verifier
             else:
-                from graftrl.rewards import MathVerifier
+                from graftrl.models.rewards import MathVerifier
 
                 self._peer_verifier = MathVerifier.from_config(self.config.reward)
                 self._owns_peer_verifier = True
@@ -390,7 +390,7 @@ class Trainer:
         return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
 
     def save_checkpoint(self, step: int) -> Path:
-        """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.checkpoint).
+        """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.storage.checkpoint).
 
         Assembled in a staging folder and renamed into place; refused (CheckpointError) when any
         policy's weights or optimizer state hold NaN or inf, so a diverged state never replaces a

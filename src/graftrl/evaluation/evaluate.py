@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from graftrl.data import PAPER_PROMPT_SUFFIX, MathProblem
-from graftrl.policy import Policy
-from graftrl.rewards import MathVerifier
-from graftrl.rollout import HFRolloutEngine, SamplingParams
+from graftrl.models.policy import Policy
+from graftrl.models.rewards import MathVerifier
+from graftrl.models.rollout import HFRolloutEngine, SamplingParams
+from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
 
 __all__ = [
     "EvalProtocol",

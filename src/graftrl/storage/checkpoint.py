@@ -40,7 +40,7 @@ from graftrl.errors import CheckpointError, RunLockError
 from graftrl.files import atomic_write, fsync_dir, sha256_file
 
 CHECKPOINT_FORMAT = 1
-FORMAT = "graftrl.checkpoint"
+FORMAT = "graftrl.storage.checkpoint"
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 METHOD_STATE = "method_state.json"

@@ -41,11 +41,11 @@ import yaml
 from rich.console import Console
 
 from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_config
-from graftrl.data import MathProblem
-from graftrl.demo import DEFAULT, DemoSettings
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.errors import UserError
-from graftrl.stats import PairedDifference, family_rows, mean_std, paired_difference
+from graftrl.reporting.demo import DEFAULT, DemoSettings
+from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
+from graftrl.storage.data import MathProblem
 
 __all__ = [
     "ROW_KEYS",
@@ -272,10 +272,10 @@ def embedded_task(
 ) -> CompareTask:
     """The demo's task ``name``: warm-started (cached) embedded models and a procedural
     train/held-out split."""
-    from graftrl.data import load_problems
-    from graftrl.demo import _write_jsonl, demo_config, demo_settings
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
+    from graftrl.reporting.demo import _write_jsonl, demo_config, demo_settings
+    from graftrl.storage.data import load_problems
 
     settings = demo_settings(name, quick)
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
@@ -335,7 +335,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 def _rollouts_per_model(run_dir: Path, batch_prompts: int, n: int) -> float:
     """Responses sampled per model over the run (dynamic sampling logs its prompts per step)."""
-    from graftrl.metrics import read_metrics
+    from graftrl.storage.metrics import read_metrics
 
     per_model: dict[str, int] = defaultdict(int)
     for row in read_metrics(run_dir):
@@ -353,8 +353,8 @@ def run_cell(
     console: Console,
 ) -> tuple[dict[str, Any], bool]:
     """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran)."""
-    from graftrl.demo import _evaluate
-    from graftrl.trainer import Trainer
+    from graftrl.reporting.demo import _evaluate
+    from graftrl.training.trainer import Trainer
 
     config = cell_config(task, variant, seed, steps)
     run_dir = out_dir / "runs" / f"{variant.name}-seed{seed}"
@@ -397,8 +397,8 @@ def run_cell(
 
 def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Console) -> dict[str, Any]:
     """pass@1 of the untrained policies (evaluated once; its marker is reused like any cell's)."""
-    from graftrl.demo import _evaluate
-    from graftrl.policy import Policy
+    from graftrl.models.policy import Policy
+    from graftrl.reporting.demo import _evaluate
 
     config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
     run_dir = out_dir / "runs" / WARM_START
@@ -550,7 +550,7 @@ def table_markdown(
 
 def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """variant -> per (step, model) reward on the shared prompt batch, mean over the seeds run."""
-    from graftrl.metrics import read_metrics
+    from graftrl.storage.metrics import read_metrics
 
     curves: dict[str, list[dict[str, Any]]] = {}
     for name in names:
@@ -573,7 +573,7 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
 
 def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """Metrics rows per "<variant> seed <s>", for the per-family training curves."""
-    from graftrl.metrics import read_metrics
+    from graftrl.storage.metrics import read_metrics
 
     return {
         f"{name} seed {seed}": read_metrics(out_dir / "runs" / f"{name}-seed{seed}")
@@ -602,7 +602,7 @@ def write_report(
     total_wall_s: float,
 ) -> Path:
     """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), and the plots."""
-    from graftrl.plots import plot_family_curves, plot_pass_at_1, plot_training_curves
+    from graftrl.reporting.plots import plot_family_curves, plot_pass_at_1, plot_training_curves
 
     summary = summarize(rows)
     names = [v.name for v in matrix.variants]
@@ -702,7 +702,7 @@ def run_compare(
     embedded task called ``embedded`` (``quick``: its smoke-test sizes, ``cache_dir``: where
     warm-started models live).
     """
-    from graftrl.rewards import MathVerifier
+    from graftrl.models.rewards import MathVerifier
 
     console = console or Console()
     if seeds < 1:

@@ -15,18 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.config import Config
-from graftrl.data import MathProblem
 from graftrl.methods import Method
-from graftrl.parallel import DataParallelWorker
-from graftrl.policy import Policy
-from graftrl.worker import PolicyWorker
+from graftrl.models.policy import Policy
+from graftrl.storage.data import MathProblem
+from graftrl.training.parallel import DataParallelWorker
+from graftrl.training.worker import PolicyWorker
 
 
 class LocalBackend:
     """Every policy in this process; workers are plain objects (tests can reach into them).
 
     A policy with ``parallel.data: N > 1`` is a ``DataParallelWorker``: N spawned rank processes
-    driven in lockstep (graftrl.parallel)."""
+    driven in lockstep (graftrl.training.parallel)."""
 
     name = "local"
 
@@ -43,7 +43,7 @@ class LocalBackend:
         # One verifier (and its worker pool) for every policy in this process.
         self._owned_verifier = None
         if verifier is None:
-            from graftrl.rewards import MathVerifier
+            from graftrl.models.rewards import MathVerifier
 
             verifier = self._owned_verifier = MathVerifier.from_config(config.reward)
         self.workers: list[Any] = []

@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from graftrl.benchmarks import Benchmark, load_benchmarks
 from graftrl.config import Config
-from graftrl.evaluation import EvalProtocol, sample_correctness, summarize_benchmark
-from graftrl.policy import Policy
-from graftrl.rollout import HFRolloutEngine
+from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
+from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import HFRolloutEngine
 
 __all__ = ["Validator"]
 

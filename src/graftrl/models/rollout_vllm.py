@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from graftrl.policy import Policy
-from graftrl.rollout import RolloutBatch, SamplingParams
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import RolloutBatch, SamplingParams
 
 if TYPE_CHECKING:
     from vllm import LLM

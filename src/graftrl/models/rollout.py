@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from graftrl.policy import Policy
+from graftrl.models.policy import Policy
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def _rank_main(
             world_size=world,
             timeout=timedelta(seconds=spec.parallel.timeout_s),
         )
-        from graftrl.worker import PolicyWorker
+        from graftrl.training.worker import PolicyWorker
 
         worker = PolicyWorker(config, index, run_dir, problems, verifier=verifier if rank == 0 else None)
         connection.send(("ok", None))

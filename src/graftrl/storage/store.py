@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from graftrl.errors import UserError
 from graftrl.files import atomic_write, remove_stale_temps, sha256_bytes
-from graftrl.records import TrajectoryRecord
+from graftrl.storage.records import TrajectoryRecord
 
 SCHEMA_VERSION = 1
 FORMAT = "graftrl.trajectory_store"
@@ -415,7 +415,7 @@ def _read_manifest(root: Path, *, missing_ok: bool) -> dict[str, Any]:
         if _step_files(root):
             raise StoreError(
                 f"{path}: missing, but the folder holds {len(_step_files(root))} step files; rebuild it with "
-                "graftrl.store.rebuild_manifest (resuming the run that records into it does so)"
+                "graftrl.storage.store.rebuild_manifest (resuming the run that records into it does so)"
             )
         raise StoreError(
             f"{path}: no trajectory store here (manifest.json is missing); check the path, "
@@ -1123,8 +1123,8 @@ def _score_lines(
     dtype: str,
 ) -> str:
     """Fill mean_logprob / token_logprobs / num_tokens from the source model; returns its tokenizer id."""
-    from graftrl.policy import Policy
-    from graftrl.rollout import content_mean_logprob
+    from graftrl.models.policy import Policy
+    from graftrl.models.rollout import content_mean_logprob
 
     try:
         policy = Policy.from_pretrained(

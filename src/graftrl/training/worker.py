@@ -37,10 +37,19 @@ from graftrl.core import (
     minibatch_order,
     truncated_is_weights,
 )
-from graftrl.data import MathProblem, PromptSampler
 from graftrl.errors import TrainingDivergedError
 from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, build_method
-from graftrl.parallel import (
+from graftrl.models.policy import Policy
+from graftrl.models.rollout import (
+    HFRolloutEngine,
+    RolloutBatch,
+    RolloutEngine,
+    SamplingParams,
+    content_mean_logprob,
+)
+from graftrl.storage.data import MathProblem, PromptSampler
+from graftrl.storage.records import TrajectoryRecord
+from graftrl.training.parallel import (
     all_gather_objects,
     broadcast_object,
     full_state_dict,
@@ -50,9 +59,6 @@ from graftrl.parallel import (
     split_rows,
     sum_across_ranks,
 )
-from graftrl.policy import Policy
-from graftrl.records import TrajectoryRecord
-from graftrl.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingParams, content_mean_logprob
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -119,7 +125,7 @@ def make_engine(config: Config, policy: Policy) -> RolloutEngine:
     if config.rollout.engine == "hf":
         return HFRolloutEngine(config.rollout.max_batch_size)
     try:
-        from graftrl.rollout_vllm import VLLMOptions, VLLMRolloutEngine
+        from graftrl.models.rollout_vllm import VLLMOptions, VLLMRolloutEngine
     except ImportError as error:
         raise RuntimeError(
             f"rollout.engine: vllm needs vLLM ({error}); install it with `bash scripts/setup_vllm.sh` "
@@ -258,14 +264,14 @@ class PolicyWorker:
         self.run_dir = Path(run_dir)
         spec = config.policies[index]
         # Data-parallel ranks (parallel.data > 1): this process is one rank of the policy's group,
-        # started by graftrl.parallel.DataParallelWorker.
+        # started by graftrl.training.parallel.DataParallelWorker.
         self.world = spec.parallel.data
         self.rank = 0
         if self.world > 1:
             if not dist.is_initialized() or dist.get_world_size() != self.world:
                 raise RuntimeError(
                     f"policy {spec.name!r}: parallel.data = {self.world} runs through "
-                    "graftrl.parallel.DataParallelWorker (one process per rank)"
+                    "graftrl.training.parallel.DataParallelWorker (one process per rank)"
                 )
             if policy is not None:
                 raise ValueError("parallel.data > 1 loads the policy inside each rank from `policies[].path`")
@@ -323,13 +329,13 @@ class PolicyWorker:
         self.engine: RolloutEngine = make_engine(config, self.policy)
         self._owns_verifier = verifier is None
         if verifier is None and self.rank == 0:  # rank 0 scores for every rank
-            from graftrl.rewards import MathVerifier
+            from graftrl.models.rewards import MathVerifier
 
             verifier = MathVerifier.from_config(config.reward)
         self.verifier = verifier
         self.tokenizer_id = ""
         if config.store.record:
-            from graftrl.store import tokenizer_id
+            from graftrl.storage.store import tokenizer_id
 
             self.tokenizer_id = tokenizer_id(self.policy.tokenizer)
         self.validator = None  # built on first use (backend: ray scores validation here)
@@ -437,7 +443,7 @@ class PolicyWorker:
         timings["time_reward"] += time.perf_counter() - start
         store_rows = []
         if config.store.record:
-            from graftrl.store import rows_from_rollout
+            from graftrl.storage.store import rows_from_rollout
 
             store_rows = rows_from_rollout(
                 step,
@@ -923,9 +929,9 @@ class PolicyWorker:
         )
 
     def validation_scores(self) -> dict[str, float]:
-        """pass@1 per validation benchmark of the current weights (``graftrl.validation``)."""
+        """pass@1 per validation benchmark of the current weights (``graftrl.training.validation``)."""
         if self.validator is None:
-            from graftrl.validation import Validator
+            from graftrl.training.validation import Validator
 
             engine = self.engine if isinstance(self.engine, HFRolloutEngine) else None
             verifier = self.verifier if self.world == 1 else _RankZeroVerifier(self._score)
