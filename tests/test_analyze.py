@@ -15,8 +15,9 @@ from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
 from graftrl.reporting.analyze import AnalysisError, analyze_run
 from graftrl.storage.metrics import read_metrics
-from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, rows_from_rollout, tokenizer_id
+from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
+from graftrl.training.trajectories import rollout_records, stored_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -84,9 +85,8 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
             import torch
 
             r = torch.tensor(pattern, dtype=torch.float32)
-            rows += rows_from_rollout(
-                step, policy.name, tokenizer_id(policy.tokenizer), problems, rollout, r, grpo_advantages(r)
-            )
+            records = rollout_records(step, policy.name, problems, rollout, r, grpo_advantages(r))
+            rows += stored_rows(records, rollout, [p.problem for p in problems], tokenizer_id(policy.tokenizer))
         writer.write_step(step, rows)
         rollouts.clear()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -12,24 +13,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import FIXTURES
 from typer.testing import CliRunner
 
+import graftrl.storage
 from graftrl.cli import app
 from graftrl.core import grpo_advantages
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, SamplingParams
 from graftrl.storage.data import MathProblem
+from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import (
+    SCHEMA,
     SCHEMA_VERSION,
     StoredTrajectory,
     StoreError,
     TrajectoryStore,
     TrajectoryWriter,
-    import_jsonl,
-    rows_from_rollout,
     step_file_name,
     tokenizer_id,
 )
+from graftrl.training.importer import import_jsonl
+from graftrl.training.trajectories import rollout_records, stored_rows
 
 
 def make_row(step: int, source: str, prompt: str, group: int, index: int, reward: float, n: int = 2, **kw):
@@ -110,6 +115,46 @@ def test_round_trip(store):
     assert set(manifest["files"]) == {"step_000000.parquet", "step_000001.parquet"}
     report = reader.verify()
     assert report.ok and report.checked == {"step_000000.parquet": 8, "step_000001.parquet": 8}
+
+
+def test_a_store_written_before_the_split_reads_back_identically(tmp_path):
+    """tests/fixtures/store_v1 was written by graftrl at commit fbc7290, before the stored row
+    became a TrajectoryRecord subclass and the importer left the store module."""
+    old = FIXTURES / "store_v1"
+    reader = TrajectoryStore(old)
+    imported = [make_row(3, "imported", "p7", 0, i, float(i), token_logprobs=None) for i in range(2)]
+    expected = {0: step_rows(0), 3: step_rows(3, prompts=("p1",)) + imported}
+    assert reader.steps() == [0, 3] and reader.verify().ok
+    for step, rows in expected.items():
+        assert reader.read_step(step) == sorted(rows, key=key)
+        # Writing the same rows today gives the same table, schema metadata included (the file
+        # bytes also name the pyarrow version that wrote them).
+        written = TrajectoryWriter(tmp_path / "new").write_step(step, rows)
+        assert pq.read_table(written).equals(pq.read_table(old / written.name), check_metadata=True)
+
+
+def test_the_stored_row_is_the_exchanged_record_plus_replay_fields():
+    row = make_row(0, "llama", "p0", 0, 0, 1.0)
+    record = row.to_record()
+    assert isinstance(row, TrajectoryRecord) and type(record) is TrajectoryRecord
+    assert record.to_dict() == {f.name: getattr(row, f.name) for f in dataclasses.fields(TrajectoryRecord)}
+    replay = {k: v for k, v in row.to_dict().items() if k not in record.to_dict()}
+    assert StoredTrajectory.from_record(record, **replay) == row
+    # Every field but `finished` (stored as finish_reason) is a column of the same name.
+    names = {f.name for f in dataclasses.fields(StoredTrajectory)} - {"finished"} | {"finish_reason"}
+    assert names == set(SCHEMA.names)
+
+
+def test_the_storage_layer_imports_no_model_training_or_reporting_code():
+    """Not even lazily: scoring with a model (the importer) and rollouts live in graftrl.training."""
+    above = ("graftrl.config", "graftrl.models", "graftrl.evaluation", "graftrl.training")
+    above += ("graftrl.reporting", "graftrl.embedded", "graftrl.cli", "transformers")
+    for path in Path(graftrl.storage.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad = [name for name in names if name.startswith(above)]
+            assert not bad, f"{path.name} line {node.lineno} imports {bad}"
 
 
 def test_groups_and_latest_occurrence_rule(store):
@@ -429,7 +474,7 @@ def test_import_cli_with_model(tiny_checkpoints, tmp_path):
 # ----- rows from a real rollout ------------------------------------------------------------------
 
 
-def test_rows_from_rollout_on_a_real_rollout_batch(tiny_checkpoints, tmp_path):
+def test_stored_rows_on_a_real_rollout_batch(tiny_checkpoints, tmp_path):
     policy = Policy.from_pretrained(
         "gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ", device="cpu"
     )
@@ -439,9 +484,8 @@ def test_rows_from_rollout_on_a_real_rollout_batch(tiny_checkpoints, tmp_path):
     batch = HFRolloutEngine().generate(policy, prompts, SamplingParams(n=3, max_new_tokens=6))
     rewards = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     advantages = grpo_advantages(rewards)
-    rows = rows_from_rollout(
-        7, "gpt2", tokenizer_id(policy.tokenizer), problems, batch, rewards, advantages, prompt_texts=prompts
-    )
+    records = rollout_records(7, "gpt2", problems, batch, rewards, advantages)
+    rows = stored_rows(records, batch, prompts, tokenizer_id(policy.tokenizer))
     assert len(rows) == 6
     for row_number, row in enumerate(rows):
         assert (row.prompt_id, row.group_index, row.index) == (

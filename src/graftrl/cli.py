@@ -330,8 +330,8 @@ def import_trajectories_command(
     ] = 1.0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, ... (with --model).")] = "auto",
 ) -> None:
-    """Import external rollouts as a peer's trajectory store (see graftrl.storage.store.import_jsonl)."""
-    from graftrl.storage.store import import_jsonl
+    """Import external rollouts as a peer's trajectory store (see graftrl.training.importer)."""
+    from graftrl.training.importer import import_jsonl
 
     summary = import_jsonl(
         file,

@@ -17,7 +17,7 @@ class TrajectoryRecord:
     prompt_id: str
     """Identifier of the prompt (the data set's ``id``)."""
     step: int
-    """Training step at which the response was sampled."""
+    """Training step at which the response was sampled (0-based, as in metrics.jsonl)."""
     source: str
     """Name of the model that sampled it."""
     index: int
@@ -35,7 +35,7 @@ class TrajectoryRecord:
     num_bytes: int
     """UTF-8 byte length of ``response``."""
     finished: bool
-    """True when the response ended with EOS (False: cut at the length limit)."""
+    """True when the response ended with EOS (finish reason "stop"); False: cut at the length limit."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,14 +32,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +80,7 @@ SCHEMA = pa.schema(
 """Parquet schema, version 1. Nullable: token_logprobs (an import may carry only the mean)
 and eos_logprob (only a response that stopped has one)."""
 
-_MEAN_TOLERANCE = 1e-3
+MEAN_TOLERANCE = 1e-3
 """|mean(token_logprobs) - mean_logprob| allowed (float32 storage, float32 means)."""
 
 
@@ -90,33 +89,13 @@ class StoreError(UserError):
 
 
 @dataclass(frozen=True)
-class StoredTrajectory:
-    """One stored response: the tokenizer-neutral record plus what it needs to be replayed.
+class StoredTrajectory(TrajectoryRecord):
+    """One stored row: the tokenizer-neutral record plus what it needs to be replayed.
 
-    The first eleven fields are ``records.TrajectoryRecord``'s (``to_record`` returns one).
+    The record's fields come first (``to_record`` returns the record alone); the rest are the
+    source's prompt, tokenizer, group and per-token log-probs.
     """
 
-    prompt_id: str
-    step: int
-    """Training step at which the response was sampled (0-based, as in metrics.jsonl)."""
-    source: str
-    """Name of the model that sampled it."""
-    index: int
-    """Position within its group, 0..n-1."""
-    response: str
-    """Response text, decoded without special tokens."""
-    reward: float
-    """Verifier reward in {0, 1}."""
-    advantage: float
-    """GRPO advantage computed by the source on its full group."""
-    mean_logprob: float
-    """Source behaviour log-prob averaged over content tokens (terminal EOS excluded)."""
-    num_tokens: int
-    """Source token count, terminal EOS excluded."""
-    num_bytes: int
-    """UTF-8 byte length of ``response``."""
-    finished: bool
-    """True when the response ended with EOS (finish reason "stop"); False: cut at the limit."""
     prompt_text: str
     """The text the source's prompt template was applied to (problem plus run suffix)."""
     tokenizer_id: str
@@ -135,13 +114,26 @@ class StoredTrajectory:
     def finish_reason(self) -> str:
         return "stop" if self.finished else "length"
 
-    def to_record(self) -> TrajectoryRecord:
-        """The record the trainer exchanges between models."""
-        names = [f.name for f in fields(TrajectoryRecord)]
-        return TrajectoryRecord(**{name: getattr(self, name) for name in names})
+    @classmethod
+    def from_record(cls, record: TrajectoryRecord, **replay: Any) -> StoredTrajectory:
+        """The stored row of ``record``; ``replay`` gives the fields after the record's."""
+        return cls(**_record_values(record), **replay)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_record(self) -> TrajectoryRecord:
+        """The record the trainer exchanges between models (without the replay fields)."""
+        return TrajectoryRecord(**_record_values(self))
+
+
+def _record_values(record: TrajectoryRecord) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in fields(TrajectoryRecord)}
+
+
+_COLUMN_OF_FIELD = {"finished": "finish_reason"}
+"""The one row field stored under another name and form (True <-> "stop", False <-> "length")."""
+# SCHEMA spells out the file format (column order, float32 log-probs); it must name exactly the
+# row's fields, so a field added to the record cannot be silently dropped on write.
+if sorted(_COLUMN_OF_FIELD.get(f.name, f.name) for f in fields(StoredTrajectory)) != sorted(SCHEMA.names):
+    raise RuntimeError("graftrl.storage.store: SCHEMA's columns differ from StoredTrajectory's fields")
 
 
 # ------------------------------------------------------------------------------------------
@@ -160,80 +152,8 @@ def tokenizer_id(tokenizer: Any) -> str:
     return f"{name}@{digest.hexdigest()[:16]}"
 
 
-class _Problem(Protocol):
-    id: str
-    problem: str
-
-
-def rows_from_rollout(
-    step: int,
-    source: str,
-    tokenizer_id: str,
-    problems: Sequence[_Problem],
-    rollout: Any,
-    rewards: Any,
-    advantages: Any,
-    *,
-    prompt_texts: Sequence[str] | None = None,
-) -> list[StoredTrajectory]:
-    """Rows for one model's rollout batch, prompt-major like the trainer (row = p * n + i).
-
-    rollout: a ``rollout.RolloutBatch``; rewards, advantages: [P, n] tensors (or anything
-    ``.reshape(-1)`` + ``float`` work on). prompt_texts: the strings the source's template was
-    applied to (the trainer's prompts with the suffix); default ``problem.problem``. The mean
-    log-prob is ``RolloutBatch.content_mean_logprob`` so ``to_record()`` equals the trainer's
-    record for the same row.
-    """
-    n = int(rollout.n)
-    rows_total = len(rollout.texts)
-    if rows_total != len(problems) * n:
-        raise ValueError(f"rows_from_rollout: {rows_total} responses for {len(problems)} prompts x n={n}")
-    flat_rewards = [float(x) for x in rewards.reshape(-1).tolist()]
-    flat_advantages = [float(x) for x in advantages.reshape(-1).tolist()]
-    if len(flat_rewards) != rows_total or len(flat_advantages) != rows_total:
-        raise ValueError(
-            f"rows_from_rollout: rewards/advantages hold {len(flat_rewards)}/{len(flat_advantages)} "
-            f"values, expected [P, n] = {rows_total}"
-        )
-    texts = list(prompt_texts) if prompt_texts is not None else [p.problem for p in problems]
-    if len(texts) != len(problems):
-        raise ValueError(f"rows_from_rollout: {len(texts)} prompt texts for {len(problems)} problems")
-    out = []
-    for row in range(rows_total):
-        finished = bool(rollout.finished[row])
-        logprobs = rollout.behaviour_logprobs[row].float()
-        content = logprobs[:-1] if finished and len(logprobs) else logprobs
-        text = rollout.texts[row]
-        out.append(
-            StoredTrajectory(
-                prompt_id=str(problems[row // n].id),
-                step=int(step),
-                source=source,
-                index=row % n,
-                response=text,
-                reward=flat_rewards[row],
-                advantage=flat_advantages[row],
-                mean_logprob=rollout.content_mean_logprob(row),
-                num_tokens=rollout.content_length(row),
-                num_bytes=len(text.encode("utf-8")),
-                finished=finished,
-                prompt_text=texts[row // n],
-                tokenizer_id=tokenizer_id,
-                n=n,
-                group_index=row // n,
-                token_logprobs=tuple(content.tolist()),
-                eos_logprob=float(logprobs[-1]) if finished and len(logprobs) else None,
-            )
-        )
-    return out
-
-
 def step_file_name(step: int) -> str:
     return f"step_{step:06d}.parquet"
-
-
-_atomic_write = atomic_write
-_sha256 = sha256_bytes
 
 
 # ------------------------------------------------------------------------------------------
@@ -242,16 +162,8 @@ _sha256 = sha256_bytes
 
 
 def _table_from_rows(rows: Sequence[StoredTrajectory], step: int) -> pa.Table:
-    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-    for row in rows:
-        for name in SCHEMA.names:
-            if name == "finish_reason":
-                columns[name].append(row.finish_reason)
-            elif name == "token_logprobs":
-                values = row.token_logprobs
-                columns[name].append(None if values is None else list(values))
-            else:
-                columns[name].append(getattr(row, name))
+    columns = {name: [getattr(row, name) for row in rows] for name in SCHEMA.names}
+    columns["token_logprobs"] = [None if lps is None else list(lps) for lps in columns["token_logprobs"]]
     metadata = {_META_VERSION: str(SCHEMA_VERSION).encode(), _META_STEP: str(step).encode()}
     try:
         return pa.Table.from_pydict(columns, schema=SCHEMA.with_metadata(metadata))
@@ -260,33 +172,17 @@ def _table_from_rows(rows: Sequence[StoredTrajectory], step: int) -> pa.Table:
 
 
 def _rows_from_table(table: pa.Table, token_logprobs: bool = True) -> list[StoredTrajectory]:
-    data = table.to_pydict()
-    out = []
-    for i in range(table.num_rows):
-        lps = data["token_logprobs"][i] if token_logprobs else None
-        eos = data["eos_logprob"][i]
-        out.append(
-            StoredTrajectory(
-                prompt_id=data["prompt_id"][i],
-                step=data["step"][i],
-                source=data["source"][i],
-                index=data["index"][i],
-                response=data["response"][i],
-                reward=data["reward"][i],
-                advantage=data["advantage"][i],
-                mean_logprob=data["mean_logprob"][i],
-                num_tokens=data["num_tokens"][i],
-                num_bytes=data["num_bytes"][i],
-                finished=data["finish_reason"][i] == "stop",
-                prompt_text=data["prompt_text"][i],
-                tokenizer_id=data["tokenizer_id"][i],
-                n=data["n"][i],
-                group_index=data["group_index"][i],
-                token_logprobs=None if lps is None else tuple(lps),
-                eos_logprob=eos,
-            )
+    data = table.select([n for n in SCHEMA.names if token_logprobs or n != "token_logprobs"]).to_pydict()
+    stopped = [reason == "stop" for reason in data.pop("finish_reason")]
+    per_token = data.pop("token_logprobs", [None] * table.num_rows)
+    return [
+        StoredTrajectory(
+            **{name: column[i] for name, column in data.items()},
+            finished=stopped[i],
+            token_logprobs=None if per_token[i] is None else tuple(per_token[i]),
         )
-    return out
+        for i in range(table.num_rows)
+    ]
 
 
 def _describe_row(data: Mapping[str, Sequence[Any]], i: int) -> str:
@@ -375,7 +271,7 @@ def _validate_table(table: pa.Table, where: str, step: int, fix: str) -> None:
         np.add.at(sums, owners, values)
         means = np.divide(sums, lengths, out=np.zeros(len(lengths)), where=lengths > 0)
         mean = np.asarray(data["mean_logprob"], dtype=np.float64)
-        off = present & (np.abs(means - mean) > _MEAN_TOLERANCE * np.maximum(1.0, np.abs(mean)))
+        off = present & (np.abs(means - mean) > MEAN_TOLERANCE * np.maximum(1.0, np.abs(mean)))
         check("mean_logprob", off, "differs from the mean of 'token_logprobs'")
 
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -457,7 +353,7 @@ def _read_manifest(root: Path, *, missing_ok: bool) -> dict[str, Any]:
 
 def _write_manifest(root: Path, manifest: Mapping[str, Any]) -> None:
     data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8") + b"\n"
-    _atomic_write(root / MANIFEST, data)
+    atomic_write(root / MANIFEST, data)
 
 
 def _step_files(root: Path) -> list[Path]:
@@ -492,7 +388,7 @@ def rebuild_manifest(root: str | Path) -> list[int]:
             "step": step,
             "rows": table.num_rows,
             "bytes": len(data),
-            "sha256": _sha256(data),
+            "sha256": sha256_bytes(data),
             "sources": sorted(set(table.column("source").to_pylist())),
         }
     _write_manifest(root, manifest)
@@ -540,12 +436,12 @@ class TrajectoryWriter:
         pq.write_table(table, buffer, compression="zstd")
         data = buffer.getvalue()
         manifest = _read_manifest(self.root, missing_ok=True)
-        _atomic_write(self.root / name, data)
+        atomic_write(self.root / name, data)
         manifest["files"][name] = {
             "step": step,
             "rows": table.num_rows,
             "bytes": len(data),
-            "sha256": _sha256(data),
+            "sha256": sha256_bytes(data),
             "sources": sorted({r.source for r in rows}),
         }
         _write_manifest(self.root, manifest)
@@ -633,7 +529,7 @@ class TrajectoryStore:
                 f"or drop its entry 'files.{name}' from manifest.json to give up the step"
             )
         data = path.read_bytes()
-        digest = _sha256(data)
+        digest = sha256_bytes(data)
         if digest != entry["sha256"]:
             raise StoreError(
                 f"{path}: checksum mismatch (sha256 {digest[:12]}..., manifest.json field "
@@ -783,383 +679,3 @@ def _span(steps: Sequence[int]) -> str:
     if not steps:
         return "none"
     return ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]}..{steps[-1]} ({len(steps)} files)"
-
-
-# ------------------------------------------------------------------------------------------
-# Import of external trajectories
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ImportSummary:
-    rows: int
-    groups: int
-    steps: list[int]
-    sources: list[str]
-    scored: int
-    """Rows whose log-probs were computed with the source model."""
-    computed_advantages: int
-    """Groups whose GRPO advantages were computed here."""
-    unequal_groups: str | None = None
-    """A one-line note when one source's groups differ in size (None: all equal)."""
-
-
-@dataclass
-class _Line:
-    where: str
-    prompt_id: str
-    response: str
-    reward: float
-    step: int
-    source: str
-    prompt_text: str | None
-    finished: bool
-    advantage: float | None
-    index: int | None
-    token_logprobs: list[float] | None
-    mean_logprob: float | None
-    num_tokens: int | None
-    eos_logprob: float | None
-    tokenizer_id: str | None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _parse_line(obj: Any, where: str, default_source: str) -> _Line:
-    def bad(field_name: str, what: str) -> StoreError:
-        return StoreError(f"{where}: field {field_name!r} {what}")
-
-    if not isinstance(obj, dict):
-        raise StoreError(f"{where}: expected a JSON object per line")
-    for required in ("prompt_id", "response", "reward"):
-        if required not in obj:
-            raise bad(required, "is missing (required: prompt_id, response, reward)")
-    prompt_id = obj["prompt_id"]
-    if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int):
-        raise bad("prompt_id", f"must be a string or integer, got {prompt_id!r}")
-    if not isinstance(obj["response"], str):
-        raise bad("response", "must be a string")
-    reward = obj["reward"]
-    if isinstance(reward, bool):
-        reward = float(reward)
-    if not _number(reward) or float(reward) not in (0.0, 1.0):
-        raise bad("reward", f"must be 0 or 1 (a verifier reward), got {reward!r}")
-    step = obj.get("step", 0)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise bad("step", f"must be an integer >= 0, got {step!r}")
-    source = obj.get("source", default_source)
-    if not isinstance(source, str) or not source:
-        raise bad("source", f"must be a non-empty string, got {source!r}")
-    prompt_text = obj.get("prompt")
-    if prompt_text is not None and not isinstance(prompt_text, str):
-        raise bad("prompt", "must be a string")
-    finish = obj.get("finish_reason", "stop")
-    if finish not in FINISH_REASONS:
-        raise bad("finish_reason", f"must be one of {FINISH_REASONS}, got {finish!r}")
-    advantage = obj.get("advantage")
-    if advantage is not None and (not _number(advantage) or not math.isfinite(advantage)):
-        raise bad("advantage", f"must be a finite number, got {advantage!r}")
-    index = obj.get("index")
-    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
-        raise bad("index", f"must be an integer >= 0, got {index!r}")
-    lps = obj.get("token_logprobs")
-    if lps is not None and (
-        not isinstance(lps, list) or not all(_number(v) and math.isfinite(v) and v <= 1e-6 for v in lps)
-    ):
-        raise bad("token_logprobs", "must be a list of finite log-probs <= 0 (content tokens, EOS excluded)")
-    mean = obj.get("mean_logprob")
-    if mean is not None and (not _number(mean) or not math.isfinite(mean) or mean > 1e-6):
-        raise bad("mean_logprob", f"must be a finite log-prob <= 0, got {mean!r}")
-    num_tokens = obj.get("num_tokens")
-    if num_tokens is not None and (
-        isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0
-    ):
-        raise bad("num_tokens", f"must be an integer >= 0, got {num_tokens!r}")
-    if lps is not None:
-        if num_tokens is not None and num_tokens != len(lps):
-            raise bad(
-                "num_tokens", f"is {num_tokens} but 'token_logprobs' has {len(lps)} values (EOS excluded)"
-            )
-        computed = sum(lps) / len(lps) if lps else 0.0
-        if mean is not None and abs(computed - mean) > _MEAN_TOLERANCE * max(1.0, abs(mean)):
-            raise bad("mean_logprob", f"is {mean} but the mean of 'token_logprobs' is {computed:.6f}")
-        mean, num_tokens = computed, len(lps)
-    elif mean is not None and num_tokens is None:
-        raise bad("num_tokens", "is missing: 'mean_logprob' needs the source token count next to it")
-    eos = obj.get("eos_logprob")
-    if eos is not None and (not _number(eos) or finish != "stop" or eos > 1e-6):
-        raise bad("eos_logprob", "must be a log-prob <= 0, and only on a response with finish_reason 'stop'")
-    tok = obj.get("tokenizer_id")
-    if tok is not None and not isinstance(tok, str):
-        raise bad("tokenizer_id", "must be a string")
-    return _Line(
-        where=where,
-        prompt_id=str(prompt_id),
-        response=obj["response"],
-        reward=float(reward),
-        step=step,
-        source=source,
-        prompt_text=prompt_text,
-        finished=finish == "stop",
-        advantage=None if advantage is None else float(advantage),
-        index=index,
-        token_logprobs=None if lps is None else [float(v) for v in lps],
-        mean_logprob=None if mean is None else float(mean),
-        num_tokens=num_tokens,
-        eos_logprob=None if eos is None else float(eos),
-        tokenizer_id=tok,
-    )
-
-
-def import_jsonl(
-    path: str | Path,
-    store_root: str | Path,
-    model_path: str | Path | None = None,
-    template: str = "{problem}",
-    *,
-    source: str | None = None,
-    chat_template: bool = False,
-    temperature: float = 1.0,
-    device: str = "auto",
-    dtype: str = "float32",
-    source_tokenizer_id: str | None = None,
-    adv_eps: float = 1e-6,
-    adv_std_unbiased: bool = True,
-) -> ImportSummary:
-    """Import trajectories logged elsewhere (one JSON object per line) as a peer's store.
-
-    Fields per line: ``prompt_id``, ``response``, ``reward`` (0/1) required; optional ``step``
-    (default 0), ``source`` (default: ``source`` argument, else the model folder's name, else
-    the file's stem), ``prompt`` (the text the template is applied to), ``finish_reason``
-    ("stop" default | "length"), ``index``, ``advantage``, ``token_logprobs`` (content tokens,
-    terminal EOS excluded) or ``mean_logprob`` + ``num_tokens``, ``eos_logprob``,
-    ``tokenizer_id``. Unknown fields are ignored.
-
-    Groups are (step, source, prompt_id). A group without advantages gets GRPO advantages
-    (eq. 1, ``adv_eps``, ``adv_std_unbiased``); a group must give all or none. Rows without
-    log-probs are scored with the source model at ``model_path`` (its ``template`` or chat
-    template, ``Policy.encode_response``, ``Policy.score`` at ``temperature``, mean over content
-    tokens with the terminal EOS excluded); without ``model_path`` the import is refused.
-    ``source_tokenizer_id`` names the source tokenizer for lines without ``tokenizer_id``
-    (default: computed from the model, else "unknown"). Steps already in the store are merged
-    with, unless they hold the same source. The whole file is checked before anything is
-    scored or written.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise StoreError(f"{path}: no such file")
-    if not path.is_file():
-        raise StoreError(f"{path}: is a folder, not a JSONL file; give the trajectories file itself")
-    default_source = source or (Path(model_path).name if model_path else path.stem)
-    lines: list[_Line] = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            where = f"{path} line {number}"
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise StoreError(
-                    f"{where}: not UTF-8 text (byte {error.start} of the line); save the file as UTF-8"
-                ) from None
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise StoreError(f"{where}: not valid JSON ({error.msg})") from None
-            lines.append(_parse_line(obj, where, default_source))
-    if not lines:
-        raise StoreError(f"{path}: no trajectories (the file is empty)")
-
-    groups: dict[tuple[int, str, str], list[_Line]] = defaultdict(list)
-    for line in lines:
-        groups[(line.step, line.source, line.prompt_id)].append(line)
-    for (_, _, prompt_id), members in groups.items():
-        _check_group(members, prompt_id)
-    unequal_groups = _unequal_group_sizes(groups)
-
-    needs_score = [line for line in lines if line.mean_logprob is None]
-    if needs_score and model_path is None:
-        first = needs_score[0]
-        raise StoreError(
-            f"{first.where}: missing field 'token_logprobs' (or 'mean_logprob' + 'num_tokens'), the "
-            f"source's log-probs the compatibility score needs ({len(needs_score)} line(s) lack them); "
-            "pass --model PATH (the source model) to compute them"
-        )
-    default_tokenizer = source_tokenizer_id
-    if model_path is not None:
-        default_tokenizer = _score_lines(
-            needs_score, str(model_path), template, chat_template, temperature, device, dtype
-        )
-        default_tokenizer = source_tokenizer_id or default_tokenizer
-
-    computed = 0
-    rows_by_step: dict[int, list[StoredTrajectory]] = defaultdict(list)
-    group_counter: dict[tuple[int, str], int] = defaultdict(int)
-    for (step, src, prompt_id), members in groups.items():
-        advantages = _group_advantages(members, adv_eps, adv_std_unbiased)
-        computed += int(members[0].advantage is None)
-        indices = [m.index for m in members] if members[0].index is not None else range(len(members))
-        group_index = group_counter[(step, src)]
-        group_counter[(step, src)] += 1
-        prompt_text = next((m.prompt_text for m in members if m.prompt_text is not None), "")
-        for line, advantage, index in zip(members, advantages, indices, strict=True):
-            assert line.mean_logprob is not None and line.num_tokens is not None
-            rows_by_step[step].append(
-                StoredTrajectory(
-                    prompt_id=prompt_id,
-                    step=step,
-                    source=src,
-                    index=int(index),
-                    response=line.response,
-                    reward=line.reward,
-                    advantage=advantage,
-                    mean_logprob=line.mean_logprob,
-                    num_tokens=line.num_tokens,
-                    num_bytes=len(line.response.encode("utf-8")),
-                    finished=line.finished,
-                    prompt_text=prompt_text,
-                    tokenizer_id=line.tokenizer_id or default_tokenizer or "unknown",
-                    n=len(members),
-                    group_index=group_index,
-                    token_logprobs=None if line.token_logprobs is None else tuple(line.token_logprobs),
-                    eos_logprob=line.eos_logprob,
-                )
-            )
-
-    root = Path(store_root)
-    writer = TrajectoryWriter(root)
-    existing = TrajectoryStore(root) if (root / MANIFEST).exists() else None
-    merged: dict[int, list[StoredTrajectory]] = {}
-    for step, rows in sorted(rows_by_step.items()):
-        new_sources = {r.source for r in rows}
-        if existing is not None and step in existing.steps():
-            old = existing.read_step(step)
-            clash = new_sources & {r.source for r in old}
-            if clash:
-                raise StoreError(
-                    f"{root}: step {step} already holds trajectories from source(s) {sorted(clash)}; import "
-                    "into a new --store folder, or give these another name with --source"
-                )
-            rows = old + rows
-        merged[step] = rows
-    for step, rows in merged.items():
-        writer.write_step(step, rows)
-    return ImportSummary(
-        rows=len(lines),
-        groups=len(groups),
-        steps=sorted(rows_by_step),
-        sources=sorted({line.source for line in lines}),
-        scored=len(needs_score),
-        computed_advantages=computed,
-        unequal_groups=unequal_groups,
-    )
-
-
-def _check_group(members: Sequence[_Line], prompt_id: str) -> None:
-    """All-or-none advantages and indices, one prompt text: before any expensive scoring."""
-    what = f"the group of prompt {prompt_id!r} (step {members[0].step}, source {members[0].source!r})"
-    for name in ("advantage", "index"):
-        given = [getattr(m, name) is not None for m in members]
-        if any(given) and not all(given):
-            line = members[given.index(False)]
-            raise StoreError(
-                f"{line.where}: field {name!r} is missing while other lines of {what} have it; "
-                "give it on every line of the group or on none"
-            )
-    indices = [m.index for m in members]
-    if indices[0] is not None and sorted(indices) != list(range(len(members))):  # type: ignore[type-var]
-        raise StoreError(
-            f"{members[-1].where}: field 'index': {what} has indices {indices}; "
-            f"give 0..{len(members) - 1} once each (the group has {len(members)} lines), or leave them out"
-        )
-    texts = {m.prompt_text for m in members if m.prompt_text is not None}
-    if len(texts) > 1:
-        raise StoreError(f"{members[-1].where}: field 'prompt' differs between lines of {what}")
-
-
-def _unequal_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]]) -> str | None:
-    """A note naming a group whose size differs from the rest of its source's, else None.
-
-    The store keeps each group's own n, so such a file imports; a run replaying it refuses, at the
-    step that needs it, every group whose size is not its ``rollout.n``.
-    """
-    sizes: dict[str, dict[int, tuple[str, int, str]]] = defaultdict(dict)
-    for (step, src, prompt_id), members in groups.items():
-        sizes[src].setdefault(len(members), (prompt_id, step, members[-1].where))
-    for src, by_size in sizes.items():
-        if len(by_size) > 1:
-            common = max(by_size, key=lambda n: sum(len(m) == n for k, m in groups.items() if k[1] == src))
-            odd = next(n for n in by_size if n != common)
-            prompt_id, step, where = by_size[odd]
-            return (
-                f"{where}: the group of prompt {prompt_id!r} (step {step}, source {src!r}) has {odd} responses "
-                f"while other groups of {src!r} have {common}; a run replaying this store as a peer refuses "
-                "groups whose size is not its rollout.n"
-            )
-    return None
-
-
-def _group_advantages(members: Sequence[_Line], eps: float, unbiased: bool) -> list[float]:
-    if members[0].advantage is not None:
-        return [float(m.advantage) for m in members]  # type: ignore[arg-type]
-    import torch
-
-    from graftrl.core import grpo_advantages
-
-    rewards = torch.tensor([[m.reward for m in members]], dtype=torch.float32)
-    return [float(a) for a in grpo_advantages(rewards, eps, unbiased).view(-1).tolist()]
-
-
-def _score_lines(
-    lines: Sequence[_Line],
-    model_path: str,
-    template: str,
-    chat_template: bool,
-    temperature: float,
-    device: str,
-    dtype: str,
-) -> str:
-    """Fill mean_logprob / token_logprobs / num_tokens from the source model; returns its tokenizer id."""
-    from graftrl.models.policy import Policy
-    from graftrl.models.rollout import content_mean_logprob
-
-    try:
-        policy = Policy.from_pretrained(
-            "source",
-            model_path,
-            dtype=dtype,
-            device=device,
-            template=template,
-            chat_template=chat_template,
-            temperature=temperature,
-        )
-    except (OSError, ValueError) as error:
-        raise StoreError(f"--model {model_path}: cannot load the source model ({error})") from None
-    source_id = tokenizer_id(policy.tokenizer)
-    if not lines:
-        return source_id
-    missing_prompt = [line for line in lines if line.prompt_text is None]
-    if missing_prompt:
-        raise StoreError(
-            f"{missing_prompt[0].where}: field 'prompt' is missing; scoring a response with --model needs the "
-            "prompt text it answered (the text the --template is applied to)"
-        )
-    try:
-        prompts = policy.encode_prompts([line.prompt_text or "" for line in lines])
-    except (KeyError, IndexError, ValueError) as error:
-        raise StoreError(
-            f"--template {template!r}: cannot format a prompt ({error}); use '{{problem}}'"
-        ) from None
-    responses = [policy.encode_response(line.response, line.finished) for line in lines]
-    scores = policy.score(prompts, responses)
-    for line, logprobs in zip(lines, scores, strict=True):
-        logprobs = logprobs.float()
-        content = logprobs[:-1] if line.finished and len(logprobs) else logprobs
-        line.token_logprobs = content.tolist()
-        line.num_tokens = len(content)
-        line.mean_logprob = content_mean_logprob(logprobs, line.finished)
-        line.eos_logprob = float(logprobs[-1]) if line.finished and len(logprobs) else None
-    return source_id

@@ -1,8 +1,10 @@
 """Training engine: one step of rollouts, exchange and updates, repeated, resumable.
 
-Owns the per-policy worker (``worker``: rollout, re-tokenize, score, update), FSDP2 data
-parallelism (``parallel``), the local and Ray backends that host workers (``backends``),
-periodic validation (``validation``) and the loop with checkpoints and logs (``trainer``). May
+Owns the per-policy worker (``worker``: rollout, re-tokenize, score, update), the one rollout ->
+record converter (``trajectories``: exchanged records and store rows), FSDP2 data parallelism
+(``parallel``), the local and Ray backends that host workers (``backends``), periodic validation
+(``validation``), the loop with checkpoints and logs (``trainer``) and the JSONL trajectory
+importer that scores foreign responses with the source model (``importer``). May
 import ``methods``, ``models``, ``evaluation``, ``storage``, ``config`` and below; never
 reporting.
 """

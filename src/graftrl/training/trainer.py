@@ -51,9 +51,9 @@ from graftrl.storage.metrics import MetricsLogger, truncate_jsonl
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import LocalBackend, RayBackend, make_backend
-from graftrl.training.worker import PolicyRollout, step_seed, with_suffix, write_jsonl
+from graftrl.training.worker import PolicyRollout, step_seed, write_jsonl
 
-__all__ = ["Trainer", "step_seed", "with_suffix"]
+__all__ = ["Trainer", "step_seed"]
 
 
 class Trainer:

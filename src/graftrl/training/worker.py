@@ -59,6 +59,7 @@ from graftrl.training.parallel import (
     split_rows,
     sum_across_ranks,
 )
+from graftrl.training.trajectories import rollout_records, stored_rows
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -90,34 +91,6 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]], n: int) -
         texts=[batch.texts[r] for batch, r in rows],
         n=n,
     )
-
-
-def rollout_records(
-    step: int,
-    source: str,
-    problems: Sequence[MathProblem],
-    rollout: RolloutBatch,
-    rewards: Tensor,
-    advantages: Tensor,
-) -> list[TrajectoryRecord]:
-    """The tokenizer-neutral records of a rollout batch (row = p * n + i)."""
-    n = rollout.n
-    return [
-        TrajectoryRecord(
-            prompt_id=problems[row // n].id,
-            step=step,
-            source=source,
-            index=row % n,
-            response=rollout.texts[row],
-            reward=float(rewards.view(-1)[row]),
-            advantage=float(advantages.view(-1)[row]),
-            mean_logprob=rollout.content_mean_logprob(row),
-            num_tokens=rollout.content_length(row),
-            num_bytes=len(rollout.texts[row].encode("utf-8")),
-            finished=rollout.finished[row],
-        )
-        for row in range(len(rollout.texts))
-    ]
 
 
 def make_engine(config: Config, policy: Policy) -> RolloutEngine:
@@ -443,18 +416,8 @@ class PolicyWorker:
         timings["time_reward"] += time.perf_counter() - start
         store_rows = []
         if config.store.record:
-            from graftrl.storage.store import rows_from_rollout
-
-            store_rows = rows_from_rollout(
-                step,
-                self.name,
-                self.tokenizer_id,
-                kept_problems,
-                rollout,
-                outcomes.rewards,
-                outcomes.advantages,
-                prompt_texts=[with_suffix(p.problem, config.data.prompt_suffix) for p in kept_problems],
-            )
+            prompt_texts = [with_suffix(p.problem, config.data.prompt_suffix) for p in kept_problems]
+            store_rows = stored_rows(records, rollout, prompt_texts, self.tokenizer_id)
         self._rollout = rollout
         return PolicyRollout(kept_problems, outcomes, records, shared, info, timings, store_rows)
 
