@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 from collections import Counter
 from pathlib import Path
 
@@ -12,14 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graftrl.storage.data import (
-    PAPER_PROMPT_SUFFIX,
-    DataError,
-    MathProblem,
-    PromptSampler,
-    format_prompt,
-    load_problems,
-)
+from graftrl.storage.data import PAPER_PROMPT_SUFFIX, DataError, MathProblem, PromptSampler, load_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JSONL = FIXTURES / "math_small.jsonl"
@@ -153,6 +147,39 @@ def test_unsupported_suffix_and_missing_file(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ prompts
+
+
+_TEMPLATE_FIELDS = {"problem", "suffix"}
+
+
+def format_prompt(problem: str, template: str = "{problem}", suffix: str | None = PAPER_PROMPT_SUFFIX) -> str:
+    """Fill ``template`` (a ``str.format`` string) with the problem and instruction suffix.
+
+    Used only here (it left ``graftrl.storage.data``): a run formats prompts with
+    ``worker.with_suffix`` and the policy's own template (``Policy.format_prompt``).
+
+    ``{problem}`` is required; ``{suffix}`` places the suffix (empty when ``suffix`` is None).
+    A template without ``{suffix}`` gets a non-None suffix appended after one space, so a bare
+    ``"{problem}"`` gives the paper's ``"<problem> Let's think step by step ..."``. Literal
+    braces in the template must be doubled (``{{``); braces inside the problem need nothing.
+    """
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise ValueError(
+            f"prompt template {template!r} is not a valid format string ({exc}); "
+            "double literal braces as {{ and }}"
+        ) from exc
+    unknown = fields - _TEMPLATE_FIELDS
+    if unknown or "problem" not in fields:
+        raise ValueError(
+            f"prompt template {template!r} must contain {{problem}} and may contain {{suffix}}; "
+            f"found fields {sorted(fields)} (double literal braces as {{{{ and }}}})"
+        )
+    text = template.format(problem=problem, suffix=suffix or "")
+    if suffix and "suffix" not in fields:
+        text = f"{text} {suffix}"
+    return text
 
 
 def test_format_prompt() -> None:

@@ -1,4 +1,4 @@
-"""Math prompt datasets: loading problem files, formatting prompts, sampling prompt batches.
+"""Math prompt datasets: loading problem files, sampling prompt batches.
 
 Files are JSONL, JSON (an array of records, or JSONL under a ``.json`` name) or Parquet, one
 record per problem with ``problem``, ``answer`` and an optional ``id``. Errors name the file,
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ __all__ = [
     "DataError",
     "MathProblem",
     "PromptSampler",
-    "format_prompt",
     "load_problems",
 ]
 
@@ -160,40 +158,6 @@ def _scalar_to_str(loc: str, name: str, value: Any) -> str:
     text = str(value).strip()
     if not text:
         raise DataError(f"{loc}: field {name!r} is empty")
-    return text
-
-
-# --------------------------------------------------------------------------------------------
-# Prompts
-# --------------------------------------------------------------------------------------------
-
-_TEMPLATE_FIELDS = {"problem", "suffix"}
-
-
-def format_prompt(problem: str, template: str = "{problem}", suffix: str | None = PAPER_PROMPT_SUFFIX) -> str:
-    """Fill ``template`` (a ``str.format`` string) with the problem and instruction suffix.
-
-    ``{problem}`` is required; ``{suffix}`` places the suffix (empty when ``suffix`` is None).
-    A template without ``{suffix}`` gets a non-None suffix appended after one space, so a bare
-    ``"{problem}"`` gives the paper's ``"<problem> Let's think step by step ..."``. Literal
-    braces in the template must be doubled (``{{``); braces inside the problem need nothing.
-    """
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as exc:
-        raise ValueError(
-            f"prompt template {template!r} is not a valid format string ({exc}); "
-            "double literal braces as {{ and }}"
-        ) from exc
-    unknown = fields - _TEMPLATE_FIELDS
-    if unknown or "problem" not in fields:
-        raise ValueError(
-            f"prompt template {template!r} must contain {{problem}} and may contain {{suffix}}; "
-            f"found fields {sorted(fields)} (double literal braces as {{{{ and }}}})"
-        )
-    text = template.format(problem=problem, suffix=suffix or "")
-    if suffix and "suffix" not in fields:
-        text = f"{text} {suffix}"
     return text
 
 
