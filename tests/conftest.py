@@ -1,12 +1,22 @@
-"""Shared fixtures: two tiny heterogeneous checkpoints saved and loaded by path, as real ones are."""
+"""Shared fixtures and builders: two tiny heterogeneous checkpoints saved and loaded by path, as
+real ones are; a two-policy run config on them; scripted and text-hashing verifiers. Test modules
+import the builders with ``from conftest import ...``."""
 
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+from graftrl.storage.store import StoredTrajectory
+
+if TYPE_CHECKING:
+    from graftrl.training.trainer import Trainer
 
 # Every model in the tests is built here: never wait on a hub that this machine cannot reach.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +26,146 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SRC = Path(__file__).parents[1] / "src"
+"""The package source, for the PYTHONPATH of subprocesses."""
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+
+# ----- builders shared by the test modules ----------------------------------------------------
+
+
+class ScriptedRewards:
+    """Rewards by (call, prompt, sample) so a test can force a given exchange pattern.
+
+    The trainer scores each policy once per step in policy order; ``patterns[call % K]`` is a
+    [P, n] list of rewards for that policy. Everything else in the run is real.
+    """
+
+    def __init__(self, patterns: Sequence[list[list[float]]]) -> None:
+        self.patterns = patterns
+        self.calls = 0
+        self.given: list[list[list[float]]] = []
+        """The pattern given at each call."""
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        pattern = self.patterns[self.calls % len(self.patterns)]
+        self.calls += 1
+        self.given.append(pattern)
+        flat = [r for group in pattern for r in group]
+        assert len(flat) == len(responses)
+        return flat
+
+    def close(self) -> None:
+        pass
+
+
+def comparable_metrics(run: Path) -> list[dict]:
+    """Metrics rows without wall-clock and memory figures, which are measurements, not results."""
+    from graftrl.storage.metrics import read_metrics
+
+    return [
+        {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))} for row in read_metrics(run)
+    ]
+
+
+def make_config(paths: dict[str, Path], method: str = "graft", **train) -> dict:
+    """A two-policy run (n = 4, 2 steps of 4 prompts) on ``tiny_checkpoints``; ``train`` overrides."""
+    return {
+        "method": method,
+        "seed": 3,
+        "policies": [
+            {"name": "llama", "path": str(paths["llama"]), "template": "{problem}="},
+            {"name": "gpt2", "path": str(paths["gpt2"]), "template": "Q: {problem}\nA: "},
+        ],
+        "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
+        "rollout": {"n": 4, "max_new_tokens": 8},
+        "train": {"steps": 2, "batch_prompts": 4, "minibatch_prompts": 2, "micro_batch_size": 5, **train},
+        "optim": {"lr": 1e-2},
+        "logging": {"progress": False},
+    }
+
+
+# llama fails prompt 0 entirely while gpt2 is mixed there; the reverse on prompt 1; both mixed
+# on prompts 2 and 3. So each direction has exactly one candidate and m = 1.
+CROSSED = [
+    [[0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],  # llama
+    [[1, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],  # gpt2
+]
+ALL_MIXED = [
+    [[1, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],
+    [[1, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],
+]
+
+
+def weights_of(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {
+        f"{p.name}.{k}": v.detach().clone() for p in trainer.policies for k, v in p.model.state_dict().items()
+    }
+
+
+class TextRewards:
+    """A pure function of the response text (so every process scores alike), about 1 in 4 correct:
+    the random tiny models get mixed and all-fail groups, hence real exchanges."""
+
+    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
+        return [float(zlib.crc32(r.encode()) % 4 == 0) for r in responses]
+
+    def close(self) -> None:
+        pass
+
+
+def make_row(
+    step: int, source: str, prompt: str, group: int, index: int, reward: float, n: int = 2, **kw
+) -> StoredTrajectory:
+    """A stored row whose log-probs are float32-exact; ``kw`` overrides fields."""
+    finished = index % 2 == 0
+    values = (-0.5, -0.25, -1.0)[: 1 + index % 3]  # float32-exact, so they round-trip exactly
+    text = f"answer {prompt} {index} é"
+    fields = {
+        "prompt_id": prompt,
+        "step": step,
+        "source": source,
+        "index": index,
+        "response": text,
+        "reward": reward,
+        "advantage": 0.7071 if reward else -0.7071,
+        "mean_logprob": sum(values) / len(values),
+        "num_tokens": len(values),
+        "num_bytes": len(text.encode("utf-8")),
+        "finished": finished,
+        "prompt_text": f"What is {prompt}?",
+        "tokenizer_id": f"{source}@0123",
+        "n": n,
+        "group_index": group,
+        "token_logprobs": values,
+        "eos_logprob": -0.125 if finished else None,
+    }
+    fields.update(kw)
+    return StoredTrajectory(**fields)
+
+
+def step_rows(step: int, prompts=("p0", "p1"), sources=("llama", "gpt2")) -> list[StoredTrajectory]:
+    """Rows of a complete step: 2 responses per (source, prompt)."""
+    return [
+        make_row(step, source, prompt, g, i, float((i + g) % 2))
+        for source in sources
+        for g, prompt in enumerate(prompts)
+        for i in range(2)
+    ]
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+# ----- checkpoints ----------------------------------------------------------------------------
 
 
 def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import CROSSED, FIXTURES, ScriptedRewards
 from typer.testing import CliRunner
 
 from graftrl.cli import app
@@ -19,13 +19,6 @@ from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_i
 from graftrl.training.trainer import Trainer
 from graftrl.training.trajectories import rollout_records, stored_rows
 
-FIXTURES = Path(__file__).parent / "fixtures"
-
-# llama fails prompt 0 entirely while gpt2 is mixed there; the reverse on prompt 1.
-CROSSED = [
-    [[0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],  # llama
-    [[1, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],  # gpt2
-]
 SECTIONS = [
     "## Complementarity (paper Figure 1)",
     "## Exchange volume",
@@ -36,22 +29,6 @@ SECTIONS = [
     "## Compute (paper Appendix D)",
     "## Trajectory store",
 ]
-
-
-class ScriptedRewards:
-    """Rewards by call (one call per policy per step, in policy order); remembers what it gave."""
-
-    def __init__(self, patterns: Sequence[list[list[float]]]) -> None:
-        self.patterns = patterns
-        self.given: list[list[list[float]]] = []
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-        pattern = self.patterns[len(self.given) % len(self.patterns)]
-        self.given.append(pattern)
-        return [float(r) for group in pattern for r in group]
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import sys
-import zlib
-from collections.abc import Sequence
 
+import conftest
 import pytest
 import ray
 import torch
+from conftest import TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
-from test_trainer import comparable_metrics, make_config
 
 from graftrl.config import config_from_dict
 from graftrl.storage.metrics import read_metrics
 from graftrl.training.trainer import Trainer
 
-# Actors cannot import this test module: ship the verifier class by value.
+# Actors cannot import the test modules: ship the verifier classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-class TextRewards:
-    """A pure function of the response text (so every process scores alike), about 1 in 4 correct:
-    the random tiny models get mixed and all-fail groups, hence real exchanges."""
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-        return [float(zlib.crc32(r.encode()) % 4 == 0) for r in responses]
-
-    def close(self) -> None:
-        pass
+ray.cloudpickle.register_pickle_by_value(conftest)
 
 
 def checkpoint_weights(trainer: Trainer) -> dict[str, torch.Tensor]:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FIXTURES
 from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import config_from_dict, minibatch_note
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def base_config(paths: dict[str, Path], data: Path) -> dict:

@@ -18,8 +18,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_store import step_rows
-from test_trainer import CROSSED, ScriptedRewards, comparable_metrics, make_config, weights_of
+from conftest import (
+    CROSSED,
+    SRC,
+    ScriptedRewards,
+    comparable_metrics,
+    flip_byte,
+    make_config,
+    step_rows,
+    truncate,
+    weights_of,
+)
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.errors import CheckpointError, RunLockError
@@ -36,8 +45,6 @@ from graftrl.storage.metrics import read_metrics, truncate_jsonl
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.trainer import Trainer
 
-SRC = Path(__file__).parents[1] / "src"
-
 
 def sha256_tree(root: Path, skip: tuple[str, ...] = ("run.lock",)) -> dict[str, str]:
     return {
@@ -45,17 +52,6 @@ def sha256_tree(root: Path, skip: tuple[str, ...] = ("run.lock",)) -> dict[str, 
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name not in skip
     }
-
-
-def flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
 
 
 # ----- manifest and verification ------------------------------------------------------------

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 import yaml
-from test_trainer import make_config
+from conftest import FIXTURES, make_config
 from typer.testing import CliRunner
 
 import graftrl.reporting.compare as compare
@@ -33,7 +32,6 @@ from graftrl.reporting.demo import DemoSettings
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PLOTS = ("training_curves.png", "pass_at_1.png")
 
 

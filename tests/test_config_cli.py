@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FIXTURES
 from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import ConfigError, apply_overrides, config_from_dict, config_reference, load_config
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def minimal(**extra) -> dict:

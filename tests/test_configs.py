@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import CONFIGS
 
 from graftrl.config import ConfigError, config_from_dict, load_config
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX
 
-CONFIGS = Path(__file__).parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))
 BENCHMARKS = ["MATH500", "AIME2024", "AIME2025", "AMC23", "Minerva"]
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, DataError, MathProblem, PromptSampler, load_problems
 
-FIXTURES = Path(__file__).parent / "fixtures"
 JSONL = FIXTURES / "math_small.jsonl"
 # math_small.parquet is math_small.jsonl written with pyarrow (answers as strings);
 # test_committed_parquet_matches_jsonl keeps the two in step.

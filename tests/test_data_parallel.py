@@ -11,14 +11,13 @@ import os
 import shutil
 import signal
 import sys
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES, TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
-from test_trainer import FIXTURES, comparable_metrics, make_config
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.training.parallel import RankFailure, split_rows
@@ -30,16 +29,6 @@ from graftrl.training.trainer import Trainer
 # step in float32, amplified by AdamW (lr 1e-2 in these tests) dividing by sqrt(v) over 3 steps.
 WEIGHT_ATOL = 1e-4
 METRIC_REL = 1e-4
-
-
-class TextRewards:
-    """A pure function of the response text, about 1 in 4 correct (mixed and all-fail groups)."""
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-        return [float(zlib.crc32(r.encode()) % 4 == 0) for r in responses]
-
-    def close(self) -> None:
-        pass
 
 
 class FailingRewards(TextRewards):
@@ -218,7 +207,7 @@ def test_ray_backend_hosts_the_ranks(tiny_checkpoints, tmp_path, one_rank_runs, 
     """backend: ray, one actor per policy spawning its 2 ranks: the one-rank run's results."""
     import ray
 
-    # The actors unpickle TextRewards by reference: they import this module from tests/.
+    # The actors unpickle TextRewards by reference: they import conftest from tests/.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), *sys.path]))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     raw = {**data_parallel_config(tiny_checkpoints, "graft", 2), "backend": "ray", "ray": {"num_cpus": 2}}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES
 from typer.testing import CliRunner
 
 from graftrl.cli import app
@@ -40,7 +41,6 @@ from graftrl.evaluation.evaluate import (
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PROBLEMS = load_problems(FIXTURES / "math_small.jsonl")
 
 

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_checkpoint import flip_byte, truncate
-from test_trainer import comparable_metrics
+from conftest import FIXTURES, SRC, comparable_metrics, flip_byte, truncate
 from typer.testing import CliRunner
 
 from graftrl.cli import app
@@ -35,8 +34,6 @@ from graftrl.storage.checkpoint import hold_run_lock, list_checkpoints, write_ma
 
 pytestmark = pytest.mark.faults
 
-FIXTURES = Path(__file__).parent / "fixtures"
-SRC = Path(__file__).parents[1] / "src"
 STEPS = 4
 # Measurements and bookkeeping, not results: excluded from the byte-for-byte comparison.
 NOT_COMPARED = ("run.lock", "metrics.jsonl")

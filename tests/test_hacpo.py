@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from test_trainer import ScriptedRewards, make_config, weights_of
+from conftest import ScriptedRewards, make_config, weights_of
 
 from graftrl.config import config_from_dict
 from graftrl.core import (

@@ -4,13 +4,12 @@ check (refuses on CUDA before loading, never on CPU) and `graftrl estimate-memor
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from test_trainer import make_config
+from conftest import CONFIGS, make_config
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
@@ -28,7 +27,6 @@ from graftrl.models.memory import (
     model_shape,
 )
 
-CONFIGS = Path(__file__).parent.parent / "configs"
 # Qwen3-1.7B-Base's shape (its config.json): hidden 2048, 28 layers, MLP 6144, vocab 151,936.
 SHAPE = ModelShape(parameters=1_720_574_976, hidden=2048, layers=28, intermediate=6144, vocab=151_936)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import CROSSED, ScriptedRewards, make_config, weights_of
+from conftest import CROSSED, ScriptedRewards, make_config, weights_of
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftrl.config import config_from_dict

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from test_trainer import CROSSED, ScriptedRewards, make_config, weights_of
+from conftest import CROSSED, ScriptedRewards, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.core import clipped_policy_loss, compatibility_weight, grpo_advantages

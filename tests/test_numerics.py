@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_trainer import ALL_MIXED, ScriptedRewards, make_config, weights_of
+from conftest import ALL_MIXED, ScriptedRewards, make_config, weights_of
 
 from graftrl.config import config_from_dict
 from graftrl.core import clipped_policy_loss, k3_kl, nll_loss

@@ -10,14 +10,13 @@ listed one that disappears (update the list and docs/robustness.md together).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from math_verify import parse, verify
 
 from graftrl.models.rewards import MathVerifier, gold_parse_text
 
-FIXTURES = Path(__file__).parent / "fixtures"
 BATTERY = [json.loads(line) for line in (FIXTURES / "reward_battery.jsonl").read_text().splitlines()]
 
 # reward.extraction: last_box (verl's DAPO rule) differs from math_verify's own extraction by design.

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graftrl.models.rewards import MathVerifier, extract_last_boxed, verify_answer
 from graftrl.storage.data import load_problems
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
 
 # ------------------------------------------------------------------ extract_last_boxed
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, make_row, step_rows
 from typer.testing import CliRunner
 
 import graftrl.storage
@@ -35,42 +35,6 @@ from graftrl.storage.store import (
 )
 from graftrl.training.importer import import_jsonl
 from graftrl.training.trajectories import rollout_records, stored_rows
-
-
-def make_row(step: int, source: str, prompt: str, group: int, index: int, reward: float, n: int = 2, **kw):
-    finished = index % 2 == 0
-    values = (-0.5, -0.25, -1.0)[: 1 + index % 3]  # float32-exact, so they round-trip exactly
-    text = f"answer {prompt} {index} é"
-    fields = {
-        "prompt_id": prompt,
-        "step": step,
-        "source": source,
-        "index": index,
-        "response": text,
-        "reward": reward,
-        "advantage": 0.7071 if reward else -0.7071,
-        "mean_logprob": sum(values) / len(values),
-        "num_tokens": len(values),
-        "num_bytes": len(text.encode("utf-8")),
-        "finished": finished,
-        "prompt_text": f"What is {prompt}?",
-        "tokenizer_id": f"{source}@0123",
-        "n": n,
-        "group_index": group,
-        "token_logprobs": values,
-        "eos_logprob": -0.125 if finished else None,
-    }
-    fields.update(kw)
-    return StoredTrajectory(**fields)
-
-
-def step_rows(step: int, prompts=("p0", "p1"), sources=("llama", "gpt2")) -> list[StoredTrajectory]:
-    return [
-        make_row(step, source, prompt, g, i, float((i + g) % 2))
-        for source in sources
-        for g, prompt in enumerate(prompts)
-        for i in range(2)
-    ]
 
 
 def key(row: StoredTrajectory):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_trainer import CROSSED, ScriptedRewards, make_config
+from conftest import CROSSED, ScriptedRewards, make_config
 
 from graftrl.config import config_from_dict
 from graftrl.core import multi_source_selection, transfer_candidates

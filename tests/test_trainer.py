@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    ALL_MIXED,
+    CROSSED,
+    FIXTURES,
+    ScriptedRewards,
+    comparable_metrics,
+    make_config,
+    weights_of,
+)
 
 from graftrl.config import config_from_dict
 from graftrl.core import compatibility_weight
@@ -15,71 +22,6 @@ from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.metrics import MetricsLogger, read_metrics
 from graftrl.training.trainer import Trainer
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-class ScriptedRewards:
-    """Rewards by (call, prompt, sample) so a test can force a given exchange pattern.
-
-    The trainer scores each policy once per step in policy order; ``patterns[call % K]`` is a
-    [P, n] list of rewards for that policy. Everything else in the run is real.
-    """
-
-    def __init__(self, patterns: Sequence[list[list[float]]]) -> None:
-        self.patterns = patterns
-        self.calls = 0
-
-    def score(self, responses: Sequence[str], answers: Sequence[str]) -> list[float]:
-        pattern = self.patterns[self.calls % len(self.patterns)]
-        self.calls += 1
-        flat = [r for group in pattern for r in group]
-        assert len(flat) == len(responses)
-        return flat
-
-    def close(self) -> None:
-        pass
-
-
-def comparable_metrics(run: Path) -> list[dict]:
-    """Metrics rows without wall-clock and memory figures, which are measurements, not results."""
-    return [
-        {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))} for row in read_metrics(run)
-    ]
-
-
-def make_config(paths: dict[str, Path], method: str = "graft", **train) -> dict:
-    return {
-        "method": method,
-        "seed": 3,
-        "policies": [
-            {"name": "llama", "path": str(paths["llama"]), "template": "{problem}="},
-            {"name": "gpt2", "path": str(paths["gpt2"]), "template": "Q: {problem}\nA: "},
-        ],
-        "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
-        "rollout": {"n": 4, "max_new_tokens": 8},
-        "train": {"steps": 2, "batch_prompts": 4, "minibatch_prompts": 2, "micro_batch_size": 5, **train},
-        "optim": {"lr": 1e-2},
-        "logging": {"progress": False},
-    }
-
-
-# llama fails prompt 0 entirely while gpt2 is mixed there; the reverse on prompt 1; both mixed
-# on prompts 2 and 3. So each direction has exactly one candidate and m = 1.
-CROSSED = [
-    [[0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],  # llama
-    [[1, 1, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],  # gpt2
-]
-ALL_MIXED = [
-    [[1, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0], [0, 1, 1, 1]],
-    [[1, 1, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [1, 1, 0, 1]],
-]
-
-
-def weights_of(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {
-        f"{p.name}.{k}": v.detach().clone() for p in trainer.policies for k, v in p.model.state_dict().items()
-    }
 
 
 def test_graft_step_grafts_the_selected_groups(tiny_checkpoints, tmp_path):

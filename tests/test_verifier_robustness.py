@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_trainer import make_config
+from conftest import make_config
 
 from graftrl.config import config_from_dict
 from graftrl.models.rewards import MathVerifier

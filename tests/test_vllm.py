@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES
 
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutBatch, SamplingParams
@@ -27,7 +28,6 @@ from graftrl.models.rollout_vllm import (  # imports vLLM only when an engine st
 # Deselected by default (pyproject addopts); `-m vllm` runs it where vLLM is installed.
 pytestmark = pytest.mark.vllm
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATES = {"llama": "{problem}=", "gpt2": "Q: {problem}\nA: "}
 TEMPERATURE = 0.7
 TOP_P = 0.9

@@ -10,8 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from test_backends import TextRewards
-from test_trainer import make_config
+from conftest import TextRewards, make_config
 
 from graftrl.config import config_from_dict
 from graftrl.storage.metrics import read_metrics
