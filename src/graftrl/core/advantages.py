@@ -5,8 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+ADV_EPS = 1e-6
+"""eps_adv of eq. 1 (the default of `train.adv_eps`)."""
 
-def grpo_advantages(rewards: Tensor, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
+
+def grpo_advantages(rewards: Tensor, eps: float = ADV_EPS, unbiased: bool = True) -> Tensor:
     """a_i = (r_i - mean(R(q))) / (std(R(q)) + eps) per group; zero-variance groups get 0.
 
     rewards: [P, n] — P prompts, n rollouts each. Returns [P, n] (float).

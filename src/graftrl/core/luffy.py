@@ -7,8 +7,11 @@ from torch import Tensor
 
 from graftrl.core.losses import clipped_policy_loss
 
+GAMMA = 0.1
+"""LUFFY's shaping constant of f(x) = x / (x + gamma) (the default of `luffy.gamma`)."""
 
-def luffy_shaping(logp: Tensor, gamma: float = 0.1) -> Tensor:
+
+def luffy_shaping(logp: Tensor, gamma: float = GAMMA) -> Tensor:
     """f(pi_theta(o_t)) with f(x) = x / (x + gamma), x = exp(logp). logp: [B, T] -> [B, T].
 
     The behaviour probability is taken as 1, so x is pi_theta itself (no ratio to an old policy),
