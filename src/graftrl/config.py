@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-from graftrl.core.advantages import ADV_EPS
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.errors import UserError
 from graftrl.methods import DEFAULT_METHOD, METHODS, ConfigSection
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX
@@ -158,13 +159,13 @@ class TrainConfig(_Section):
     """Recompute decoder-layer activations in backward (Hugging Face gradient checkpointing,
     non-reentrant): a micro-batch keeps only each layer's input plus one layer's activations, for
     one more forward pass per layer in backward. Generation is unaffected."""
-    eps_low: float = Field(default=0.2, ge=0)
+    eps_low: float = Field(default=EPS_LOW, ge=0)
     """Lower clip range of the token ratio."""
-    eps_high: float = Field(default=0.28, ge=0)
+    eps_high: float = Field(default=EPS_HIGH, ge=0)
     """Upper clip range of the token ratio (DAPO clip-higher)."""
     adv_eps: float = Field(default=ADV_EPS, gt=0)
     """eps_adv in eq. 1."""
-    adv_std_unbiased: bool = True
+    adv_std_unbiased: bool = ADV_STD_UNBIASED
     """Unbiased (n - 1) group std in eq. 1, as verl; False uses the population std."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty (k3 estimator, own responses) to a frozen copy of each initial policy; 0 = off,
@@ -292,7 +293,7 @@ class RunConfig(_Section):
     ray: RayConfig = RayConfig()
     """Ray cluster (`backend: ray` only)."""
     method: str = DEFAULT_METHOD
-    """Training method, a name registered in graftrl.methods (each has its section below)."""
+    """Training method, a name registered in graftrl.methods (grpo, graft, ...)."""
     policies: list[PolicyConfig] = Field(min_length=1)
     """The co-trained policies; all see the same prompt batch every step."""
     data: DataConfig

@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from graftrl.core.advantages import ADV_EPS
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 
 OMEGA_MIN = 0.1
 OMEGA_MAX = 10.0
@@ -73,7 +73,7 @@ def capability_baseline(rewards: Tensor, omega_row: Tensor, learner: int) -> tup
 
 
 def hacpo_advantages(
-    rewards: Tensor, omega_row: Tensor, learner: int, eps: float = ADV_EPS, unbiased: bool = True
+    rewards: Tensor, omega_row: Tensor, learner: int, eps: float = ADV_EPS, unbiased: bool = ADV_STD_UNBIASED
 ) -> Tensor:
     """Capability-aware advantages A^(k) of every pooled response, for learner k = ``learner``.
 

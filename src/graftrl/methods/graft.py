@@ -58,7 +58,7 @@ from graftrl.core.ablations import (
     sequence_ratio_logp,
     success_only_keep,
 )
-from graftrl.core.advantages import ADV_EPS
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.compatibility import DELTA
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
@@ -135,7 +135,7 @@ class GRAFT(ClippedSurrogate):
         /,
         *,
         adv_eps: float = ADV_EPS,
-        adv_std_unbiased: bool = True,
+        adv_std_unbiased: bool = ADV_STD_UNBIASED,
         **fields: Any,
     ) -> None:
         super().__init__(options, **fields)

@@ -69,7 +69,7 @@ from graftrl.core import (
     k3_kl,
     stepwise_lower_bound,
 )
-from graftrl.core.advantages import ADV_EPS
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.hacpo import ALPHA, CLIP_LOWER, CLIP_STEP, OMEGA_MAX, OMEGA_MIN, OWN_CLIP_HIGH, OWN_CLIP_LOW
 from graftrl.methods.base import (
     ConfigSection,
@@ -126,7 +126,7 @@ class HACPO(WholePromptMinibatches, Method):
         /,
         *,
         adv_eps: float = ADV_EPS,
-        adv_std_unbiased: bool = True,
+        adv_std_unbiased: bool = ADV_STD_UNBIASED,
         history: dict[str, list[float]] | None = None,
         **fields: Any,
     ) -> None:

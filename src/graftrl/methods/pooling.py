@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from graftrl.core.advantages import ADV_EPS
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
@@ -38,7 +38,7 @@ class Pooling(WholePromptMinibatches, ClippedSurrogate):
 
     ``adv_eps`` and ``adv_std_unbiased`` (eq. 1, over the pool) come from the ``train`` section."""
 
-    def __init__(self, *, adv_eps: float = ADV_EPS, adv_std_unbiased: bool = True) -> None:
+    def __init__(self, *, adv_eps: float = ADV_EPS, adv_std_unbiased: bool = ADV_STD_UNBIASED) -> None:
         super().__init__()
         self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
 

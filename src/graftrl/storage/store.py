@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.errors import UserError
 from graftrl.files import atomic_write, remove_stale_temps, sha256_bytes
 from graftrl.storage.records import TrajectoryRecord
@@ -925,8 +926,8 @@ def import_jsonl(
     device: str = "auto",
     dtype: str = "float32",
     source_tokenizer_id: str | None = None,
-    adv_eps: float = 1e-6,
-    adv_std_unbiased: bool = True,
+    adv_eps: float = ADV_EPS,
+    adv_std_unbiased: bool = ADV_STD_UNBIASED,
 ) -> ImportSummary:
     """Import trajectories logged elsewhere (one JSON object per line) as a peer's store.
 
