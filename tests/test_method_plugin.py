@@ -110,7 +110,7 @@ def test_its_loss_uses_its_own_clip(grpo_wide):
     expected, _ = clipped_policy_loss(
         logp, old, batch.advantages, batch.weights, batch.mask, 0.1, 0.5, normalizer=2
     )
-    assert float(loss.detach()) == pytest.approx(float(expected)) == pytest.approx(-1.5)
+    assert float(loss.detach()) == pytest.approx(float(expected.detach())) == pytest.approx(-1.5)
 
 
 def test_it_trains_end_to_end_in_its_own_minibatch_order(grpo_wide, tiny_checkpoints, tmp_path, monkeypatch):
