@@ -1,7 +1,10 @@
 """Run configuration: YAML validated by pydantic, one docstring per field.
 
 Defaults are the paper's (SPEC section 1, Table 3). Unknown keys are rejected with the key named,
-so a typo never silently falls back to a default.
+so a typo never silently falls back to a default. This module declares the sections every run has
+(``RunConfig``); each method declares its own section, defaults and cross-section rules in its
+module under ``graftrl.methods``, and ``Config`` adds every registered method's section as a
+top-level key (``config_model``).
 """
 
 from __future__ import annotations
