@@ -25,7 +25,15 @@ from graftrl.core.ablations import (
 from graftrl.core.luffy import luffy_policy_loss, luffy_shaping
 from graftrl.core.pooling import pooled_advantages
 from graftrl.core.sgt import pick_one_success, sgt_eligible
-from graftrl.methods import METHODS, GroupOutcomes, LossInputs, build_method, replacement_plan
+from graftrl.methods import (
+    METHODS,
+    ExchangePlan,
+    GroupOutcomes,
+    LossInputs,
+    TrainGroup,
+    build_method,
+    own_groups,
+)
 from graftrl.methods.graft import GRAFT
 from graftrl.methods.luffy import LUFFY
 from graftrl.methods.pooling import Pooling
@@ -123,6 +131,25 @@ def test_paper_defaults_and_rejected_combinations(tiny_checkpoints):
 # --------------------------------------------------------------------------------------------
 # GRAFT's defaults are unchanged
 # --------------------------------------------------------------------------------------------
+
+
+def replacement_plan(
+    receiver: str, outcomes: dict[str, GroupOutcomes], incoming: dict[str, torch.Tensor]
+) -> ExchangePlan:
+    """GRAFT's group replacement written out: the receiver's group at each incoming prompt is swapped
+    for the source's whole group, every response keeping its source-computed advantage (SPEC 2.1).
+
+    incoming: source name -> BoolTensor [P] of prompts whose group comes from that source.
+    """
+    replaced = torch.zeros(outcomes[receiver].num_prompts, dtype=torch.bool)
+    peer: list[TrainGroup] = []
+    for source, selected in incoming.items():
+        replaced |= selected
+        peer += [
+            TrainGroup(prompt=p, source=source, peer=True, advantages=outcomes[source].advantages[p])
+            for p in selected.nonzero().flatten().tolist()
+        ]
+    return ExchangePlan(groups=own_groups(receiver, outcomes[receiver], skip=replaced) + peer)
 
 
 def test_graft_defaults_are_the_replacement_plan():

@@ -1,24 +1,32 @@
 """Run configuration: YAML validated by pydantic, one docstring per field.
 
 Defaults are the paper's (SPEC section 1, Table 3). Unknown keys are rejected with the key named,
-so a typo never silently falls back to a default.
+so a typo never silently falls back to a default. This module declares the sections every run has
+(``RunConfig``); each method declares its own section, defaults and cross-section rules in its
+module under ``graftrl.methods``, and ``Config`` adds every registered method's section as a
+top-level key (``config_model``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.errors import UserError
+from graftrl.methods import DEFAULT_METHOD, METHODS, ConfigSection
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigSection.model_config  # the methods' sections behave alike
 
 
 class ResourcesConfig(_Section):
@@ -154,13 +162,13 @@ class TrainConfig(_Section):
     """Recompute decoder-layer activations in backward (Hugging Face gradient checkpointing,
     non-reentrant): a micro-batch keeps only each layer's input plus one layer's activations, for
     one more forward pass per layer in backward. Generation is unaffected."""
-    eps_low: float = Field(default=0.2, ge=0)
+    eps_low: float = Field(default=EPS_LOW, ge=0)
     """Lower clip range of the token ratio."""
-    eps_high: float = Field(default=0.28, ge=0)
+    eps_high: float = Field(default=EPS_HIGH, ge=0)
     """Upper clip range of the token ratio (DAPO clip-higher)."""
-    adv_eps: float = Field(default=1e-6, gt=0)
+    adv_eps: float = Field(default=ADV_EPS, gt=0)
     """eps_adv in eq. 1."""
-    adv_std_unbiased: bool = True
+    adv_std_unbiased: bool = ADV_STD_UNBIASED
     """Unbiased (n - 1) group std in eq. 1, as verl; False uses the population std."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty (k3 estimator, own responses) to a frozen copy of each initial policy; 0 = off,
@@ -177,84 +185,6 @@ class TrainConfig(_Section):
     """A minibatch whose loss or gradient norm is NaN/inf skips its optimizer step (grads zeroed,
     counted as `nonfinite_skips` in metrics.jsonl); after this many skipped optimizer steps in a
     row the run stops with a one-line error instead of training on garbage."""
-
-
-class GraftConfig(_Section):
-    delta: float = Field(default=0.8, ge=0, le=1)
-    """Compatibility floor in [0, 1]: a transferred response with s <= delta is removed (eq. 8);
-    weights are min(s, 1), so delta >= 1 would admit nothing."""
-    balance: bool = True
-    """Balanced exchange: m = min(|C_AB|, |C_BA|) with boundary ties; False moves every candidate."""
-    peer_position: Literal["last", "first", "uniform"] = "last"
-    """Where minibatches containing peer groups go in the receiver's update."""
-    gate: bool = True
-    """Compatibility weighting (eq. 8); false: w = 1 for every transferred response (no floor, no
-    weighting; ablation "w/o compatibility gate")."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """Importance ratio of grafted responses: per token (eq. 9), or the row's geometric mean
-    exp(mean_t log rho) applied to all its tokens, same clip range, still token-mean (SPEC 2.4)."""
-    selection: Literal["complementary", "random_prompts"] = "complementary"
-    """Which prompts transfer: GRAFT's (eq. 4 + balancing), or per direction as many prompts drawn
-    uniformly from the whole batch regardless of rewards (compatibility weighting still applies)."""
-    admission: Literal["gate", "random"] = "gate"
-    """Which transferred responses enter: the gate (eq. 8), or as many as it would admit (s > delta)
-    drawn uniformly among them with w = min(s, 1) and no floor (eq. 11). Random needs `gate: true`."""
-    groups: Literal["replace", "pooled"] = "replace"
-    """Replace the receiver's failed group by the peer group, or keep both with advantages over
-    their concatenation (eq. 12; receiver rows w = 1, peer rows keep w)."""
-    compat_normalization: Literal["token", "byte"] = "token"
-    """How the compatibility score normalises log-likelihoods: per token of each model's own
-    tokenization (eq. 7, the paper's), or per UTF-8 byte of the response string — s is then the
-    per-byte geometric mean of the string-level likelihood ratio, comparable across tokenizers."""
-    transfer: Literal["all", "success_only"] = "all"
-    """Transfer every response of a selected peer group, or only its successes (advantages still
-    from the full source group). "SGT + GRAFT how" is `balance: false` with the defaults."""
-
-    @model_validator(mode="after")
-    def _check_admission(self) -> GraftConfig:
-        if self.admission == "random" and not self.gate:
-            raise ValueError("admission: 'random' counts the gate's admissions, so it needs gate: true")
-        return self
-
-
-class SGTConfig(_Section):
-    nll_coef: float = Field(default=0.1, ge=0)
-    """lambda: weight of the NLL term (token-mean over the minibatch's NLL responses)."""
-    selection: Literal["all", "balanced"] = "all"
-    """all: SGT's rule (receiver 0 successes, peer >= 1); balanced: GRAFT's complementary balanced
-    selection ("SGT + GRAFT which")."""
-    peer_position: Literal["with_prompt", "last", "first", "uniform"] = "with_prompt"
-    """Optimizer step of each NLL response: its prompt's (with_prompt), or ordered like GRAFT's
-    peer groups (last / first / uniform)."""
-
-
-class LuffyConfig(_Section):
-    gamma: float = Field(default=0.1, gt=0)
-    """Shaping f(x) = x / (x + gamma) of peer tokens' probability. Selection, balancing and peer
-    position come from `graft.balance` and `graft.peer_position`."""
-
-
-class HacpoConfig(_Section):
-    window: int = Field(default=5, ge=1)
-    """Steps in the sliding window of per-step mean rewards that estimates each agent's capability."""
-    omega_min: float = Field(default=0.1, gt=0)
-    """Lower clip of the capability ratio omega^(k,j) = P_hat^(k) / P_hat^(j)."""
-    omega_max: float = Field(default=10.0, gt=0)
-    """Upper clip of the capability ratio omega^(k,j)."""
-    own_clip_low: float = Field(default=3e-4, ge=0)
-    """GSPO clip of own responses' sequence ratio: lower range (clip(s, 1 - low, 1 + high))."""
-    own_clip_high: float = Field(default=4e-4, ge=0)
-    """GSPO clip of own responses' sequence ratio: upper range."""
-    clip_lower: float = Field(default=0.8, ge=0, le=1)
-    """Peer ratio clip [lower_m, 1]: lower_m = min(1, clip_lower + clip_step * m) at minibatch m."""
-    clip_step: float = Field(default=0.025, ge=0)
-    """Per-minibatch tightening of the peer clip's lower bound (stepwise clipping)."""
-    alpha: float = Field(default=1.0, ge=0)
-    """Exponent of the stop-gradient reweighting c * sg(c)^alpha of peer responses."""
-    exp_ratio: Literal["clipped", "raw"] = "clipped"
-    """Ratio inside sg(.)^alpha: the clipped c (SPEC) or the raw min(s, 1) (the review's eq. 53)."""
-    loss_agg: Literal["seq-mean", "token-mean"] = "seq-mean"
-    """Minibatch average of the sequence-level terms: over rows (GSPO) or weighted by token count."""
 
 
 class DataConfig(_Section):
@@ -354,7 +284,9 @@ class RayConfig(_Section):
     """GPUs of a Ray started here (None: all)."""
 
 
-class Config(_Section):
+class RunConfig(_Section):
+    """The sections every run has; ``Config`` adds one section per registered method."""
+
     seed: int = 0
     """Seed for prompt order, sampling and method randomness."""
     backend: Literal["local", "ray"] = "local"
@@ -363,7 +295,7 @@ class Config(_Section):
     through Ray's object store; same results as `local` for the same seed."""
     ray: RayConfig = RayConfig()
     """Ray cluster (`backend: ray` only)."""
-    method: str = "graft"
+    method: str = DEFAULT_METHOD
     """Training method, a name registered in graftrl.methods (grpo, graft, ...)."""
     policies: list[PolicyConfig] = Field(min_length=1)
     """The co-trained policies; all see the same prompt batch every step."""
@@ -375,8 +307,6 @@ class Config(_Section):
     """Optimizer."""
     train: TrainConfig = TrainConfig()
     """Update schedule and loss."""
-    graft: GraftConfig = GraftConfig()
-    """GRAFT switches (luffy reads `balance` and `peer_position`; ignored by other methods)."""
     reward: RewardConfig = RewardConfig()
     """Verifier."""
     logging: LoggingConfig = LoggingConfig()
@@ -385,12 +315,6 @@ class Config(_Section):
     """Checkpointing."""
     validation: ValidationConfig = ValidationConfig()
     """Validation during training and best-checkpoint selection (off unless `files` is set)."""
-    hacpo: HacpoConfig = HacpoConfig()
-    """HACPO settings (ignored by other methods)."""
-    sgt: SGTConfig = SGTConfig()
-    """SGT settings (ignored by other methods)."""
-    luffy: LuffyConfig = LuffyConfig()
-    """LUFFY-style peer update settings (ignored by other methods)."""
     peers: list[PeerConfig] = []
     """Stored peers (SPEC 2.3): sources replayed from trajectory stores; never loaded, never
     trained. Transfer from them is one-way, so GRAFT selects every candidate (no balancing)."""
@@ -398,9 +322,7 @@ class Config(_Section):
     """Trajectory recording."""
 
     @model_validator(mode="after")
-    def _check(self) -> Config:
-        from graftrl.methods import METHODS
-
+    def _check(self) -> RunConfig:
         if self.method not in METHODS:
             raise ValueError(f"method: unknown method {self.method!r}; choose one of {sorted(METHODS)}")
         names = [p.name for p in self.policies]
@@ -409,18 +331,6 @@ class Config(_Section):
         peer_names = [p.name for p in self.peers]
         if set(peer_names) & set(names) or len(set(peer_names)) != len(peer_names):
             raise ValueError(f"peers: names must be unique and differ from the policies', got {peer_names}")
-        if self.peers and self.method != "graft":
-            raise ValueError(f"peers: stored peers are used by method 'graft', not {self.method!r}")
-        if self.method == "graft" and len(self.policies) + len(self.peers) < 2:
-            raise ValueError(
-                "method 'graft' needs at least two models: add a policy to `policies` or a stored peer "
-                "to `peers`"
-            )
-        if self.rollout.tis_cap is not None and self.method in ("hacpo", "luffy"):
-            raise ValueError(
-                f"rollout.tis_cap: method {self.method!r} has its own ratio handling; truncated importance "
-                "sampling is available for grpo, graft, sgt and pooling (remove rollout.tis_cap)"
-            )
         if self.rollout.n < 2:
             raise ValueError(
                 f"rollout.n: {self.rollout.n} response per prompt; method {self.method!r} computes "
@@ -437,12 +347,37 @@ class Config(_Section):
                 f"train.minibatch_prompts ({self.train.minibatch_prompts}) exceeds train.batch_prompts "
                 f"({self.train.batch_prompts})"
             )
-        if self.rollout.dynamic_sampling and self.method != "grpo":
-            raise ValueError(
-                f"rollout.dynamic_sampling is only valid with method: grpo (got {self.method!r}): it "
-                "redraws prompts per policy, while cross-model methods need one shared prompt batch"
-            )
+        METHODS[self.method].check(self)
         return self
+
+
+def _method_sections() -> tuple[tuple[str, type[ConfigSection]], ...]:
+    """(YAML key, section model) of every registered method that has a section, in registry order."""
+    return tuple((m.section_key, m.section) for m in METHODS.values() if m.section is not None)
+
+
+@functools.cache
+def _config_model(sections: tuple[tuple[str, type[ConfigSection]], ...]) -> type[RunConfig]:
+    fields: dict[str, Any] = {
+        key: (section, Field(default_factory=section, description=inspect.getdoc(section)))
+        for key, section in sections
+    }
+    model = create_model("Config", __base__=RunConfig, __module__=__name__, **fields)
+    model.__doc__ = "A run's configuration: the generic sections plus one section per registered method."
+    return model
+
+
+def config_model() -> type[RunConfig]:
+    """The run configuration model for the methods registered now (each method's section is a
+    top-level key); rebuilt when a method is registered after import (a plug-in or a test)."""
+    return _config_model(_method_sections())
+
+
+if TYPE_CHECKING:
+    Config = RunConfig
+else:
+    Config = config_model()
+    """The configuration model of the built-in methods."""
 
 
 class ConfigError(UserError):
@@ -519,7 +454,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def config_from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     try:
-        return Config.model_validate(raw)
+        return config_model().model_validate(raw)
     except ValidationError as error:
         raise ConfigError(_format_validation_error(error, source)) from None
 
@@ -545,8 +480,9 @@ def dump_config(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def config_reference(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+def config_reference(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key, default, description) for every field, for the README and `graftrl config-reference`."""
+    model = model or config_model()
     rows: list[tuple[str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"

@@ -22,6 +22,10 @@ def compatibility_score(receiver_mean_logp: Tensor, source_mean_logp: Tensor) ->
     return torch.exp(receiver_mean_logp - source_mean_logp)
 
 
-def compatibility_weight(s: Tensor, delta: float = 0.8) -> Tensor:
+DELTA = 0.8
+"""The paper's compatibility floor of eq. 8 (the default of `graft.delta`)."""
+
+
+def compatibility_weight(s: Tensor, delta: float = DELTA) -> Tensor:
     """w(o|q) = 1[s > delta] * min(s, 1) (eq. 8): gate below delta, cap at 1."""
     return torch.where(s > delta, s.clamp(max=1.0), torch.zeros_like(s))

@@ -17,8 +17,19 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+
 OMEGA_MIN = 0.1
 OMEGA_MAX = 10.0
+"""Clip range of the capability ratio omega (the defaults of `hacpo.omega_min` / `omega_max`)."""
+OWN_CLIP_LOW = 3e-4
+OWN_CLIP_HIGH = 4e-4
+"""GSPO clip range of own responses' sequence ratio (`hacpo.own_clip_low` / `own_clip_high`)."""
+CLIP_LOWER = 0.8
+CLIP_STEP = 0.025
+"""Stepwise peer clip lower_m = min(1, 0.8 + 0.025 m) of the SPEC (`hacpo.clip_lower` / `clip_step`)."""
+ALPHA = 1.0
+"""Exponent of the peer reweighting sg(c)^alpha (`hacpo.alpha`)."""
 MAX_LOG_RATIO = 10.0
 """Own GSPO log-ratio cap before exp (verl's GSPO clamps at 10 too): keeps exp finite, never binds
 in practice since the clip range is 1 +- 4e-4."""
@@ -62,7 +73,7 @@ def capability_baseline(rewards: Tensor, omega_row: Tensor, learner: int) -> tup
 
 
 def hacpo_advantages(
-    rewards: Tensor, omega_row: Tensor, learner: int, eps: float = 1e-6, unbiased: bool = True
+    rewards: Tensor, omega_row: Tensor, learner: int, eps: float = ADV_EPS, unbiased: bool = ADV_STD_UNBIASED
 ) -> Tensor:
     """Capability-aware advantages A^(k) of every pooled response, for learner k = ``learner``.
 
@@ -81,7 +92,7 @@ def hacpo_advantages(
     return torch.where(uniform, torch.zeros_like(advantages), advantages)
 
 
-def stepwise_lower_bound(minibatch_index: int, start: float = 0.8, step: float = 0.025) -> float:
+def stepwise_lower_bound(minibatch_index: int, start: float = CLIP_LOWER, step: float = CLIP_STEP) -> float:
     """lower_m = min(1, start + step * m) for optimizer step m (0-based) within the rollout step."""
     return min(1.0, start + step * minibatch_index)
 
@@ -111,8 +122,8 @@ def gspo_own_terms(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    clip_low: float = OWN_CLIP_LOW,
+    clip_high: float = OWN_CLIP_HIGH,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GSPO on own responses: s = exp(mean_t log rho_t), term = min(s A, clip(s, 1-lo, 1+hi) A).
 
@@ -136,7 +147,7 @@ def hacpo_peer_terms(
     omega: Tensor,
     mask: Tensor,
     lower: float,
-    alpha: float = 1.0,
+    alpha: float = ALPHA,
     exp_ratio: ExpRatio = "clipped",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """HACPO on peer responses: term = c * sg(c)^alpha * omega^(j,k) * A.

@@ -10,6 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+EPS_LOW = 0.2
+EPS_HIGH = 0.28
+"""DAPO's clip range of the token ratio, [1 - 0.2, 1 + 0.28] (`train.eps_low` / `train.eps_high`)."""
+
 
 def clipped_token_mask(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """Tokens where the clipped surrogate is strictly below the unclipped one (SPEC section 5).
@@ -27,8 +31,8 @@ def clipped_policy_loss(
     advantages: Tensor,
     weights: Tensor,
     mask: Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
     *,
     normalizer: float | Tensor | None = None,
     is_peer: Tensor | None = None,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graftrl.core.losses import clipped_policy_loss
+from graftrl.core.losses import EPS_HIGH, EPS_LOW, clipped_policy_loss
+
+GAMMA = 0.1
+"""LUFFY's shaping constant of f(x) = x / (x + gamma) (the default of `luffy.gamma`)."""
 
 
-def luffy_shaping(logp: Tensor, gamma: float = 0.1) -> Tensor:
+def luffy_shaping(logp: Tensor, gamma: float = GAMMA) -> Tensor:
     """f(pi_theta(o_t)) with f(x) = x / (x + gamma), x = exp(logp). logp: [B, T] -> [B, T].
 
     The behaviour probability is taken as 1, so x is pi_theta itself (no ratio to an old policy),
@@ -26,9 +29,9 @@ def luffy_policy_loss(
     weights: Tensor,
     mask: Tensor,
     is_peer: Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    gamma: float = 0.1,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
+    gamma: float = GAMMA,
     *,
     normalizer: float | Tensor | None = None,
     clip_ratio_c: float | None = None,

@@ -1,30 +1,43 @@
-"""Training methods, one module each, on the shared protocol of ``base``."""
+"""Training methods, one module each, on the shared protocol of ``base``.
 
-from graftrl.methods import graft, grpo, hacpo, luffy, pooling, sgt  # noqa: F401  (registers the methods)
+Importing this package imports every module in it, so a method registers itself just by living
+here (``methods/<name>.py`` with a ``@register_method`` class): nothing else names it.
+"""
+
+import importlib
+import pkgutil
+
 from graftrl.methods.base import (
+    DEFAULT_METHOD,
     METHODS,
     ClippedSurrogate,
+    ConfigSection,
     ExchangePlan,
     GroupOutcomes,
     LossInputs,
     Method,
+    PeerLikelihoods,
     TrainGroup,
     build_method,
     own_groups,
     register_method,
-    replacement_plan,
 )
 
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
 __all__ = [
+    "DEFAULT_METHOD",
     "METHODS",
     "ClippedSurrogate",
+    "ConfigSection",
     "ExchangePlan",
     "GroupOutcomes",
     "LossInputs",
     "Method",
+    "PeerLikelihoods",
     "TrainGroup",
     "build_method",
     "own_groups",
     "register_method",
-    "replacement_plan",
 ]

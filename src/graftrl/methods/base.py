@@ -1,21 +1,33 @@
 """The protocol every training method implements, and the registry that names them.
 
 A method answers, in pure tensor terms, what each receiver trains on at a step: which groups
-from which source with which advantages (``plan``), how much each transferred response counts
-given its compatibility score (``peer_weights``), and the loss of a minibatch (``loss``). The
-trainer does the model work around it (sampling, re-tokenizing, scoring, backward).
+from which source with which advantages (``plan``), how compatible each transferred response is
+(``compatibility``) and how much it counts (``peer_weights``), in which order the groups train
+(``order_minibatches``), and the loss of a minibatch (``loss``). It also owns its config section
+(``section``, declared once in its module, validated by pydantic) and its rules across sections
+(``check``). The trainer does the model work around it (sampling, re-tokenizing, scoring,
+backward) and never names a method.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, TypeVar
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
-from graftrl.core import clipped_policy_loss, compatibility_weight, k3_kl, pooled_minibatch_order
+from graftrl.core import (
+    clipped_policy_loss,
+    compatibility_score,
+    k3_kl,
+    minibatch_order,
+    pooled_minibatch_order,
+)
+
+M = TypeVar("M", bound="Method")
 
 
 @dataclass(frozen=True)
@@ -83,25 +95,6 @@ def own_groups(receiver: str, outcomes: GroupOutcomes, skip: Tensor | None = Non
     ]
 
 
-def replacement_plan(
-    receiver: str, outcomes: Mapping[str, GroupOutcomes], incoming: Mapping[str, Tensor]
-) -> ExchangePlan:
-    """GRAFT's group replacement: the receiver's group at each incoming prompt is swapped for the
-    source's whole group, every response keeping its source-computed advantage (SPEC 2.1).
-
-    incoming: source name -> BoolTensor [P] of prompts whose group comes from that source.
-    """
-    replaced = torch.zeros(outcomes[receiver].num_prompts, dtype=torch.bool)
-    peer: list[TrainGroup] = []
-    for source, selected in incoming.items():
-        replaced |= selected
-        peer += [
-            TrainGroup(prompt=p, source=source, peer=True, advantages=outcomes[source].advantages[p])
-            for p in selected.nonzero().flatten().tolist()
-        ]
-    return ExchangePlan(groups=own_groups(receiver, outcomes[receiver], skip=replaced) + peer)
-
-
 @dataclass
 class LossInputs:
     """One micro-batch of rows, on the receiver's own tokenization. B rows, T response tokens."""
@@ -156,46 +149,159 @@ class LossInputs:
     """Clamp of log rho before exp (``train.log_ratio_clamp``); None = off."""
 
 
-class Method(Protocol):
-    """What the trainer asks of a method."""
+class ConfigSection(BaseModel):
+    """A YAML section: unknown keys are refused, values are frozen, and each field's docstring is its
+    description (what `graftrl config-reference` prints); a method section's class docstring
+    describes the section itself."""
 
-    name: str
-    """Registry name (the ``method:`` config value)."""
-    peer_position: str
-    """Where peer-containing minibatches go: last / first / uniform."""
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
+
+@dataclass(frozen=True)
+class PeerLikelihoods:
+    """How likely B transferred responses are under their source and under the receiver, each on its
+    own tokenization with a terminal EOS excluded (SPEC 2.2): what a compatibility score is made of."""
+
+    receiver_mean_logp: Tensor
+    """[B] lbar (eq. 6) of the receiver's old policy on its re-tokenization of each response."""
+    receiver_tokens: Tensor
+    """[B] content tokens of the receiver's tokenization."""
+    source_mean_logp: Tensor
+    """[B] lbar of the source's behaviour policy (the record's ``mean_logprob``)."""
+    source_tokens: Tensor
+    """[B] content tokens of the source's tokenization (the record's ``num_tokens``)."""
+    num_bytes: Tensor
+    """[B] UTF-8 bytes of each response string, at least 1."""
+
+
+class Method:
+    """What the trainer asks of a method: the protocol every method implements.
+
+    A method is one module: its config section, defaults, validation, plan, weights, minibatch
+    order and loss are members of its class. Subclasses implement ``plan`` and ``loss``; every
+    other member has a default here. ``register_method`` makes a class selectable in the config.
+
+    Options: a method with a ``section`` (a ``ConfigSection`` model, the YAML section
+    ``section_key``) is built from one validated instance of it, ``Method(options)``, or from its
+    fields, ``Method(delta=0.7)``; the section's fields then read as attributes (``method.delta``).
+    """
+
+    name: ClassVar[str] = ""
+    """Registry name (the ``method:`` config value); set by ``register_method``."""
+    section: ClassVar[type[ConfigSection] | None] = None
+    """The method's config section (its fields, defaults, docstrings and validators), or None."""
+    section_key: ClassVar[str] = ""
+    """Top-level YAML key of ``section``: the method's name unless registered otherwise."""
+    trains_on_stored_peers: ClassVar[bool] = False
+    """Accepts `peers:` (stored peers, SPEC 2.3) as sources."""
+    allows_tis: ClassVar[bool] = True
+    """`rollout.tis_cap` applies (its loss uses the clipped token ratio of own rows)."""
+    allows_dynamic_sampling: ClassVar[bool] = False
+    """`rollout.dynamic_sampling` applies (policies may train on different prompts)."""
+    needs_peer_old_logprobs: ClassVar[bool] = True
+    """The loss reads the receiver's old log-probs of peer rows (the ratio's denominator, eq. 9)."""
+    scores_peers: ClassVar[bool] = True
+    """Transferred responses get a compatibility score s (``compatibility``), weights w
+    (``peer_weights``) and a line in compatibility.jsonl. With this and
+    ``needs_peer_old_logprobs`` both False the receiver never scores peer rows: each enters with
+    w = 1."""
+
+    def __init__(self, options: ConfigSection | None = None, /, **fields: Any) -> None:
+        if self.section is None:
+            if options is not None or fields:
+                raise TypeError(f"method {self.name!r} has no options, got {sorted(fields) or options}")
+        elif options is None:
+            options = self.section(**fields)
+        elif fields:
+            raise TypeError(f"method {self.name!r}: pass its options or its fields, not both")
+        self.options = options
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup fails: the section's fields read as attributes.
+        options = self.__dict__.get("options")
+        if options is not None and name in type(options).model_fields:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"
+
+    # ----- configuration --------------------------------------------------------------------
+    @classmethod
+    def options_of(cls, config: Any) -> Any:
+        """This method's section of a run config (None without a section)."""
+        return getattr(config, cls.section_key) if cls.section is not None else None
+
+    @classmethod
+    def from_config(cls, config: Any) -> Method:
+        """The method of a validated run config."""
+        return cls(cls.options_of(config))
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        """Rules across sections for a run of this method, applied when the config is validated;
+        a ValueError names the field and the fix. Overrides call ``super().check(config)``."""
+        if config.peers and not cls.trains_on_stored_peers:
+            raise ValueError(
+                f"peers: stored peers are used by method {_with_flag('trains_on_stored_peers')}, "
+                f"not {cls.name!r}"
+            )
+        if config.rollout.tis_cap is not None and not cls.allows_tis:
+            raise ValueError(
+                f"rollout.tis_cap: method {cls.name!r} has its own ratio handling; truncated importance "
+                f"sampling is available for {_with_flag('allows_tis')} (remove rollout.tis_cap)"
+            )
+        if config.rollout.dynamic_sampling and not cls.allows_dynamic_sampling:
+            raise ValueError(
+                f"rollout.dynamic_sampling is only valid with method: {_with_flag('allows_dynamic_sampling', quote=False)} "
+                f"(got {cls.name!r}): it redraws prompts per policy, while cross-model methods need one "
+                "shared prompt batch"
+            )
+
+    # ----- one step -------------------------------------------------------------------------
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
         """Receiver name -> what it trains on this step."""
-        ...
+        raise NotImplementedError
+
+    def compatibility(self, peers: PeerLikelihoods) -> Tensor:
+        """s [B] of transferred responses (eq. 7): per token of each side's own tokenization."""
+        return compatibility_score(peers.receiver_mean_logp, peers.source_mean_logp)
 
     def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        """w [B] for one receiver's transferred responses at this step, given their scores s [B]."""
-        ...
+        """w [B] for one receiver's transferred responses at this step, given their scores s [B];
+        1 (no gate) unless the method weighs them."""
+        return torch.ones_like(s)
+
+    @property
+    def peer_position(self) -> str:
+        """Where minibatches holding peer groups go: the section's ``peer_position``, else last."""
+        return getattr(self.options, "peer_position", "last")
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        """Indices into ``plan.groups`` for each optimizer step, in order (``peer_position``)."""
+        is_peer = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
+        return minibatch_order(is_peer, prompts_per_minibatch, self.peer_position, generator)  # type: ignore[arg-type]
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         """(loss to minimise, detached metrics) of one micro-batch."""
-        ...
+        raise NotImplementedError
 
+    # ----- state across steps ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state kept across steps (saved in checkpoints); {} for stateless methods."""
-        ...
+        return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
 
 
-@dataclass(frozen=True)
-class ClippedSurrogate:
-    """Shared defaults: the DAPO/GRAFT clipped surrogate (eq. 10) and the gate-and-cap weight (eq. 8)."""
-
-    delta: float = 0.8
-    """Compatibility floor: a transferred response with s <= delta is removed."""
-    peer_position: str = "last"
-    """Where minibatches holding peer groups go in the receiver's update."""
-
-    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        return compatibility_weight(s, self.delta)
+class ClippedSurrogate(Method):
+    """The DAPO/GRAFT clipped surrogate (eq. 10), with the k3 KL of own rows when configured."""
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         loss, metrics = clipped_policy_loss(
@@ -219,19 +325,12 @@ class ClippedSurrogate:
             metrics["kl"] = kl.detach()
         return loss, metrics
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
-
 
 class WholePromptMinibatches:
-    """Mixin for pooled methods: each optimizer step holds whole prompts (own + peer groups).
+    """Mixin for pooled methods: each optimizer step holds whole prompts (own + peer groups)."""
 
-    The trainer uses ``order_minibatches`` when a method defines it, instead of peer-last order.
-    """
+    peer_position = "pooled"
+    """Informational: each prompt's groups share an optimizer step (``order_minibatches``)."""
 
     def order_minibatches(
         self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
@@ -240,17 +339,32 @@ class WholePromptMinibatches:
         return pooled_minibatch_order(prompts, prompts_per_minibatch)
 
 
-METHODS: dict[str, Callable[..., Method]] = {}
+METHODS: dict[str, type[Method]] = {}
+"""Registered methods by name, in registration order."""
+DEFAULT_METHOD = "graft"
+"""The paper's method: the default of `method:`."""
 
 
-def register_method(name: str) -> Callable[[Callable[..., Method]], Callable[..., Method]]:
-    """Class decorator: make a method selectable as ``method: <name>``."""
+def _with_flag(flag: str, quote: bool = True) -> str:
+    """The registered methods whose ``flag`` is set, for error messages: 'a', 'b' or 'c'."""
+    names = [repr(n) if quote else n for n, method in METHODS.items() if getattr(method, flag)]
+    return " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
 
-    def decorator(factory: Callable[..., Method]) -> Callable[..., Method]:
+
+def register_method(name: str, section_key: str | None = None) -> Callable[[type[M]], type[M]]:
+    """Class decorator: make a method selectable as ``method: <name>``; its section (if any) becomes
+    the top-level YAML key ``section_key`` (default: the name) of every run config."""
+
+    def decorator(cls: type[M]) -> type[M]:
+        key = section_key or name
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
-        METHODS[name] = factory
-        return factory
+        taken = {m.section_key: m.name for m in METHODS.values() if m.section is not None}
+        if cls.section is not None and key in taken:
+            raise ValueError(f"method {name!r}: config section {key!r} belongs to method {taken[key]!r}")
+        cls.name, cls.section_key = name, key
+        METHODS[name] = cls
+        return cls
 
     return decorator
 
@@ -258,12 +372,10 @@ def register_method(name: str) -> Callable[[Callable[..., Method]], Callable[...
 def build_method(name: str, config: Any | None = None, **options: Any) -> Method:
     """Instantiate a registered method by name, with a clear error for unknown names.
 
-    With a run ``config``, the method reads its own section (e.g. ``config.graft``) through its
-    ``from_config`` classmethod; otherwise ``options`` go to its constructor.
+    With a run ``config`` the method reads its own section (``from_config``); otherwise ``options``
+    are the fields of its section.
     """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {sorted(METHODS)}")
-    factory = METHODS[name]
-    if config is not None and hasattr(factory, "from_config"):
-        return factory.from_config(config)  # type: ignore[attr-defined]
-    return factory(**options)
+    method = METHODS[name]
+    return method.from_config(config) if config is not None else method(**options)

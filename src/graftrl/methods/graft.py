@@ -38,14 +38,16 @@ field (SPEC 2.4, paper Table 2 and Appendix G):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from graftrl.core import (
     balanced_selection,
+    compatibility_score,
     compatibility_weight,
     multi_source_selection,
     transfer_candidates,
@@ -56,27 +58,62 @@ from graftrl.core.ablations import (
     sequence_ratio_logp,
     success_only_keep,
 )
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.compatibility import DELTA
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
+    ConfigSection,
     ExchangePlan,
     GroupOutcomes,
     LossInputs,
+    PeerLikelihoods,
     TrainGroup,
     register_method,
 )
 
-_CHOICES = {
-    "ratio_level": ("token", "sequence"),
-    "selection": ("complementary", "random_prompts"),
-    "admission": ("gate", "random"),
-    "groups": ("replace", "pooled"),
-    "transfer": ("all", "success_only"),
-}
+
+class GraftConfig(ConfigSection):
+    """GRAFT switches (luffy reads `balance` and `peer_position`; ignored by other methods)."""
+
+    delta: float = Field(default=DELTA, ge=0, le=1)
+    """Compatibility floor in [0, 1]: a transferred response with s <= delta is removed (eq. 8);
+    weights are min(s, 1), so delta >= 1 would admit nothing."""
+    balance: bool = True
+    """Balanced exchange: m = min(|C_AB|, |C_BA|) with boundary ties; False moves every candidate."""
+    peer_position: Literal["last", "first", "uniform"] = "last"
+    """Where minibatches containing peer groups go in the receiver's update."""
+    gate: bool = True
+    """Compatibility weighting (eq. 8); false: w = 1 for every transferred response (no floor, no
+    weighting; ablation "w/o compatibility gate")."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio of grafted responses: per token (eq. 9), or the row's geometric mean
+    exp(mean_t log rho) applied to all its tokens, same clip range, still token-mean (SPEC 2.4)."""
+    selection: Literal["complementary", "random_prompts"] = "complementary"
+    """Which prompts transfer: GRAFT's (eq. 4 + balancing), or per direction as many prompts drawn
+    uniformly from the whole batch regardless of rewards (compatibility weighting still applies)."""
+    admission: Literal["gate", "random"] = "gate"
+    """Which transferred responses enter: the gate (eq. 8), or as many as it would admit (s > delta)
+    drawn uniformly among them with w = min(s, 1) and no floor (eq. 11). Random needs `gate: true`."""
+    groups: Literal["replace", "pooled"] = "replace"
+    """Replace the receiver's failed group by the peer group, or keep both with advantages over
+    their concatenation (eq. 12; receiver rows w = 1, peer rows keep w)."""
+    compat_normalization: Literal["token", "byte"] = "token"
+    """How the compatibility score normalises log-likelihoods: per token of each model's own
+    tokenization (eq. 7, the paper's), or per UTF-8 byte of the response string — s is then the
+    per-byte geometric mean of the string-level likelihood ratio, comparable across tokenizers."""
+    transfer: Literal["all", "success_only"] = "all"
+    """Transfer every response of a selected peer group, or only its successes (advantages still
+    from the full source group). "SGT + GRAFT how" is `balance: false` with the defaults."""
+
+    @model_validator(mode="after")
+    def _check_admission(self) -> GraftConfig:
+        if self.admission == "random" and not self.gate:
+            raise ValueError("admission: 'random' counts the gate's admissions, so it needs gate: true")
+        return self
 
 
 @register_method("graft")
-@dataclass(frozen=True)
 class GRAFT(ClippedSurrogate):
     """Peers exchange whole groups where the receiver failed all n (eq. 4).
 
@@ -85,53 +122,40 @@ class GRAFT(ClippedSurrogate):
 
     Selection is balanced across the two directions; each transferred response keeps its source
     advantage and is weighted by w = 1[s > delta] min(s, 1) (eq. 8); peer groups train last.
-    The ablation switches are described in the module docstring.
+    The ablation switches (``GraftConfig``) are described in the module docstring.
+    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1, from the ``train`` section) serve pooled groups.
     """
 
-    name: str = "graft"
-    balance: bool = True
-    """Balanced exchange (m = min of the two candidate counts); False moves every candidate."""
-    gate: bool = True
-    """Compatibility weighting of eq. 8; False gives w = 1 to every transferred response."""
-    ratio_level: str = "token"
-    """Importance ratio of grafted rows: token (eq. 9) or sequence (geometric mean of the tokens')."""
-    selection: str = "complementary"
-    """Which prompts move: complementary (eq. 4 + balancing) or count-matched random_prompts."""
-    admission: str = "gate"
-    """Which transferred responses count: gate (eq. 8) or count-matched random (eq. 11)."""
-    groups: str = "replace"
-    """replace the receiver's group (SPEC 2.1) or pool it with the peer group (eq. 12)."""
-    transfer: str = "all"
-    """all responses of a selected peer group, or success_only."""
-    adv_eps: float = 1e-6
-    """eps_adv of eq. 1, for pooled-group advantages."""
-    adv_std_unbiased: bool = True
-    """Unbiased std of eq. 1, for pooled-group advantages."""
+    section = GraftConfig
+    trains_on_stored_peers = True
 
-    def __post_init__(self) -> None:
-        for key, allowed in _CHOICES.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"graft.{key} must be one of {allowed}, got {getattr(self, key)!r}")
-        if self.admission == "random" and not self.gate:
-            raise ValueError("graft.admission 'random' counts the gate's admissions; it needs gate: true")
+    def __init__(
+        self,
+        options: GraftConfig | None = None,
+        /,
+        *,
+        adv_eps: float = ADV_EPS,
+        adv_std_unbiased: bool = ADV_STD_UNBIASED,
+        **fields: Any,
+    ) -> None:
+        super().__init__(options, **fields)
+        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
 
     @classmethod
     def from_config(cls, config: Any) -> GRAFT:
-        g = config.graft
-        return cls(
-            delta=g.delta,
-            peer_position=g.peer_position,
-            # Transfer from a stored peer is one-way, so there is nothing to balance (SPEC 2.3).
-            balance=g.balance and not getattr(config, "peers", None),
-            gate=g.gate,
-            ratio_level=g.ratio_level,
-            selection=g.selection,
-            admission=g.admission,
-            groups=g.groups,
-            transfer=g.transfer,
-            adv_eps=config.train.adv_eps,
-            adv_std_unbiased=config.train.adv_std_unbiased,
-        )
+        options = cls.options_of(config)
+        if config.peers:  # transfer from a stored peer is one-way: nothing to balance (SPEC 2.3)
+            options = options.model_copy(update={"balance": False})
+        return cls(options, adv_eps=config.train.adv_eps, adv_std_unbiased=config.train.adv_std_unbiased)
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        super().check(config)
+        if len(config.policies) + len(config.peers) < 2:
+            raise ValueError(
+                f"method {cls.name!r} needs at least two models: add a policy to `policies` or a stored "
+                "peer to `peers`"
+            )
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
@@ -206,6 +230,14 @@ class GRAFT(ClippedSurrogate):
             if pooled or not bool(selected[p])
         ]
         return ExchangePlan(groups=groups + peer_groups, diagnostics=diagnostics)
+
+    def compatibility(self, peers: PeerLikelihoods) -> Tensor:
+        if self.compat_normalization == "byte":
+            # Total log-likelihood of the same string under each model, per UTF-8 byte.
+            receiver = peers.receiver_mean_logp * peers.receiver_tokens / peers.num_bytes
+            source = peers.source_mean_logp * peers.source_tokens / peers.num_bytes
+            return compatibility_score(receiver, source)
+        return super().compatibility(peers)
 
     def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
         if not self.gate:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -11,11 +10,10 @@ from graftrl.methods.base import ClippedSurrogate, ExchangePlan, GroupOutcomes, 
 
 
 @register_method("grpo")
-@dataclass(frozen=True)
 class GRPO(ClippedSurrogate):
-    """Independent GRPO: nothing crosses between models."""
+    """Independent GRPO: nothing crosses between models, so each policy may draw its own prompts."""
 
-    name: str = "grpo"
+    allows_dynamic_sampling = True
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator

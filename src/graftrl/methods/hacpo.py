@@ -53,10 +53,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from graftrl.core import (
@@ -69,68 +69,85 @@ from graftrl.core import (
     k3_kl,
     stepwise_lower_bound,
 )
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.hacpo import ALPHA, CLIP_LOWER, CLIP_STEP, OMEGA_MAX, OMEGA_MIN, OWN_CLIP_HIGH, OWN_CLIP_LOW
 from graftrl.methods.base import (
+    ConfigSection,
     ExchangePlan,
     GroupOutcomes,
     LossInputs,
+    Method,
     TrainGroup,
     WholePromptMinibatches,
     register_method,
 )
 
 
+class HacpoConfig(ConfigSection):
+    """HACPO settings (ignored by other methods)."""
+
+    window: int = Field(default=5, ge=1)
+    """Steps in the sliding window of per-step mean rewards that estimates each agent's capability."""
+    omega_min: float = Field(default=OMEGA_MIN, gt=0)
+    """Lower clip of the capability ratio omega^(k,j) = P_hat^(k) / P_hat^(j)."""
+    omega_max: float = Field(default=OMEGA_MAX, gt=0)
+    """Upper clip of the capability ratio omega^(k,j)."""
+    own_clip_low: float = Field(default=OWN_CLIP_LOW, ge=0)
+    """GSPO clip of own responses' sequence ratio: lower range (clip(s, 1 - low, 1 + high))."""
+    own_clip_high: float = Field(default=OWN_CLIP_HIGH, ge=0)
+    """GSPO clip of own responses' sequence ratio: upper range."""
+    clip_lower: float = Field(default=CLIP_LOWER, ge=0, le=1)
+    """Peer ratio clip [lower_m, 1]: lower_m = min(1, clip_lower + clip_step * m) at minibatch m."""
+    clip_step: float = Field(default=CLIP_STEP, ge=0)
+    """Per-minibatch tightening of the peer clip's lower bound (stepwise clipping)."""
+    alpha: float = Field(default=ALPHA, ge=0)
+    """Exponent of the stop-gradient reweighting c * sg(c)^alpha of peer responses."""
+    exp_ratio: Literal["clipped", "raw"] = "clipped"
+    """Ratio inside sg(.)^alpha: the clipped c (SPEC) or the raw min(s, 1) (the review's eq. 53)."""
+    loss_agg: Literal["seq-mean", "token-mean"] = "seq-mean"
+    """Minibatch average of the sequence-level terms: over rows (GSPO) or weighted by token count."""
+
+
 @register_method("hacpo")
-@dataclass
-class HACPO(WholePromptMinibatches):
-    """K >= 2 agents; each trains on every prompt's pooled group with capability corrections."""
+class HACPO(WholePromptMinibatches, Method):
+    """K >= 2 agents; each trains on every prompt's pooled group with capability corrections.
 
-    name: str = "hacpo"
-    window: int = 5
-    """Sliding window (steps) of the capability estimate P_hat."""
-    omega_min: float = 0.1
-    omega_max: float = 10.0
-    own_clip_low: float = 3e-4
-    own_clip_high: float = 4e-4
-    clip_lower: float = 0.8
-    """Peer clip lower bound at minibatch 0; lower_m = min(1, clip_lower + clip_step * m)."""
-    clip_step: float = 0.025
-    alpha: float = 1.0
-    exp_ratio: str = "clipped"
-    loss_agg: str = "seq-mean"
-    adv_eps: float = 1e-6
-    adv_std_unbiased: bool = True
-    peer_position: str = "pooled"
-    """Informational: HACPO lays out its own minibatches (``order_minibatches``)."""
-    history: dict[str, list[float]] = field(default_factory=dict)
-    """Per agent, its per-step mean rewards of the last ``window`` steps (oldest first)."""
+    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1) come from the ``train`` section; ``history`` is
+    the capability tracker's state."""
 
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"hacpo window must be >= 1, got {self.window}")
-        if self.exp_ratio not in ("clipped", "raw"):
-            raise ValueError(f"hacpo exp_ratio must be 'clipped' or 'raw', got {self.exp_ratio!r}")
-        if self.loss_agg not in ("seq-mean", "token-mean"):
-            raise ValueError(f"hacpo loss_agg must be 'seq-mean' or 'token-mean', got {self.loss_agg!r}")
+    section = HacpoConfig
+    allows_tis = False  # own rows use GSPO's sequence ratio, peer rows the source's behaviour mean
+    needs_peer_old_logprobs = False  # the peer term compares with the source's mean (the record)
+    # Peers are still scored: s is the peer ratio at the first optimizer step (compatibility.jsonl).
+
+    def __init__(
+        self,
+        options: HacpoConfig | None = None,
+        /,
+        *,
+        adv_eps: float = ADV_EPS,
+        adv_std_unbiased: bool = ADV_STD_UNBIASED,
+        history: dict[str, list[float]] | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(options, **fields)
+        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
+        self.history: dict[str, list[float]] = {} if history is None else history
+        """Per agent, its per-step mean rewards of the last ``window`` steps (oldest first)."""
 
     @classmethod
     def from_config(cls, config: Any) -> HACPO:
-        if len(config.policies) < 2:
-            raise ValueError(f"method 'hacpo' needs at least two policies, got {len(config.policies)}")
-        h = config.hacpo
         return cls(
-            window=h.window,
-            omega_min=h.omega_min,
-            omega_max=h.omega_max,
-            own_clip_low=h.own_clip_low,
-            own_clip_high=h.own_clip_high,
-            clip_lower=h.clip_lower,
-            clip_step=h.clip_step,
-            alpha=h.alpha,
-            exp_ratio=h.exp_ratio,
-            loss_agg=h.loss_agg,
+            cls.options_of(config),
             adv_eps=config.train.adv_eps,
             adv_std_unbiased=config.train.adv_std_unbiased,
         )
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        super().check(config)
+        if len(config.policies) < 2:
+            raise ValueError(f"method {cls.name!r} needs at least two policies, got {len(config.policies)}")
 
     # ----- capability tracker ---------------------------------------------------------------
     def observe(self, mean_rewards: Mapping[str, float]) -> None:
@@ -191,10 +208,6 @@ class HACPO(WholePromptMinibatches):
                     diagnostics[f"omega/{source}"] = float(omega[j, k])  # on the peer term
             plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
         return plans
-
-    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        """No gate: every peer response enters; the loss uses the source mean directly."""
-        return torch.ones_like(s)
 
     # ----- loss -----------------------------------------------------------------------------
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:

@@ -14,50 +14,74 @@ The loss is one token-mean over all tokens of the minibatch, own and peer (``nor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from graftrl.core import k3_kl
-from graftrl.core.luffy import luffy_policy_loss
-from graftrl.methods.base import ClippedSurrogate, ExchangePlan, GroupOutcomes, LossInputs, register_method
-from graftrl.methods.graft import GRAFT
+from graftrl.core.luffy import GAMMA, luffy_policy_loss
+from graftrl.methods.base import (
+    ConfigSection,
+    ExchangePlan,
+    GroupOutcomes,
+    LossInputs,
+    Method,
+    register_method,
+)
+from graftrl.methods.graft import GRAFT, GraftConfig
+
+
+class LuffyConfig(ConfigSection):
+    """LUFFY-style peer update settings (ignored by other methods)."""
+
+    gamma: float = Field(default=GAMMA, gt=0)
+    """Shaping f(x) = x / (x + gamma) of peer tokens' probability. Selection, balancing and peer
+    position come from `graft.balance` and `graft.peer_position`."""
 
 
 @register_method("luffy")
-@dataclass(frozen=True)
-class LUFFY(ClippedSurrogate):
-    """GRAFT's selection with f(pi_theta) a on peer tokens instead of gate + clipped ratio."""
+class LUFFY(Method):
+    """GRAFT's selection with f(pi_theta) a on peer tokens instead of gate + clipped ratio.
 
-    name: str = "luffy"
-    gamma: float = 0.1
-    """Shaping constant of f(x) = x / (x + gamma)."""
-    balance: bool = True
-    """GRAFT's balanced exchange (``graft.balance``)."""
+    Its own section holds ``gamma``; ``balance`` and ``peer_position`` are GRAFT's (``graft``
+    section, or keyword arguments here)."""
 
-    def __post_init__(self) -> None:
-        if self.gamma <= 0:
-            raise ValueError(f"luffy.gamma must be > 0, got {self.gamma}")
+    section = LuffyConfig
+    allows_tis = False  # peer tokens have no ratio; own rows keep the rollout's behaviour log-probs
+    needs_peer_old_logprobs = False  # f(pi_theta) only: no ratio to an old policy on peer tokens
+    scores_peers = False  # no compatibility gate or weight
+
+    def __init__(
+        self, options: LuffyConfig | None = None, /, *, graft: GraftConfig | None = None, **fields: Any
+    ):
+        graft_fields = {k: fields.pop(k) for k in list(fields) if k in GraftConfig.model_fields}
+        super().__init__(options, **fields)
+        self.graft = graft if graft is not None else GraftConfig(**graft_fields)
+
+    @property
+    def balance(self) -> bool:
+        return self.graft.balance
+
+    @property
+    def peer_position(self) -> str:
+        return self.graft.peer_position
 
     @classmethod
     def from_config(cls, config: Any) -> LUFFY:
+        return cls(cls.options_of(config), graft=GRAFT.options_of(config))
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        super().check(config)
         if len(config.policies) != 2:
-            raise ValueError(f"method 'luffy' pairs exactly two policies, got {len(config.policies)}")
-        return cls(
-            gamma=config.luffy.gamma,
-            balance=config.graft.balance,
-            peer_position=config.graft.peer_position,
-        )
+            raise ValueError(f"method {cls.name!r} pairs exactly two policies, got {len(config.policies)}")
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
         return GRAFT(balance=self.balance).plan(outcomes, generator)
-
-    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        return torch.ones_like(s)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         loss, metrics = luffy_policy_loss(

@@ -16,12 +16,11 @@ SPEC also names a GSPO variant of the pooled advantage's loss; this is the GRPO 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
@@ -34,17 +33,14 @@ from graftrl.methods.base import (
 
 
 @register_method("pooling")
-@dataclass(frozen=True)
 class Pooling(WholePromptMinibatches, ClippedSurrogate):
-    """K >= 1 models; each trains on every prompt's pooled group with one shared GRPO advantage."""
+    """K >= 1 models; each trains on every prompt's pooled group with one shared GRPO advantage.
 
-    name: str = "pooling"
-    adv_eps: float = 1e-6
-    """eps_adv of eq. 1."""
-    adv_std_unbiased: bool = True
-    """Unbiased std of eq. 1 (over the pool)."""
-    peer_position: str = "pooled"
-    """Informational: each prompt's groups share an optimizer step (``order_minibatches``)."""
+    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1, over the pool) come from the ``train`` section."""
+
+    def __init__(self, *, adv_eps: float = ADV_EPS, adv_std_unbiased: bool = ADV_STD_UNBIASED) -> None:
+        super().__init__()
+        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
 
     @classmethod
     def from_config(cls, config: Any) -> Pooling:
@@ -79,6 +75,3 @@ class Pooling(WholePromptMinibatches, ClippedSurrogate):
             diagnostics.update({f"pooled/{m}": float(rcv.num_prompts) for m in order[1:]})
             plans[receiver] = ExchangePlan(groups=groups, diagnostics=diagnostics)
         return plans
-
-    def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        return torch.ones_like(s)

@@ -30,16 +30,17 @@ steps is GRPO's. "last" / "first" / "uniform" order them like peer groups (GRAFT
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from graftrl.core import balanced_selection, minibatch_order, nll_loss, pooled_minibatch_order
+from graftrl.core import balanced_selection, nll_loss, pooled_minibatch_order
 from graftrl.core.sgt import pick_one_success, sgt_eligible
 from graftrl.methods.base import (
     ClippedSurrogate,
+    ConfigSection,
     ExchangePlan,
     GroupOutcomes,
     LossInputs,
@@ -49,33 +50,30 @@ from graftrl.methods.base import (
 )
 
 
+class SGTConfig(ConfigSection):
+    """SGT settings (ignored by other methods)."""
+
+    nll_coef: float = Field(default=0.1, ge=0)
+    """lambda: weight of the NLL term (token-mean over the minibatch's NLL responses)."""
+    selection: Literal["all", "balanced"] = "all"
+    """all: SGT's rule (receiver 0 successes, peer >= 1); balanced: GRAFT's complementary balanced
+    selection ("SGT + GRAFT which")."""
+    peer_position: Literal["with_prompt", "last", "first", "uniform"] = "with_prompt"
+    """Optimizer step of each NLL response: its prompt's (with_prompt), or ordered like GRAFT's
+    peer groups (last / first / uniform)."""
+
+
 @register_method("sgt")
-@dataclass(frozen=True)
 class SGT(ClippedSurrogate):
     """GRPO on own groups + nll_coef * token-mean NLL of one drawn peer success per eligible prompt."""
 
-    name: str = "sgt"
-    nll_coef: float = 0.1
-    """lambda: weight of the NLL term."""
-    selection: str = "all"
-    """all: SGT's rule (k_R = 0, k_S >= 1); balanced: GRAFT's balanced selection ("SGT + GRAFT which")."""
-    peer_position: str = "with_prompt"
-    """Optimizer step of the NLL groups: with_prompt (their prompt's step), last, first or uniform."""
-
-    def __post_init__(self) -> None:
-        if self.selection not in ("all", "balanced"):
-            raise ValueError(f"sgt.selection must be 'all' or 'balanced', got {self.selection!r}")
-        if self.peer_position not in ("with_prompt", "last", "first", "uniform"):
-            raise ValueError(f"sgt.peer_position: unknown position {self.peer_position!r}")
-        if self.nll_coef < 0:
-            raise ValueError(f"sgt.nll_coef must be >= 0, got {self.nll_coef}")
+    section = SGTConfig
 
     @classmethod
-    def from_config(cls, config: Any) -> SGT:
+    def check(cls, config: Any) -> None:
+        super().check(config)
         if len(config.policies) != 2:
-            raise ValueError(f"method 'sgt' pairs exactly two policies, got {len(config.policies)}")
-        s = config.sgt
-        return cls(nll_coef=s.nll_coef, selection=s.selection, peer_position=s.peer_position)
+            raise ValueError(f"method {cls.name!r} pairs exactly two policies, got {len(config.policies)}")
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
@@ -122,8 +120,7 @@ class SGT(ClippedSurrogate):
         if self.peer_position == "with_prompt":
             prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
             return pooled_minibatch_order(prompts, prompts_per_minibatch)
-        is_peer = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
-        return minibatch_order(is_peer, prompts_per_minibatch, self.peer_position, generator)  # type: ignore[arg-type]
+        return super().order_minibatches(plan, prompts_per_minibatch, generator)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         loss, metrics = super().loss(batch)  # NLL rows have weight 0: outside the surrogate

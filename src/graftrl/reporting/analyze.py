@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
+from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 
-DEFAULT_DELTA = 0.8
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
 _STORE_TOLERANCE = 1e-6
 

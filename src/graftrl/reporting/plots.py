@@ -14,6 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from graftrl.core.compatibility import DELTA
+
 
 def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[list[int], list[float]]:
     points = [(r["step"], r[key]) for r in rows if r["model"] == model and r.get(key) is not None]
@@ -88,7 +90,7 @@ def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
 
 
 def plot_compatibility_histogram(
-    scores: Mapping[str, Sequence[float]], path: Path, delta: float = 0.8
+    scores: Mapping[str, Sequence[float]], path: Path, delta: float = DELTA
 ) -> None:
     """Histogram of s per receiver, with the gate delta marked."""
     fig, ax = plt.subplots(figsize=(6, 3.6))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from graftrl.core import grpo_advantages
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.store import (
@@ -174,8 +175,8 @@ def import_jsonl(
     device: str = "auto",
     dtype: str = "float32",
     source_tokenizer_id: str | None = None,
-    adv_eps: float = 1e-6,
-    adv_std_unbiased: bool = True,
+    adv_eps: float = ADV_EPS,
+    adv_std_unbiased: bool = ADV_STD_UNBIASED,
 ) -> ImportSummary:
     """Import trajectories logged elsewhere (one JSON object per line) as a peer's store.
 

@@ -231,10 +231,10 @@ class Trainer:
             "update", [(step, plans[name], shared_records, method_state) for name in self.names]
         )
         metrics: dict[str, dict[str, Any]] = {}
-        for name, row in zip(self.names, updates, strict=True):
-            compatibility = row.pop("_compatibility", None)
-            if compatibility is not None:
-                write_jsonl(self.run_dir / "compatibility.jsonl", compatibility)
+        for name, update in zip(self.names, updates, strict=True):
+            row = update.metrics
+            if update.compatibility is not None:
+                write_jsonl(self.run_dir / "compatibility.jsonl", dataclasses.asdict(update.compatibility))
             row.update(self._outcome_metrics(name, outcomes, shared, problems))
             row.update(sampled[name].info)
             row.update(stored_info)

@@ -30,15 +30,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.core import (
-    compatibility_score,
-    group_outcome_fractions,
-    grpo_advantages,
-    minibatch_order,
-    truncated_is_weights,
-)
+from graftrl.core import group_outcome_fractions, grpo_advantages, truncated_is_weights
 from graftrl.errors import TrainingDivergedError
-from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, PeerLikelihoods, build_method
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import (
     HFRolloutEngine,
@@ -126,6 +120,30 @@ class PolicyRollout:
     """Trajectory-store rows of the kept groups (only when the run records)."""
 
 
+@dataclass(frozen=True)
+class CompatibilityScores:
+    """One receiver's compatibility scores at a step: a line of compatibility.jsonl."""
+
+    step: int
+    receiver: str
+    source: list[str]
+    """Source model of each scored peer response."""
+    s: list[float]
+    """Its compatibility score (eq. 7), rounded to 5 decimals."""
+    reward: list[float]
+    """Its reward."""
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What a policy's update returns to the driver."""
+
+    metrics: dict[str, Any]
+    """The policy's metrics row for this step (the driver adds the step-level ones)."""
+    compatibility: CompatibilityScores | None = None
+    """Scores of the transferred responses (None when nothing was scored)."""
+
+
 @dataclass
 class TrainingRows:
     """Everything one receiver optimises on this step, one entry per response row."""
@@ -146,6 +164,8 @@ class TrainingRows:
     """lbar of the sampling policy on its own tokenization (the record's mean_logprob)."""
     tis_weights: list[Tensor | None] = field(default_factory=list)
     """Per-token truncated importance-sampling weights of own rows (``rollout.tis_cap``), else None."""
+    compatibility: CompatibilityScores | None = None
+    """The peer rows' compatibility scores, when the method scores peers."""
 
     def append(
         self,
@@ -449,8 +469,8 @@ class PolicyWorker:
         plan: ExchangePlan,
         records: dict[str, list[TrajectoryRecord]],
         method_state: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Train on the planned groups (own rollout of this step + peers' records); returns metrics.
+    ) -> UpdateResult:
+        """Train on the planned groups (own rollout of this step + peers' records).
 
         ``method_state``: the driver's method state after planning (a worker in another process
         holds its own copy of the method, e.g. HACPO's capability tracker); None when shared.
@@ -465,7 +485,9 @@ class PolicyWorker:
         )
         # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
         # minibatch's denominators and every rank's share without communicating.
-        scores = self.config.rollout.tis_cap is not None or any(g.peer and not g.nll for g in plan.groups)
+        scores = self.config.rollout.tis_cap is not None or (
+            self._scores_peers and any(g.peer and not g.nll for g in plan.groups)
+        )
         with gathered(self.policy.model) if scores else contextlib.nullcontext():
             rows, info = self._training_rows(step, self._rollout, plan, records, timings, generator)
         info.update(self._optimize(rows, plan, timings, generator))
@@ -477,7 +499,13 @@ class PolicyWorker:
         info["memory_peak_mb"] = peak_memory_mb(self.policy.device)
         if self.world > 1:  # the largest rank's peak: what each device must hold
             info["memory_peak_mb"] = max(all_gather_objects(info["memory_peak_mb"]))
-        return info
+        return UpdateResult(info, rows.compatibility)
+
+    @property
+    def _scores_peers(self) -> bool:
+        """Peer rows get the receiver's old log-probs (one no-grad pass) for the method's loss or
+        its compatibility scores; otherwise they enter with w = 1 and are never scored."""
+        return self.method.needs_peer_old_logprobs or self.method.scores_peers
 
     def _training_rows(
         self,
@@ -545,34 +573,37 @@ class PolicyWorker:
             timings["time_old_logprob"] = time.perf_counter() - start
         if not peer_rows:
             return rows, info
-        start = time.perf_counter()
-        # The receiver's old policy on its own tokenization of every grafted response (eq. 9),
-        # which also gives lbar for the compatibility score (eq. 7, EOS excluded on both sides).
-        old_logprobs = policy.score(
-            [rows.prompt_ids[r] for r in peer_rows], [rows.response_ids[r] for r in peer_rows]
-        )
-        receiver_mean = torch.tensor(
-            [
-                content_mean_logprob(lp, rec.finished)
-                for lp, rec in zip(old_logprobs, peer_records, strict=True)
-            ]
-        )
-        source_mean = torch.tensor([rec.mean_logprob for rec in peer_records])
-        if self.config.graft.compat_normalization == "byte":
-            # Total log-likelihood of the same string under each model, per UTF-8 byte.
-            receiver_tokens = torch.tensor(
-                [len(lp) - int(rec.finished) for lp, rec in zip(old_logprobs, peer_records, strict=True)]
+        if self._scores_peers:
+            start = time.perf_counter()
+            # The receiver's old policy on its own tokenization of every grafted response (eq. 9),
+            # which also gives lbar for the compatibility score (eq. 7, EOS excluded on both sides).
+            old_logprobs = policy.score(
+                [rows.prompt_ids[r] for r in peer_rows], [rows.response_ids[r] for r in peer_rows]
             )
-            num_bytes = torch.tensor([max(rec.num_bytes, 1) for rec in peer_records])
-            source_tokens = torch.tensor([rec.num_tokens for rec in peer_records])
-            receiver_mean = receiver_mean * receiver_tokens / num_bytes
-            source_mean = source_mean * source_tokens / num_bytes
-        s = compatibility_score(receiver_mean, source_mean)
+            for k, row in enumerate(peer_rows):
+                rows.old_logprobs[row] = old_logprobs[k]
+            timings["time_peer_logprob"] = time.perf_counter() - start
+        if not self.method.scores_peers:  # every peer row keeps w = 1 (TrainingRows.append)
+            info.update(peer_admitted=len(peer_rows), admit_rate=1.0, w_mean=1.0)
+            return rows, info
+        likelihoods = PeerLikelihoods(
+            receiver_mean_logp=torch.tensor(
+                [
+                    content_mean_logprob(lp, rec.finished)
+                    for lp, rec in zip(old_logprobs, peer_records, strict=True)
+                ]
+            ),
+            receiver_tokens=torch.tensor(
+                [len(lp) - int(rec.finished) for lp, rec in zip(old_logprobs, peer_records, strict=True)]
+            ),
+            source_mean_logp=torch.tensor([rec.mean_logprob for rec in peer_records]),
+            source_tokens=torch.tensor([rec.num_tokens for rec in peer_records]),
+            num_bytes=torch.tensor([max(rec.num_bytes, 1) for rec in peer_records]),
+        )
+        s = self.method.compatibility(likelihoods)
         w = self.method.peer_weights(s, generator)
         for k, row in enumerate(peer_rows):
-            rows.old_logprobs[row] = old_logprobs[k]
             rows.weights[row] = float(w[k])
-        timings["time_peer_logprob"] = time.perf_counter() - start
         info.update(
             peer_admitted=int((w > 0).sum()),
             admit_rate=float((w > 0).float().mean()),
@@ -583,13 +614,13 @@ class PolicyWorker:
             w_mean=float(w.mean()),
         )
         # The driver appends it to compatibility.jsonl (one writer, whatever the backend).
-        info["_compatibility"] = {
-            "step": step,
-            "receiver": policy.name,
-            "source": [rec.source for rec in peer_records],
-            "s": [round(float(x), 5) for x in s],
-            "reward": [rec.reward for rec in peer_records],
-        }
+        rows.compatibility = CompatibilityScores(
+            step=step,
+            receiver=policy.name,
+            source=[rec.source for rec in peer_records],
+            s=[round(float(x), 5) for x in s],
+            reward=[rec.reward for rec in peer_records],
+        )
         return rows, info
 
     def _optimize(
@@ -598,15 +629,7 @@ class PolicyWorker:
         """The optimizer steps over the planned groups, in the method's minibatch order."""
         policy, train = self.policy, self.config.train
         start = time.perf_counter()
-        is_peer_group = torch.tensor([g.peer for g in plan.groups], dtype=torch.bool)
-        # A method may lay out its own optimizer steps (HACPO: each prompt's pooled groups together).
-        custom_order = getattr(self.method, "order_minibatches", None)
-        if custom_order is not None:
-            order = custom_order(plan, train.minibatch_prompts, generator)
-        else:
-            order = minibatch_order(
-                is_peer_group, train.minibatch_prompts, self.method.peer_position, generator
-            )
+        order = self.method.order_minibatches(plan, train.minibatch_prompts, generator)
         rows_of_group: dict[int, list[int]] = defaultdict(list)
         for row, group in enumerate(rows.group):
             rows_of_group[group].append(row)
