@@ -63,7 +63,9 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
 
             r = torch.tensor(pattern, dtype=torch.float32)
             records = rollout_records(step, policy.name, problems, rollout, r, grpo_advantages(r))
-            rows += stored_rows(records, rollout, [p.problem for p in problems], tokenizer_id(policy.tokenizer))
+            rows += stored_rows(
+                records, rollout, [p.problem for p in problems], tokenizer_id(policy.tokenizer)
+            )
         writer.write_step(step, rows)
         rollouts.clear()
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from pydantic import Field
-from test_trainer import CROSSED, ScriptedRewards, make_config, weights_of
+from conftest import CROSSED, ScriptedRewards, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict, config_reference, dump_config
 from graftrl.core import clipped_policy_loss

@@ -10,7 +10,9 @@ from torch import Tensor
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
 
 
-def pooled_advantages(rewards: Sequence[Tensor], eps: float = ADV_EPS, unbiased: bool = ADV_STD_UNBIASED) -> list[Tensor]:
+def pooled_advantages(
+    rewards: Sequence[Tensor], eps: float = ADV_EPS, unbiased: bool = ADV_STD_UNBIASED
+) -> list[Tensor]:
     """One GRPO advantage (eq. 1) over the concatenation of the groups, split back per group.
 
     rewards: K tensors [P, n_k] — the groups of K models on the same P prompts. The pool of
