@@ -289,6 +289,29 @@ def test_three_agent_plan_pools_every_group():
         method.plan({"a0": outcomes["a0"]}, torch.Generator())
 
 
+def test_recipe_minibatch_is_minibatch_prompts_times_n_rows_of_the_pooled_batch():
+    """verl's ppo_mini_batch_size counts prompts of one agent's batch: 64 x n rows. Over the pooled
+    2 x 128 x n rows that is 4 optimizer steps of 32 whole prompts (own + peer groups)."""
+    rewards = [[[float((p + i) % 3 == 0) for i in range(8)] for p in range(128)]] * 2
+    outcomes = outcomes_of(*rewards)
+    plan = HACPO().plan(outcomes, torch.Generator())["a0"]
+    order = HACPO().order_minibatches(plan, 64, torch.Generator())
+    assert len(order) == 4
+    for step in order:
+        groups = [plan.groups[i] for i in step.tolist()]
+        assert len(groups) * 8 == 64 * 8  # 64 x n rows per optimizer step
+        prompts = {g.prompt for g in groups}
+        assert len(prompts) == 32 and all(sum(g.prompt == p for g in groups) == 2 for p in prompts)
+    assert len(HACPO(minibatch="prompts").order_minibatches(plan, 64, torch.Generator())) == 2
+
+
+def test_recipe_minibatch_needs_a_multiple_of_the_agents(tiny_checkpoints):
+    raw = make_config(tiny_checkpoints, method="hacpo", minibatch_prompts=1)
+    with pytest.raises(ValueError, match="multiple of the 2 agents"):
+        config_from_dict(raw)
+    config_from_dict({**raw, "hacpo": {"minibatch": "prompts"}})
+
+
 def test_build_from_config_reads_the_hacpo_section(tiny_checkpoints):
     raw = make_config(tiny_checkpoints, method="hacpo")
     raw["hacpo"] = {"window": 3, "alpha": 3.0, "clip_lower": 0.2, "exp_ratio": "raw"}
@@ -322,6 +345,7 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     """2 steps, 2 tiny models, n = 4, KL 1e-3; resume from step 1 reproduces step 2 exactly."""
     raw = make_config(tiny_checkpoints, method="hacpo", kl_coef=1e-3)
     raw["checkpoint"] = {"every": 1, "keep_last": 5}
+    raw["hacpo"] = {"minibatch": "prompts"}  # minibatch_prompts whole prompts per optimizer step
     full = Trainer(config_from_dict(raw), tmp_path / "full", verifier=ScriptedRewards(SKEWED))
     captured: list[tuple[LossInputs, dict]] = []
     original = full.method.loss

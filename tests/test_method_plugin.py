@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import pytest
 import torch
 import yaml
-from pydantic import Field
 from conftest import CROSSED, ScriptedRewards, make_config, weights_of
+from pydantic import Field
 
 from graftrl.config import ConfigError, config_from_dict, config_reference, dump_config
 from graftrl.core import clipped_policy_loss

@@ -492,6 +492,27 @@ def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
     assert float(SGT().loss(plain)[0]) == pytest.approx(-1.0)
 
 
+def test_sgt_nll_normalization_over_nll_tokens_or_the_whole_minibatch():
+    # NLL rows: -log p = 1, 2 | 3 over 3 NLL tokens; the own row adds 2 surrogate tokens (5 in all).
+    logp = torch.tensor([[-0.5, -0.5], [-1.0, -2.0], [-3.0, 0.0]])
+    fields = dict(
+        logp=logp,
+        old_logp=torch.tensor([[-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]),
+        advantages=torch.tensor([1.0, 0.0, 0.0]),
+        weights=torch.tensor([1.0, 0.0, 0.0]),
+        mask=torch.tensor([[True, True], [True, True], [True, False]]),
+        is_peer=_bool([0, 1, 1]),
+        is_nll=_bool([0, 1, 1]),
+        normalizer=2,
+        nll_normalizer=3,
+        minibatch_tokens=5,
+    )
+    assert float(SGT().loss(loss_inputs(**fields))[1]["nll"]) == pytest.approx(6 / 3)
+    whole = SGT(nll_normalization="minibatch_tokens").loss(loss_inputs(**fields))
+    assert float(whole[1]["nll"]) == pytest.approx(6 / 5)
+    assert float(whole[0]) == pytest.approx(-1.0 + 0.1 * 6 / 5)
+
+
 def test_sgt_nll_groups_train_with_their_prompt():
     plan = SGT().plan(pair(), gen())["a"]  # own 0..3, NLL on 0 and 2
     chunks = SGT().order_minibatches(plan, 2, gen())

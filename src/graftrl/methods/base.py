@@ -120,6 +120,8 @@ class LossInputs:
     """[B] bool: rows of NLL groups (None: no such rows)."""
     nll_normalizer: float = 1.0
     """Token count of the minibatch's NLL rows."""
+    minibatch_tokens: float = 1.0
+    """Token count of the whole minibatch's surrogate and NLL rows together."""
     sources: tuple[str, ...] = ()
     """[B] name of the model that sampled each row."""
     receiver: str = ""

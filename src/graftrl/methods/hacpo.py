@@ -39,8 +39,11 @@ Zhang et al. 2026 (arXiv 2603.02604), as SPEC section 3 states it and the review
   token count (k3 token-mean over the same count), as ClippedSurrogate.
 - **Minibatches.** A minibatch holds whole prompts: each prompt's own and peer groups go into
   the same optimizer step (``order_minibatches``; Algorithm 1 computes J_homo and J_hete on
-  the same mini-batch subset), ``train.minibatch_prompts`` prompts per step. The paper's
-  HACPO uses 128 prompts per step and minibatch 64 prompts (2 optimizer steps), G = 8.
+  the same mini-batch subset). Its size is the recipe's: verl's ``ppo_mini_batch_size`` of 64
+  prompts means 64 x n rows, so over the pooled batch of 128 prompts x K groups x n rows an
+  agent takes K x 128 / 64 = 4 optimizer steps at K = 2 (``hacpo.minibatch: rows``, each step
+  ``train.minibatch_prompts / K`` prompts with all their groups); ``hacpo.minibatch: prompts``
+  packs ``train.minibatch_prompts`` whole prompts per step (2 steps), as graftrl did before.
 
 Where the review and the SPEC differ, this follows the SPEC and offers the review as a switch:
 the peer lower bound (SPEC 0.8 + 0.025 m; the review's 1 - delta + m delta_step = 0.2 +
@@ -106,6 +109,11 @@ class HacpoConfig(ConfigSection):
     """Ratio inside sg(.)^alpha: the clipped c (SPEC) or the raw min(s, 1) (the review's eq. 53)."""
     loss_agg: Literal["seq-mean", "token-mean"] = "seq-mean"
     """Minibatch average of the sequence-level terms: over rows (GSPO) or weighted by token count."""
+    minibatch: Literal["rows", "prompts"] = "rows"
+    """Optimizer-step size. "rows" (the official recipe): `train.minibatch_prompts` x n rows of the
+    pooled K x n-row groups, i.e. minibatch_prompts / K prompts with all their groups per step (128
+    prompts, 64-prompt minibatches, K = 2: 4 optimizer steps). "prompts": minibatch_prompts whole
+    prompts (K x n rows each) per step (graftrl before 0.2: 2 steps at the same sizes)."""
 
 
 @register_method("hacpo")
@@ -148,6 +156,22 @@ class HACPO(WholePromptMinibatches, Method):
         super().check(config)
         if len(config.policies) < 2:
             raise ValueError(f"method {cls.name!r} needs at least two policies, got {len(config.policies)}")
+        agents = len(config.policies)
+        options = cls.options_of(config)
+        if options.minibatch == "rows" and config.train.minibatch_prompts % agents:
+            raise ValueError(
+                f"train.minibatch_prompts ({config.train.minibatch_prompts}) must be a multiple of the "
+                f"{agents} agents with hacpo.minibatch: rows (each step takes minibatch_prompts x n "
+                "rows = whole prompts' pooled groups); change it or set hacpo.minibatch: prompts"
+            )
+
+    def order_minibatches(
+        self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
+    ) -> list[Tensor]:
+        if self.minibatch == "rows":  # minibatch_prompts x n rows of pooled K x n-row prompts
+            agents = len({g.source for g in plan.groups})
+            prompts_per_minibatch = max(1, prompts_per_minibatch // agents)
+        return super().order_minibatches(plan, prompts_per_minibatch, generator)
 
     # ----- capability tracker ---------------------------------------------------------------
     def observe(self, mean_rewards: Mapping[str, float]) -> None:

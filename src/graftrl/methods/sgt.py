@@ -17,7 +17,8 @@ response included, so the model also learns where to stop). Per minibatch the lo
 
 with J_GRPO the token-mean clipped surrogate over the minibatch's surrogate tokens (SPEC eq. 2;
 NLL rows are outside it: no old log-probs, weight 0), N_nll the minibatch's NLL token count
-(``LossInputs.nll_normalizer``) and lambda = ``sgt.nll_coef`` = 0.1. A minibatch without NLL
+(``LossInputs.nll_normalizer``; ``sgt.nll_normalization: minibatch_tokens`` adds the surrogate
+tokens to it) and lambda = ``sgt.nll_coef`` = 0.1. A minibatch without NLL
 rows is exactly GRPO.
 
 Where the NLL rows train (``sgt.peer_position``): "with_prompt" (default) puts each NLL group in
@@ -61,6 +62,10 @@ class SGTConfig(ConfigSection):
     peer_position: Literal["with_prompt", "last", "first", "uniform"] = "with_prompt"
     """Optimizer step of each NLL response: its prompt's (with_prompt), or ordered like GRAFT's
     peer groups (last / first / uniform)."""
+    nll_normalization: Literal["nll_tokens", "minibatch_tokens"] = "nll_tokens"
+    """Denominator of the NLL term, which the paper leaves open: the minibatch's NLL tokens (a
+    supervised token-mean, so lambda's scale does not depend on how many own tokens share the
+    step; default), or all its tokens, surrogate and NLL (one token-mean over a mixed batch)."""
 
 
 @register_method("sgt")
@@ -126,7 +131,9 @@ class SGT(ClippedSurrogate):
         loss, metrics = super().loss(batch)  # NLL rows have weight 0: outside the surrogate
         if batch.is_nll is not None and bool(batch.is_nll.any()):
             nll_mask = batch.mask.bool() & batch.is_nll.bool().unsqueeze(-1)  # [B, T]
-            nll = nll_loss(batch.logp, nll_mask, normalizer=batch.nll_normalizer)
+            tokens_only = self.nll_normalization == "nll_tokens"
+            denominator = batch.nll_normalizer if tokens_only else batch.minibatch_tokens
+            nll = nll_loss(batch.logp, nll_mask, normalizer=denominator)
             loss = loss + self.nll_coef * nll
             metrics["nll"] = nll.detach()
             metrics["nll_tokens"] = nll_mask.sum().float()

@@ -788,6 +788,7 @@ class PolicyWorker:
             eps_high=train.eps_high,
             is_nll=column([rows.is_nll[r] for r in idx]),
             nll_normalizer=max(nll_normalizer, 1),
+            minibatch_tokens=max(normalizer + nll_normalizer, 1),
             sources=tuple(rows.source[r] for r in idx),
             receiver=policy.name,
             minibatch_index=minibatch_index,
