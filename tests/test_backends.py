@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from test_trainer import comparable_metrics, make_config
 
 from graftrl.config import config_from_dict
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 # Actors cannot import this test module: ship the verifier class by value.

@@ -11,7 +11,7 @@ from test_trainer import comparable_metrics, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.storage.data import load_problems
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"

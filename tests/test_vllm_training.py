@@ -14,7 +14,7 @@ from test_backends import TextRewards
 from test_trainer import make_config
 
 from graftrl.config import config_from_dict
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trainer import Trainer
 

@@ -99,12 +99,13 @@ def train(
     """Train the configured policies with GRPO or GRAFT."""
     from graftrl.config import ConfigError, load_config, minibatch_note
     from graftrl.storage.checkpoint import hold_run_lock
+    from graftrl.storage.rundir import RunDir
 
     cfg = load_config(config, set_ or [])
     run_dir = out or Path("runs") / config.stem
     # The lock first: a second process on this folder is refused before it reads anything.
     with hold_run_lock(run_dir):
-        if (run_dir / "metrics.jsonl").exists() and not resume:
+        if RunDir(run_dir).holds_run() and not resume:
             raise ConfigError(
                 f"{run_dir} already holds a run; pass --resume to continue it (from step 0 when it has "
                 "no checkpoint yet) or --out for a new folder"

@@ -335,7 +335,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 def _rollouts_per_model(run_dir: Path, batch_prompts: int, n: int) -> float:
     """Responses sampled per model over the run (dynamic sampling logs its prompts per step)."""
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
 
     per_model: dict[str, int] = defaultdict(int)
     for row in read_metrics(run_dir):
@@ -550,14 +550,14 @@ def table_markdown(
 
 def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """variant -> per (step, model) reward on the shared prompt batch, mean over the seeds run."""
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import RunDir, read_metrics
 
     curves: dict[str, list[dict[str, Any]]] = {}
     for name in names:
         points: dict[tuple[int, str], list[float]] = defaultdict(list)
         for seed in range(seeds):
             run_dir = out_dir / "runs" / f"{name}-seed{seed}"
-            if (run_dir / "metrics.jsonl").exists():
+            if RunDir(run_dir).holds_run():
                 for row in read_metrics(run_dir):
                     # the reward on the step's shared batch (dynamic sampling trains on other prompts)
                     value = row.get("shared_reward_mean", row.get("reward_mean"))
@@ -573,13 +573,13 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
 
 def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """Metrics rows per "<variant> seed <s>", for the per-family training curves."""
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import RunDir, read_metrics
 
     return {
         f"{name} seed {seed}": read_metrics(out_dir / "runs" / f"{name}-seed{seed}")
         for name in names
         for seed in range(seeds)
-        if (out_dir / "runs" / f"{name}-seed{seed}" / "metrics.jsonl").exists()
+        if RunDir(out_dir / "runs" / f"{name}-seed{seed}").holds_run()
     }
 
 

@@ -35,7 +35,7 @@ from graftrl.reporting.plots import (
 )
 from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
 from graftrl.storage.data import load_problems
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 
