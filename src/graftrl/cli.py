@@ -1,4 +1,4 @@
-"""Command line: `graftrl train`, `graftrl demo`, `graftrl config-reference`."""
+"""Command line: `graftrl train`, `graftrl demo`, `graftrl config-reference`, `graftrl metrics-reference`."""
 
 from __future__ import annotations
 
@@ -155,6 +155,23 @@ def config_reference_command(
     for key, default, description in config_reference():
         table.add_row(key, default, description)
     console.print(table)
+
+
+@app.command("metrics-reference")
+def metrics_reference_command(
+    markdown: Annotated[bool, typer.Option(help="Print Markdown tables (docs/metrics.md).")] = False,
+) -> None:
+    """Print every key of the run folder's logs (metrics.jsonl, validation.jsonl, ...): meaning and unit."""
+    from graftrl.storage.rundir import LOGS, keys_markdown
+
+    if markdown:
+        print(keys_markdown(), end="")
+        return
+    for log, keys in LOGS.items():
+        table = Table("key", "meaning", "unit", "group", title=log, title_justify="left")
+        for key in keys:
+            table.add_row(key.name, key.meaning, key.unit, key.group)
+        console.print(table)
 
 
 @app.command("estimate-memory")

@@ -275,8 +275,8 @@ REWARD = "mean reward (0-1)"
 
 METRIC_KEYS: tuple[LogKey, ...] = tuple(
     _keys(
-        "row",
-        ("step", "training step, 0-based (the weights after it are checkpoints/step_{step+1})", "step"),
+        "identity",
+        ("step", "training step, 0-based (checkpoint step_N holds the weights after step N - 1)", "step"),
         ("model", "the policy (its `policies[].name`)", "name"),
         ("method", "the run's method", "name"),
     )
@@ -433,6 +433,11 @@ def undeclared_keys(rows: Iterable[Mapping[str, Any]], declared: Sequence[LogKey
     return sorted({key for row in rows for key in row if find_key(key, declared) is None})
 
 
+def _code_placeholders(text: str) -> str:
+    """``<peer>`` -> `` `<peer>` ``: Markdown would read a bare ``<peer>`` as an HTML tag."""
+    return re.sub(r"(<[a-z_]+>)", r"`\1`", text)
+
+
 def keys_markdown() -> str:
     """The declared keys of every log as Markdown tables (``docs/metrics.md``, `graftrl metrics-reference`)."""
     out = [
@@ -445,5 +450,5 @@ def keys_markdown() -> str:
     ]
     for log, keys in LOGS.items():
         out += ["", f"## `{log}`", "", "| key | meaning | unit | group |", "|---|---|---|---|"]
-        out += [f"| `{k.name}` | {k.meaning} | {k.unit} | {k.group} |" for k in keys]
+        out += [f"| `{k.name}` | {_code_placeholders(k.meaning)} | {k.unit} | {k.group} |" for k in keys]
     return "\n".join(out) + "\n"
