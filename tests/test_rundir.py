@@ -20,6 +20,7 @@ from graftrl.storage.rundir import (
     METRIC_KEYS,
     SAMPLE_KEYS,
     VALIDATION_KEYS,
+    ExperimentDir,
     LogKey,
     RunDir,
     RunLogError,
@@ -56,6 +57,17 @@ def test_the_layout_keeps_its_names(tmp_path):
         run.evaluation(best=False): "eval",
         run.evaluation(best=True): "eval-best",
         run.lock: "run.lock",
+        run.done: "done.json",
+    }
+    out = ExperimentDir(tmp_path)
+    named |= {
+        out.train_data: "data/train.jsonl",
+        out.heldout_data: "data/heldout.jsonl",
+        out.run("graft", 2).root: "runs/graft-seed2",
+        out.run("warm-start").root: "runs/warm-start",
+        out.results: "results.json",
+        out.results_csv: "results.csv",
+        out.report: "report.md",
     }
     for path, name in named.items():
         assert path.relative_to(tmp_path).as_posix() == name

@@ -19,6 +19,11 @@ for a path instead of naming a file. Layout of ``graftrl train --out RUN``::
       analysis/                        `graftrl analyze` output
       eval/  eval-best/                `graftrl eval RUN [--best]` output
       run.lock                         the OS lock of the process training into RUN
+      done.json                        `graftrl compare`: the cell finished (config digest, scores)
+
+``graftrl compare --out OUT`` (and ``graftrl demo``) write ``OUT/data/{train,heldout}.jsonl``,
+``OUT/runs/<variant>-seed<seed>/`` (a run folder each), ``results.json``, ``results.csv`` and
+``report.md`` (:class:`ExperimentDir`).
 
 The JSONL logs are append-only; a kill may leave a torn last line, which readers skip. On resume
 ``RunDir.truncate_logs`` cuts them back to the resumed step (rows moved to ``*.discarded.jsonl``,
@@ -131,6 +136,11 @@ class RunDir:
     def lock(self) -> Path:
         return self.root / "run.lock"
 
+    @property
+    def done(self) -> Path:
+        """``graftrl compare``'s record that this (variant, seed) cell finished, with its scores."""
+        return self.root / "done.json"
+
     def holds_run(self) -> bool:
         """A run has logged at least one step here (``graftrl train`` refuses it without --resume)."""
         return self.metrics.exists()
@@ -152,6 +162,40 @@ class RunDir:
             if bad:
                 torn[path] = bad
         return torn
+
+
+@dataclass(frozen=True)
+class ExperimentDir:
+    """The output folder of ``graftrl compare`` / ``graftrl demo``: a run folder per (variant, seed)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def train_data(self) -> Path:
+        return self.root / "data" / "train.jsonl"
+
+    @property
+    def heldout_data(self) -> Path:
+        return self.root / "data" / "heldout.jsonl"
+
+    def run(self, name: str, seed: int | None = None) -> RunDir:
+        """``runs/<name>-seed<seed>`` (``runs/<name>`` without a seed, e.g. the warm-start cell)."""
+        return RunDir(self.root / "runs" / (name if seed is None else f"{name}-seed{seed}"))
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results.json"
+
+    @property
+    def results_csv(self) -> Path:
+        return self.root / "results.csv"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.md"
 
 
 # ----- JSONL logs ----------------------------------------------------------------------------------
