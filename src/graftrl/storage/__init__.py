@@ -3,6 +3,6 @@
 Owns the run folder's layout, its JSONL logs and the declared keys of every log (``rundir``: the
 only module that names a run-folder file), the tokenizer-neutral trajectory record (``records``),
 the Parquet trajectory store (``store``), problem datasets (``data``), the metrics sinks
-(``metrics``: JSONL, TensorBoard, W&B) and verified checkpoints (``checkpoint``). May import ``graftrl.errors``, ``graftrl.files`` and
-``graftrl.core``; never models, training or reporting.
+(``metrics``: JSONL, TensorBoard, W&B) and verified checkpoints (``checkpoint``). May import
+``graftrl.errors``, ``graftrl.files`` and ``graftrl.core``; never models, training or reporting.
 """
