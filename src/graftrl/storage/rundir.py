@@ -1,4 +1,4 @@
-"""The run folder: every path in it, its JSONL logs, and the declared keys of ``metrics.jsonl``.
+"""The run folder: every path in it, its JSONL logs, and the declared keys of each log.
 
 This module is the one owner of a run folder's layout; every other module asks :class:`RunDir`
 for a path instead of naming a file. Layout of ``graftrl train --out RUN``::
