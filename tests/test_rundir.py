@@ -180,18 +180,21 @@ def test_sinks_carry_the_schema(tmp_path, monkeypatch):
 
     logger = MetricsLogger(tmp_path, tensorboard=True, wandb=True)
     logger.log({"step": 2, "model": "a", "method": "graft", "reward_mean": 0.5, "family_reward/add": 1.0})
+    logger.log({"step": 3, "model": "a", "reward_mean": 0.6, "time_step": 2.0, "loss": 0.1, "memory_peak_mb": 9})
     logger.close()
     assert calls["logdir"] == str(RunDir(tmp_path).tensorboard)
     assert calls["text"] == [("graftrl/metric_keys", keys_markdown(), 0)]
-    assert calls["scalar"] == [("a/reward_mean", 0.5, 2), ("a/family_reward/add", 1.0, 2)]
-    assert calls["log"] == [({"a/reward_mean": 0.5, "a/family_reward/add": 1.0}, 2)]
-    defined = dict(calls["define"])
-    assert defined["*/reward_mean"] == "max" and defined["*/family_reward/*"] == "max"
-    assert defined["*/memory_peak_mb"] == "max" and defined["*/time_step"] == "mean"
-    assert "*/loss" not in defined  # W&B's default summary (the last value) is kept
-    assert read_metrics(tmp_path) == [
-        {"step": 2, "model": "a", "method": "graft", "reward_mean": 0.5, "family_reward/add": 1.0}
+    assert calls["scalar"][:2] == [("a/reward_mean", 0.5, 2), ("a/family_reward/add", 1.0, 2)]
+    assert calls["log"][0] == ({"a/reward_mean": 0.5, "a/family_reward/add": 1.0}, 2)
+    assert len(calls["scalar"]) == 6 and calls["log"][1][1] == 3
+    # each scalar's declared summary, once, by its exact name; W&B's default (the last value) is kept
+    assert calls["define"] == [
+        ("a/reward_mean", "max"),
+        ("a/family_reward/add", "max"),
+        ("a/time_step", "mean"),
+        ("a/memory_peak_mb", "max"),
     ]
+    assert [row["step"] for row in read_metrics(tmp_path)] == [2, 3]
 
 
 # ----- every key a run logs is declared -------------------------------------------------------------

@@ -1,17 +1,16 @@
 """Metrics sinks: ``metrics.jsonl`` always; TensorBoard and W&B when asked.
 
 The keys and their meaning are declared once, in ``graftrl.storage.rundir.METRIC_KEYS``: TensorBoard
-gets them as a text table (its TEXT tab), W&B as ``define_metric`` summaries.
+gets them as a text table (its TEXT tab), W&B each scalar's declared summary (``define_metric``).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
-from graftrl.storage.rundir import METRIC_KEYS, RunDir, append_jsonl, keys_markdown
+from graftrl.storage.rundir import RunDir, append_jsonl, find_key, keys_markdown
 
 
 def _clean(value: Any) -> Any:
@@ -48,9 +47,7 @@ class MetricsLogger:
             except ImportError as error:  # pragma: no cover - depends on the extra
                 raise RuntimeError("logging.wandb needs `pip install graftrl[wandb]`") from error
             self._wandb = wandb_module.init(project=wandb_project, dir=str(run.root), config=config)
-            for key in METRIC_KEYS:
-                if key.summary != "last":  # W&B's default summary is the last value
-                    self._wandb.define_metric(f"*/{re.sub(r'<[a-z_]+>', '*', key.name)}", summary=key.summary)
+        self._wandb_defined: set[str] = set()
 
     def log(self, row: dict[str, Any]) -> None:
         row = {key: _clean(value) for key, value in row.items()}
@@ -61,7 +58,18 @@ class MetricsLogger:
             for key, value in scalars.items():
                 self._tb.add_scalar(f"{model}/{key}", value, row["step"])
         if self._wandb is not None:
+            for key in scalars:
+                self._define_wandb_summary(f"{model}/{key}", key)
             self._wandb.log({f"{model}/{k}": v for k, v in scalars.items()}, step=row["step"])
+
+    def _define_wandb_summary(self, name: str, key: str) -> None:
+        """The declared summary of a W&B scalar (by its exact name: the last value is W&B's default)."""
+        if name in self._wandb_defined:
+            return
+        self._wandb_defined.add(name)
+        declared = find_key(key)
+        if declared is not None and declared.summary != "last":
+            self._wandb.define_metric(name, summary=declared.summary)
 
     def close(self) -> None:
         if self._tb is not None:
