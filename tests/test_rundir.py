@@ -264,3 +264,36 @@ def test_every_logged_key_is_declared(tiny_checkpoints, tmp_path, method):
         assert undeclared_keys(read_jsonl(run.validation), VALIDATION_KEYS) == []
     if method == "grpo":
         assert all("sampling_rounds" in row for row in metrics)
+
+
+def test_no_other_module_names_a_run_folder_file():
+    """The layout lives in rundir.py: no other module spells a run-folder file name."""
+    import ast
+
+    names = {
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "compatibility.jsonl",
+        "validation.jsonl",
+        "checkpoints",
+        "run.lock",
+        "trainer_state.json",
+        "method_state.json",
+        "best.json",
+        "done.json",
+        "results.json",
+        "results.csv",
+        "report.md",
+        "train.jsonl",
+        "heldout.jsonl",
+    }
+    package = Path(__file__).parents[1] / "src" / "graftrl"
+    found = [
+        f"{path.relative_to(package)}:{node.lineno}: {node.value!r}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "rundir.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
+    assert found == []
