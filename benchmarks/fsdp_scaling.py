@@ -60,7 +60,7 @@ def main() -> None:
     from graftrl.config import config_from_dict
     from graftrl.embedded.models import build_char_tokenizer, build_model
     from graftrl.storage.data import load_problems
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 
     data = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "math_small.jsonl"

@@ -259,7 +259,7 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
 
     from graftrl.config import config_from_dict
     from graftrl.models.policy import Policy
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 
     cuda = args.device.startswith("cuda")

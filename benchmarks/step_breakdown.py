@@ -200,7 +200,7 @@ def run_method(args, method: str, paths: dict[str, Path], train_file: Path, root
         rss.reset()
         marks["t"] = time.perf_counter()
         trainer.train()
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
 
     rows = read_metrics(run_dir)
     for row in rows:

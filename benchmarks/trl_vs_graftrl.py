@@ -139,7 +139,7 @@ def run_graftrl(
     import torch
 
     from graftrl.config import config_from_dict
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 
     total = args.warmup + args.steps + (1 if profile else 0)

@@ -186,7 +186,7 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     from graftrl.embedded.task import make_split
     from graftrl.models.rewards import MathVerifier
     from graftrl.reporting.demo import _write_jsonl, demo_config, demo_settings
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 
     settings = dataclasses.replace(demo_settings(args.task), steps=args.graft_steps)

@@ -198,3 +198,25 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The same with 32-wide attention heads, the smallest vLLM's CPU kernels run."""
     return build_checkpoints(tmp_path_factory.mktemp("vllm_checkpoints"), hidden=64, heads=2)
+
+
+@pytest.fixture(autouse=True)
+def _logged_metric_keys_are_declared(monkeypatch: pytest.MonkeyPatch):
+    """Every metrics key a test's training logs must be declared in graftrl.storage.rundir.METRIC_KEYS
+    (the schema behind docs/metrics.md and the sinks); a new metric without a declaration fails here."""
+    from graftrl.storage.metrics import MetricsLogger
+    from graftrl.storage.rundir import undeclared_keys
+
+    undeclared: set[str] = set()
+    original = MetricsLogger.log
+
+    def log(self: MetricsLogger, row: dict) -> None:
+        undeclared.update(undeclared_keys([row]))
+        original(self, row)
+
+    monkeypatch.setattr(MetricsLogger, "log", log)
+    yield
+    assert not undeclared, (
+        f"metrics keys logged but not declared in graftrl.storage.rundir.METRIC_KEYS: {sorted(undeclared)}; "
+        "declare them and regenerate docs/metrics.md (graftrl metrics-reference --markdown)"
+    )

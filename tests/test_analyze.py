@@ -14,7 +14,7 @@ from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
 from graftrl.reporting.analyze import AnalysisError, analyze_run
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
 from graftrl.training.trajectories import rollout_records, stored_rows

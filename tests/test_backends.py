@@ -12,7 +12,7 @@ from conftest import TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
 
 from graftrl.config import config_from_dict
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 # Actors cannot import the test modules: ship the verifier classes by value.

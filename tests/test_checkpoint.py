@@ -41,7 +41,7 @@ from graftrl.storage.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
-from graftrl.storage.metrics import read_metrics, truncate_jsonl
+from graftrl.storage.rundir import read_metrics, truncate_jsonl
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.trainer import Trainer
 

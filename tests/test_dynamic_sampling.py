@@ -10,7 +10,7 @@ from conftest import FIXTURES, comparable_metrics, make_config, weights_of
 
 from graftrl.config import ConfigError, config_from_dict
 from graftrl.storage.data import load_problems
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 ANSWERS = ["57", "\\frac{3}{4}", "-5", "2\\sqrt{3}", "16", "\\frac{1}{2}", "0.75", "1024", "7", "60"]

@@ -23,7 +23,7 @@ from graftrl.core import (
 )
 from graftrl.methods import GroupOutcomes, LossInputs, build_method
 from graftrl.methods.hacpo import HACPO
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 STRONG = [1.0, 1.0, 0.0, 1.0]

@@ -38,7 +38,7 @@ from graftrl.methods.graft import GRAFT
 from graftrl.methods.luffy import LUFFY
 from graftrl.methods.pooling import Pooling
 from graftrl.methods.sgt import SGT
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

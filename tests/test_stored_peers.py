@@ -12,7 +12,7 @@ from graftrl.config import config_from_dict
 from graftrl.core import multi_source_selection, transfer_candidates
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import StoreError, TrajectoryStore
 from graftrl.training.trainer import Trainer
 

@@ -20,7 +20,8 @@ from graftrl.config import config_from_dict
 from graftrl.core import compatibility_weight
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
-from graftrl.storage.metrics import MetricsLogger, read_metrics
+from graftrl.storage.metrics import MetricsLogger
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 

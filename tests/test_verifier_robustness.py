@@ -16,7 +16,7 @@ from conftest import make_config
 
 from graftrl.config import config_from_dict
 from graftrl.models.rewards import MathVerifier
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 

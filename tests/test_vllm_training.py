@@ -13,7 +13,7 @@ import pytest
 from conftest import TextRewards, make_config
 
 from graftrl.config import config_from_dict
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trainer import Trainer
 

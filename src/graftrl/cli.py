@@ -1,4 +1,4 @@
-"""Command line: `graftrl train`, `graftrl demo`, `graftrl config-reference`."""
+"""Command line: `graftrl train`, `graftrl demo`, `graftrl config-reference`, `graftrl metrics-reference`."""
 
 from __future__ import annotations
 
@@ -99,12 +99,13 @@ def train(
     """Train the configured policies with GRPO or GRAFT."""
     from graftrl.config import ConfigError, load_config, minibatch_note
     from graftrl.storage.checkpoint import hold_run_lock
+    from graftrl.storage.rundir import RunDir
 
     cfg = load_config(config, set_ or [])
     run_dir = out or Path("runs") / config.stem
     # The lock first: a second process on this folder is refused before it reads anything.
     with hold_run_lock(run_dir):
-        if (run_dir / "metrics.jsonl").exists() and not resume:
+        if RunDir(run_dir).holds_run() and not resume:
             raise ConfigError(
                 f"{run_dir} already holds a run; pass --resume to continue it (from step 0 when it has "
                 "no checkpoint yet) or --out for a new folder"
@@ -154,6 +155,23 @@ def config_reference_command(
     for key, default, description in config_reference():
         table.add_row(key, default, description)
     console.print(table)
+
+
+@app.command("metrics-reference")
+def metrics_reference_command(
+    markdown: Annotated[bool, typer.Option(help="Print Markdown tables (docs/metrics.md).")] = False,
+) -> None:
+    """Print every key of the run folder's logs (metrics.jsonl, validation.jsonl, ...): meaning and unit."""
+    from graftrl.storage.rundir import LOGS, keys_markdown
+
+    if markdown:
+        print(keys_markdown(), end="")
+        return
+    for log, keys in LOGS.items():
+        table = Table("key", "meaning", "unit", "group", title=log, title_justify="left")
+        for key in keys:
+            table.add_row(key.name, key.meaning, key.unit, key.group)
+        console.print(table)
 
 
 @app.command("estimate-memory")

@@ -31,7 +31,9 @@ import torch
 from graftrl.models.policy import Policy
 from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, SamplingParams
+from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
+from graftrl.storage.rundir import RunDir, checkpoint_step
 
 __all__ = [
     "EvalProtocol",
@@ -541,12 +543,13 @@ def resolve_targets(
         given = {"template": template, "chat_template": chat_template, "dtype": dtype, "device": device}
         return {**values, **{k: v for k, v in given.items() if v is not None}}
 
-    if (root / "config.yaml").is_file():
-        config = load_config(root / "config.yaml")
+    files = RunDir(root)
+    if files.is_run():
+        config = load_config(files.config)
         specs = {p.name: p for p in config.policies}
         targets: list[ModelTarget] = []
         if best:
-            best_file = root / "best" / "best.json"
+            best_file = files.best_index
             if not best_file.is_file():
                 raise FileNotFoundError(
                     f"{best_file} not found: --best needs a run trained with validation "
@@ -554,15 +557,15 @@ def resolve_targets(
                 )
             chosen = json.loads(best_file.read_text())
             for name, spec in specs.items():
-                if name not in chosen or not _is_checkpoint(root / "best" / name):
-                    raise FileNotFoundError(f"{root / 'best' / name}: no best checkpoint for policy {name!r}")
+                if name not in chosen or not _is_checkpoint(files.best / name):
+                    raise FileNotFoundError(f"{files.best / name}: no best checkpoint for policy {name!r}")
                 entry = chosen[name]
                 completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
                 targets.append(
                     ModelTarget(
                         **override(
                             label=f"{name} (best, {completed} steps)",
-                            path=str(root / "best" / name),
+                            path=str(files.best / name),
                             policy=name,
                             template=spec.template,
                             chat_template=spec.chat_template,
@@ -572,15 +575,15 @@ def resolve_targets(
                         )
                     )
                 )
-            return EvalPlan(targets, config, root / "eval-best")
-        done = sorted(p for p in (root / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))
+            return EvalPlan(targets, config, files.evaluation(best=True))
+        done = list_checkpoints(files.checkpoints)
         if not done:
             raise FileNotFoundError(
-                f"{root / 'checkpoints'}: no checkpoint yet (checkpoints are saved every "
+                f"{files.checkpoints}: no checkpoint yet (checkpoints are saved every "
                 "`checkpoint.every` steps and at the end)"
             )
         latest = done[-1]
-        completed = int(latest.name.split("_", 1)[1])
+        completed = checkpoint_step(latest) or 0
         for name, spec in specs.items():
             targets.append(
                 ModelTarget(
@@ -596,7 +599,7 @@ def resolve_targets(
                     )
                 )
             )
-        return EvalPlan(targets, config, root / "eval")
+        return EvalPlan(targets, config, files.evaluation(best=False))
 
     folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
     if not folders:

@@ -38,6 +38,7 @@ import yaml
 
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
+from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
 
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
 _STORE_TOLERANCE = 1e-6
@@ -167,24 +168,10 @@ class RunAnalysis:
 
 def _read_jsonl(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     """Rows of a JSONL log; a torn last line (a crash mid-append) is skipped with a note."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                notes.append(f"{path.name} line {number}: incomplete last line skipped (interrupted write)")
-                continue
-            raise AnalysisError(
-                f"{path} line {number}: not valid JSON ({error.msg}); repair or delete the line"
-            ) from None
-        if not isinstance(row, dict):
-            raise AnalysisError(f"{path} line {number}: expected a JSON object")
-        rows.append(row)
-    return rows
+    try:
+        return read_jsonl(path, on_torn=notes.append)
+    except RunLogError as error:
+        raise AnalysisError(str(error)) from None
 
 
 def _latest_rows(rows: Sequence[dict[str, Any]], key: str, path: Path) -> list[dict[str, Any]]:
@@ -393,7 +380,8 @@ def analyze_run(
     """Analyse a run folder; writes plots and ``analysis.md`` into ``out_dir`` (default
     ``run_dir/analysis``) and returns the numbers behind them."""
     run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
+    files = RunDir(run_dir)
+    metrics_path = files.metrics
     if not metrics_path.exists():
         raise AnalysisError(
             f"{run_dir}: no metrics.jsonl; pass a run folder written by `graftrl train` (its --out)"
@@ -404,9 +392,9 @@ def analyze_run(
     if not rows:
         raise AnalysisError(f"{metrics_path}: no rows; the run has not completed a step yet")
     config: dict[str, Any] = {}
-    if (run_dir / "config.yaml").exists():
+    if files.config.exists():
         try:
-            loaded = yaml.safe_load((run_dir / "config.yaml").read_text())
+            loaded = yaml.safe_load(files.config.read_text())
             config = loaded if isinstance(loaded, dict) else {}
         except yaml.YAMLError as error:
             notes.append(f"config.yaml unreadable ({error}); defaults used")
@@ -419,7 +407,7 @@ def analyze_run(
 
     logged = {(int(r["step"]), r["model"]) for r in rows}
     compat: list[dict[str, Any]] = []
-    compat_path = run_dir / "compatibility.jsonl"
+    compat_path = files.compatibility
     if compat_path.exists():
         compat = [
             c
@@ -427,7 +415,7 @@ def analyze_run(
             if (int(c["step"]), c["receiver"]) in logged
         ]
     validation: list[dict[str, Any]] = []
-    validation_path = run_dir / "validation.jsonl"
+    validation_path = files.validation
     if validation_path.exists():
         validation = _read_jsonl(validation_path, notes)
         if all("step" in r and "model" in r for r in validation):
@@ -456,9 +444,11 @@ def analyze_run(
             }
             comps.append(Complementarity(receiver, peer, by_step))
 
-    store_root = Path(store_dir) if store_dir is not None else run_dir / "store"
+    store_root = Path(store_dir) if store_dir is not None else files.store
     store_report = store_ok = None
-    if (store_root / "manifest.json").exists():
+    from graftrl.storage.store import MANIFEST as STORE_MANIFEST
+
+    if (store_root / STORE_MANIFEST).exists():
         from graftrl.storage.store import StoreError, TrajectoryStore
 
         try:
@@ -481,7 +471,7 @@ def analyze_run(
 
     analysis = RunAnalysis(
         run_dir=run_dir,
-        out_dir=Path(out_dir) if out_dir is not None else run_dir / "analysis",
+        out_dir=Path(out_dir) if out_dir is not None else files.analysis,
         method=method,
         models=models,
         steps=steps,
@@ -489,7 +479,7 @@ def analyze_run(
         complementarity=comps,
         exchange=_exchange(rows, compat, delta),
         clipping=_clipping(rows, models),
-        compute=_compute(rows, models, _accelerators(config, models), run_dir / "best" / "best.json", notes),
+        compute=_compute(rows, models, _accelerators(config, models), files.best_index, notes),
         validation=validation,
         store_report=store_report,
         store_ok=store_ok,
@@ -626,13 +616,14 @@ def _image(analysis: RunAnalysis, name: str, alt: str) -> str:
 
 def render_markdown(analysis: RunAnalysis, rows: Sequence[dict[str, Any]]) -> str:
     a = analysis
-    sources = ["metrics.jsonl"] + [
+    files = RunDir(a.run_dir)
+    sources = [files.metrics.name] + [
         name
         for name, present in (
-            ("compatibility.jsonl", (a.run_dir / "compatibility.jsonl").exists()),
-            ("validation.jsonl", bool(a.validation)),
-            ("config.yaml", (a.run_dir / "config.yaml").exists()),
-            ("best/best.json", (a.run_dir / "best" / "best.json").exists()),
+            (files.compatibility.name, files.compatibility.exists()),
+            (files.validation.name, bool(a.validation)),
+            (files.config.name, files.config.exists()),
+            (files.best_index.relative_to(files.root).as_posix(), files.best_index.exists()),
             ("trajectory store", a.store_report is not None),
         )
         if present

@@ -46,6 +46,7 @@ from graftrl.errors import UserError
 from graftrl.reporting.demo import DEFAULT, DemoSettings
 from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
 from graftrl.storage.data import MathProblem
+from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
 
 __all__ = [
     "ROW_KEYS",
@@ -282,12 +283,13 @@ def embedded_task(
     console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
     paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=name)
     train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=name)
-    _write_jsonl(train, out_dir / "data" / "train.jsonl")
-    _write_jsonl(heldout, out_dir / "data" / "heldout.jsonl")
-    base = demo_config(paths, out_dir / "data" / "train.jsonl", "grpo", 0, settings)
+    out = ExperimentDir(out_dir)
+    _write_jsonl(train, out.train_data)
+    _write_jsonl(heldout, out.heldout_data)
+    base = demo_config(paths, out.train_data, "grpo", 0, settings)
     # "embedded" stays the arith task's name so earlier reports read the same.
     label = "embedded" if name == "arith" else f"embedded-{name}"
-    return CompareTask(label, base, load_problems(out_dir / "data" / "heldout.jsonl"), settings)
+    return CompareTask(label, base, load_problems(out.heldout_data), settings)
 
 
 def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
@@ -335,8 +337,6 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 def _rollouts_per_model(run_dir: Path, batch_prompts: int, n: int) -> float:
     """Responses sampled per model over the run (dynamic sampling logs its prompts per step)."""
-    from graftrl.storage.metrics import read_metrics
-
     per_model: dict[str, int] = defaultdict(int)
     for row in read_metrics(run_dir):
         per_model[row["model"]] += int(row.get("prompts_sampled") or batch_prompts) * n
@@ -357,9 +357,9 @@ def run_cell(
     from graftrl.training.trainer import Trainer
 
     config = cell_config(task, variant, seed, steps)
-    run_dir = out_dir / "runs" / f"{variant.name}-seed{seed}"
+    run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
     digest = _digest(dump_config(config), _eval_key(task))
-    done = _read_done(run_dir / "done.json", digest)
+    done = _read_done(RunDir(run_dir).done, digest)
     if done is not None:
         console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
         return done, False
@@ -391,7 +391,7 @@ def run_cell(
         "set": variant.set,
         "rollouts_per_model": _rollouts_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
     }
-    _write_json_atomic(run_dir / "done.json", done)
+    _write_json_atomic(RunDir(run_dir).done, done)
     return done, True
 
 
@@ -401,9 +401,9 @@ def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Co
     from graftrl.reporting.demo import _evaluate
 
     config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
-    run_dir = out_dir / "runs" / WARM_START
+    run_dir = ExperimentDir(out_dir).run(WARM_START).root
     digest = _digest([p.model_dump(mode="json") for p in config.policies], _eval_key(task))
-    done = _read_done(run_dir / "done.json", digest)
+    done = _read_done(RunDir(run_dir).done, digest)
     if done is not None:
         return done
     console.print("[bold]warm-start[/bold]: evaluating the initial policies")
@@ -429,7 +429,7 @@ def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Co
         for model, score in scores.items()
     ]
     done = {"digest": digest, "rows": rows, "set": {}, "rollouts_per_model": 0.0}
-    _write_json_atomic(run_dir / "done.json", done)
+    _write_json_atomic(RunDir(run_dir).done, done)
     return done
 
 
@@ -550,15 +550,13 @@ def table_markdown(
 
 def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """variant -> per (step, model) reward on the shared prompt batch, mean over the seeds run."""
-    from graftrl.storage.metrics import read_metrics
-
     curves: dict[str, list[dict[str, Any]]] = {}
     for name in names:
         points: dict[tuple[int, str], list[float]] = defaultdict(list)
         for seed in range(seeds):
-            run_dir = out_dir / "runs" / f"{name}-seed{seed}"
-            if (run_dir / "metrics.jsonl").exists():
-                for row in read_metrics(run_dir):
+            run = ExperimentDir(out_dir).run(name, seed)
+            if run.holds_run():
+                for row in read_metrics(run.root):
                     # the reward on the step's shared batch (dynamic sampling trains on other prompts)
                     value = row.get("shared_reward_mean", row.get("reward_mean"))
                     if value is not None:
@@ -573,13 +571,12 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
 
 def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
     """Metrics rows per "<variant> seed <s>", for the per-family training curves."""
-    from graftrl.storage.metrics import read_metrics
-
+    out = ExperimentDir(out_dir)
     return {
-        f"{name} seed {seed}": read_metrics(out_dir / "runs" / f"{name}-seed{seed}")
+        f"{name} seed {seed}": read_metrics(out.run(name, seed).root)
         for name in names
         for seed in range(seeds)
-        if (out_dir / "runs" / f"{name}-seed{seed}" / "metrics.jsonl").exists()
+        if out.run(name, seed).holds_run()
     }
 
 
@@ -674,7 +671,7 @@ def write_report(
         f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
         "",
     ]
-    report = out_dir / "report.md"
+    report = ExperimentDir(out_dir).report
     report.write_text("\n".join(lines))
     curves = _curves(out_dir, names, seeds)
     if curves:
@@ -749,12 +746,12 @@ def run_compare(
                 rows += done["rows"]
                 if did_run:
                     ran.append(f"{variant.name}-seed{seed}")
-                _write_json_atomic(out_dir / "results.json", results())  # progress survives a crash
+                _write_json_atomic(ExperimentDir(out_dir).results, results())  # progress survives a crash
     order = {WARM_START: -1, **{v.name: i for i, v in enumerate(spec.variants)}}
     rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
     final = results()
-    _write_json_atomic(out_dir / "results.json", final)
-    _write_csv(rows, out_dir / "results.csv")
+    _write_json_atomic(ExperimentDir(out_dir).results, final)
+    _write_csv(rows, ExperimentDir(out_dir).results_csv)
     report = write_report(out_dir, spec, rows, cells, task, seeds, steps, final["total_wall_s"])
     console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")

@@ -35,7 +35,7 @@ from graftrl.reporting.plots import (
 )
 from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
 from graftrl.storage.data import load_problems
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import ExperimentDir, read_metrics
 from graftrl.training.trainer import Trainer
 
 
@@ -146,9 +146,10 @@ def run_demo(
     )
 
     train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=task)
-    _write_jsonl(train, out_dir / "data" / "train.jsonl")
-    _write_jsonl(heldout, out_dir / "data" / "heldout.jsonl")
-    heldout_problems = load_problems(out_dir / "data" / "heldout.jsonl")
+    out = ExperimentDir(out_dir)
+    _write_jsonl(train, out.train_data)
+    _write_jsonl(heldout, out.heldout_data)
+    heldout_problems = load_problems(out.heldout_data)
 
     rows: list[dict[str, Any]] = []
     curves: dict[str, list[dict[str, Any]]] = {}
@@ -171,13 +172,13 @@ def run_demo(
             )
         for seed in range(seeds):
             for method in METHODS:
-                run_dir = out_dir / "runs" / f"{method}-seed{seed}"
+                run_dir = out.run(method, seed).root
                 if run_dir.exists():
                     import shutil
 
                     shutil.rmtree(run_dir)
                 config = config_from_dict(
-                    demo_config(paths, out_dir / "data" / "train.jsonl", method, seed, settings)
+                    demo_config(paths, out.train_data, method, seed, settings)
                 )
                 console.print(f"[bold]{method}[/bold] seed {seed}: {settings.steps} steps")
                 start = time.perf_counter()
@@ -210,12 +211,12 @@ def run_demo(
         },
         "total_wall_s": round(time.perf_counter() - started, 1),
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    out.results.write_text(json.dumps(results, indent=2))
     plot_training_curves(curves, out_dir / "training_curves.png")
     plot_complementarity({k: v for k, v in curves.items()}, out_dir / "complementarity.png")
     scores: dict[str, list[float]] = {}
     for seed in range(seeds):
-        for receiver, values in read_compatibility(out_dir / "runs" / f"graft-seed{seed}").items():
+        for receiver, values in read_compatibility(out.run("graft", seed).root).items():
             scores.setdefault(receiver, []).extend(values)
     plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png")
     plot_pass_at_1(rows, out_dir / "pass_at_1.png")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from graftrl.core.compatibility import DELTA
+from graftrl.storage.rundir import RunDir, read_jsonl
 
 
 def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[list[int], list[float]]:
@@ -81,10 +81,9 @@ def plot_complementarity(
 def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
     """Receiver name -> every compatibility score s logged in the run."""
     scores: dict[str, list[float]] = defaultdict(list)
-    path = run_dir / "compatibility.jsonl"
+    path = RunDir(run_dir).compatibility
     if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        for row in read_jsonl(path):
             scores[row["receiver"]].extend(row["s"])
     return scores
 

@@ -1,6 +1,7 @@
 """Checkpoint folders that prove themselves intact, and the lock on a run folder.
 
-Storage layer: files and hashes only, no models. Layout of one checkpoint::
+Storage layer: files and hashes only, no models. The names are graftrl.storage.rundir's. Layout of
+one checkpoint::
 
     checkpoints/step_000003/         named by completed steps
       <policy>/...                   whatever the worker's ``save`` wrote (weights, tokenizer,
@@ -27,7 +28,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import socket
 import time
@@ -38,27 +38,17 @@ from typing import Any, Literal
 
 from graftrl.errors import CheckpointError, RunLockError
 from graftrl.files import atomic_write, fsync_dir, sha256_file
+from graftrl.storage.rundir import (
+    DAMAGED,
+    MANIFEST,
+    STAGING_SUFFIX,
+    TRAINER_STATE,
+    RunDir,
+    checkpoint_step,
+)
 
 CHECKPOINT_FORMAT = 1
 FORMAT = "graftrl.storage.checkpoint"
-MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer_state.json"
-METHOD_STATE = "method_state.json"
-DAMAGED = "damaged"
-"""Sub-folder of ``checkpoints/`` where resume sets aside damaged checkpoints (never deleted)."""
-LOCK_FILE = "run.lock"
-STAGING_SUFFIX = ".tmp"
-_FOLDER = re.compile(r"^step_(\d{6,})$")
-
-
-def checkpoint_name(completed_steps: int) -> str:
-    return f"step_{completed_steps:06d}"
-
-
-def checkpoint_step(folder: Path) -> int | None:
-    """Completed steps from a checkpoint folder's name; None for anything else (staging, damaged/)."""
-    match = _FOLDER.match(folder.name)
-    return int(match.group(1)) if match else None
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -314,11 +304,11 @@ def hold_run_lock(run_dir: Path) -> Iterator[Path]:
     if key in _held:
         _held[key][1] += 1
         try:
-            yield run_dir / LOCK_FILE
+            yield RunDir(run_dir).lock
         finally:
             _held[key][1] -= 1
         return
-    path = run_dir / LOCK_FILE
+    path = RunDir(run_dir).lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

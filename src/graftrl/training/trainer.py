@@ -26,17 +26,12 @@ import yaml
 from graftrl.config import Config, ConfigError, dump_config
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.errors import CheckpointError
-from graftrl.files import atomic_write, remove_stale_temps
+from graftrl.files import atomic_write
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import (
-    METHOD_STATE,
-    STAGING_SUFFIX,
-    TRAINER_STATE,
     CheckpointCheck,
     check_trainer_state,
-    checkpoint_name,
-    checkpoint_step,
     hold_run_lock,
     identity_changes,
     list_checkpoints,
@@ -47,11 +42,19 @@ from graftrl.storage.checkpoint import (
     write_manifest,
 )
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
-from graftrl.storage.metrics import MetricsLogger, truncate_jsonl
+from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
+from graftrl.storage.rundir import (
+    METHOD_STATE,
+    STAGING_SUFFIX,
+    TRAINER_STATE,
+    RunDir,
+    append_jsonl,
+    checkpoint_step,
+)
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import LocalBackend, RayBackend, make_backend
-from graftrl.training.worker import PolicyRollout, step_seed, write_jsonl
+from graftrl.training.worker import PolicyRollout, step_seed
 
 __all__ = ["Trainer", "step_seed"]
 
@@ -72,6 +75,8 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.files = RunDir(self.run_dir)
+        """Every path of the run folder (graftrl.storage.rundir)."""
         self.problems = list(problems) if problems is not None else load_problems(config.data.train)
         self.method = build_method(config.method, config)
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
@@ -100,7 +105,7 @@ class Trainer:
         # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (SPEC 2.3).
         self.recorder = None
         if config.store.record:
-            self.recorder = TrajectoryWriter(Path(config.store.path or self.run_dir / "store"))
+            self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
         self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
         self._peer_verifier = verifier
         self._owns_peer_verifier = False
@@ -157,7 +162,7 @@ class Trainer:
                 self.logger.close()
                 self.close()
                 raise
-        atomic_write(self.run_dir / "config.yaml", dump_config(self.config).encode())
+        atomic_write(self.files.config, dump_config(self.config).encode())
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
@@ -234,7 +239,7 @@ class Trainer:
         for name, update in zip(self.names, updates, strict=True):
             row = update.metrics
             if update.compatibility is not None:
-                write_jsonl(self.run_dir / "compatibility.jsonl", dataclasses.asdict(update.compatibility))
+                append_jsonl(self.files.compatibility, dataclasses.asdict(update.compatibility))
             row.update(self._outcome_metrics(name, outcomes, shared, problems))
             row.update(sampled[name].info)
             row.update(stored_info)
@@ -343,22 +348,21 @@ class Trainer:
         if not count:
             return
         n = self.n
-        with (self.run_dir / "samples.jsonl").open("a") as handle:
-            for name, part in sampled.items():
-                for row in range(0, min(count * n, len(part.records)), n):
-                    handle.write(
-                        json.dumps(
-                            {
-                                "step": step,
-                                "model": name,
-                                "prompt_id": part.problems[row // n].id,
-                                "answer": part.problems[row // n].answer,
-                                "response": part.records[row].response,
-                                "reward": float(outcomes[name].rewards.view(-1)[row]),
-                            }
-                        )
-                        + "\n"
-                    )
+        append_jsonl(
+            self.files.samples,
+            [
+                {
+                    "step": step,
+                    "model": name,
+                    "prompt_id": part.problems[row // n].id,
+                    "answer": part.problems[row // n].answer,
+                    "response": part.records[row].response,
+                    "reward": float(outcomes[name].rewards.view(-1)[row]),
+                }
+                for name, part in sampled.items()
+                for row in range(0, min(count * n, len(part.records)), n)
+            ],
+        )
 
     # ----- validation ---------------------------------------------------------------------
     def validate(self, step: int) -> list[dict[str, Any]]:
@@ -384,7 +388,7 @@ class Trainer:
     # ----- checkpoints ----------------------------------------------------------------------
     @property
     def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.files.checkpoints
 
     def _required_files(self) -> list[str]:
         return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
@@ -408,7 +412,7 @@ class Trainer:
                 + ": lower optim.lr or tighten optim.grad_clip, then --resume"
             )
         completed = step + 1
-        final = self.checkpoint_root / checkpoint_name(completed)
+        final = self.files.checkpoint(completed)
         staging = final.with_name(final.name + STAGING_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -429,7 +433,7 @@ class Trainer:
 
     def check_identity(self) -> None:
         """Refuse (ConfigError) a resume whose config changes the run's identity vs its config.yaml."""
-        saved_path = self.run_dir / "config.yaml"
+        saved_path = self.files.config
         if not list_checkpoints(self.checkpoint_root):
             return  # nothing to resume: the run starts over from step 0 anyway
         try:
@@ -528,11 +532,8 @@ class Trainer:
 
     def _truncate_derived(self, step: int) -> None:
         """Cut metrics, samples, compatibility and validation logs and the store back to ``step``."""
-        remove_stale_temps(self.run_dir)
-        for name in ("metrics.jsonl", "samples.jsonl", "compatibility.jsonl", "validation.jsonl"):
-            _, torn = truncate_jsonl(self.run_dir / name, step)
-            if torn:
-                _warn(f"{self.run_dir / name}: {torn} unreadable line(s) (a torn write) moved aside")
+        for path, torn in self.files.truncate_logs(step).items():
+            _warn(f"{path}: {torn} unreadable line(s) (a torn write) moved aside")
         if self.recorder is not None:
             if self.recorder.rebuilt:
                 _warn(f"{self.recorder.root}/manifest.json was missing; rebuilt from its step files")

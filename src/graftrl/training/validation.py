@@ -42,6 +42,7 @@ from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine
+from graftrl.storage.rundir import RunDir, append_jsonl
 
 __all__ = ["Validator"]
 
@@ -86,11 +87,12 @@ class Validator:
 
             console = get_console()
         self.console = console
-        self.best_dir = self.run_dir / "best"
-        self.log_path = self.run_dir / "validation.jsonl"
-        best_file = self.best_dir / "best.json"
+        files = RunDir(self.run_dir)
+        self.best_dir = files.best
+        self.log_path = files.validation
+        self.best_file = files.best_index
         self.best: dict[str, dict[str, Any]] = (
-            json.loads(best_file.read_text()) if best_file.is_file() else {}
+            json.loads(self.best_file.read_text()) if self.best_file.is_file() else {}
         )
 
     def due(self, step: int) -> bool:
@@ -149,8 +151,7 @@ class Validator:
             "best": is_best,
             "time_validation": seconds,
         }
-        with self.log_path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_jsonl(self.log_path, row)
         return row
 
     def report(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
@@ -175,6 +176,6 @@ class Validator:
         staging.rename(final)
         shutil.rmtree(retired, ignore_errors=True)
         self.best[name] = {"step": step, "completed_steps": step + 1, "aggregate": aggregate}
-        tmp = self.best_dir / "best.json.tmp"
+        tmp = self.best_file.with_name(self.best_file.name + ".tmp")
         tmp.write_text(json.dumps(self.best, indent=1) + "\n")
-        os.replace(tmp, self.best_dir / "best.json")
+        os.replace(tmp, self.best_file)

@@ -957,8 +957,3 @@ class PolicyWorker:
         self.engine.close()
         if self._owns_verifier and hasattr(self.verifier, "close"):
             self.verifier.close()
-
-
-def write_jsonl(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(row) + "\n")
