@@ -61,7 +61,7 @@ class ScriptedRewards:
 
 def comparable_metrics(run: Path) -> list[dict]:
     """Metrics rows without wall-clock and memory figures, which are measurements, not results."""
-    from graftrl.storage.metrics import read_metrics
+    from graftrl.storage.rundir import read_metrics
 
     return [
         {k: v for k, v in row.items() if not k.startswith(("time_", "memory_"))} for row in read_metrics(run)

@@ -21,7 +21,7 @@ from graftrl.config import ConfigError, config_from_dict, config_reference, dump
 from graftrl.core import clipped_policy_loss
 from graftrl.methods import METHODS, ConfigSection, ExchangePlan, LossInputs, build_method, register_method
 from graftrl.methods.grpo import GRPO
-from graftrl.storage.metrics import read_metrics
+from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
 
