@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import inspect
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 import conftest
 import pytest
 import ray
 import torch
-from conftest import TextRewards, comparable_metrics, make_config
+from conftest import FIXTURES, TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
 
+import graftrl.training.trainer as trainer_module
 from graftrl.config import config_from_dict
 from graftrl.storage.rundir import read_metrics
+from graftrl.training.backends import LocalBackend, RayBackend, Worker, WorkerGroup
+from graftrl.training.parallel import DataParallelWorker
 from graftrl.training.trainer import Trainer
+from graftrl.training.worker import PolicyWorker
 
 # Actors cannot import the test modules: ship the verifier classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -72,3 +80,76 @@ def test_ray_backend_rejects_in_memory_policies(tiny_checkpoints, tmp_path):
     policy = Policy.from_pretrained("llama", str(tiny_checkpoints["llama"]))
     with pytest.raises(ValueError, match="loads every policy inside its actor"):
         Trainer(config_from_dict(raw), tmp_path / "run", policies=[policy, policy], verifier=TextRewards())
+
+
+def test_both_backends_implement_the_worker_group_and_both_workers_the_worker_protocol():
+    for backend in (LocalBackend, RayBackend):
+        assert issubclass(backend, WorkerGroup)
+        assert not inspect.isabstract(backend), f"{backend.__name__} leaves {backend.__abstractmethods__}"
+    # Structural: a DataParallelWorker stands in for a PolicyWorker under either backend (the
+    # protocol's methods; `policy` and `verifier` are set on instances).
+    methods = [name for name, value in vars(Worker).items() if inspect.isfunction(value) and name[0] != "_"]
+    assert {"rollout", "update", "save", "load", "validation_scores", "close"} <= set(methods)
+
+    def parameters(function: Any) -> list[str]:
+        # Ray adds `_ray_trace_ctx` to the methods of a class it has made an actor class of.
+        return [p for p in inspect.signature(function).parameters if not p.startswith("_ray")]
+
+    for worker in (PolicyWorker, DataParallelWorker):
+        for name in methods:
+            assert callable(getattr(worker, name, None)), f"{worker.__name__} has no {name}"
+            assert parameters(getattr(worker, name)) == parameters(getattr(Worker, name)), (
+                f"{worker.__name__}.{name}"
+            )
+
+
+def opaque_group(inner: WorkerGroup, calls: list[str]) -> WorkerGroup:
+    """A WorkerGroup the trainer has never heard of, forwarding to ``inner``: nothing but the
+    interface's members to go by (any other attribute is an AttributeError)."""
+    members: dict[str, Any] = {"name": "opaque"}
+    for name in WorkerGroup.__abstractmethods__:
+        if isinstance(getattr(WorkerGroup, name), property):
+            members[name] = property(lambda self, name=name: getattr(inner, name))
+        else:
+
+            def forward(self, *args, name=name, **kwargs):
+                calls.append(name)
+                return getattr(inner, name)(*args, **kwargs)
+
+            members[name] = forward
+    return type("OpaqueGroup", (WorkerGroup,), members)()
+
+
+def test_the_trainer_drives_workers_through_the_interface_only(tiny_checkpoints, tmp_path, monkeypatch):
+    """No backend isinstance or private reach-in: a foreign WorkerGroup trains, validates, saves
+    and resumes exactly as the local backend does."""
+    raw = make_config(tiny_checkpoints, steps=3)
+    raw["checkpoint"] = {"every": 1, "keep_last": 5}
+    raw["graft"] = {"balance": False}
+    raw["validation"] = {"files": {"small": str(FIXTURES / "math_small.jsonl")}, "every": 2, "samples": 2}
+    Trainer(config_from_dict(raw), tmp_path / "local", verifier=TextRewards()).train()
+
+    calls: list[str] = []
+    monkeypatch.setattr(
+        trainer_module, "make_backend", lambda *a, **k: opaque_group(LocalBackend(*a, **k), calls)
+    )
+    Trainer(
+        config_from_dict({**raw, "train": {**raw["train"], "steps": 2}}),
+        tmp_path / "opaque",
+        verifier=TextRewards(),
+    ).train()
+    Trainer(config_from_dict(raw), tmp_path / "opaque", verifier=TextRewards()).train(resume=True)
+    used = {"reset_peak_memory", "rollout", "update", "validation_scores", "save_policy", "save", "load"}
+    assert used | {"nonfinite_state", "close"} <= set(calls)
+
+    assert comparable_metrics(tmp_path / "opaque") == comparable_metrics(tmp_path / "local")
+
+    def validations(run: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if not k.startswith("time_")} for row in rows]
+
+    assert len(validations(tmp_path / "local")) == 4  # after steps 2 and 3, two policies
+    assert validations(tmp_path / "opaque") == validations(tmp_path / "local")
+    assert (tmp_path / "opaque" / "best" / "best.json").read_text() == (
+        tmp_path / "local" / "best" / "best.json"
+    ).read_text()

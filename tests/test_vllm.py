@@ -203,6 +203,45 @@ def test_seeded_samples_and_eos(shared, arch):
         engine.generate(policy.frozen_copy(), problems, params)
 
 
+class _RecordingRewards:
+    """Scores by length parity and keeps every text it was asked to score."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def score(self, responses: list[str], answers: list[str]) -> list[float]:
+        self.texts += responses
+        return [float(len(r) % 2) for r in responses]
+
+
+def test_evaluation_samples_with_the_engine_on_a_reseeded_stream(shared):
+    """Evaluation and validation take any RolloutEngine: chunks of ``max_batch_size`` rows, and
+    ``reseed(seed)`` makes a seeded evaluation repeatable, without touching the trainer's RNG."""
+    from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness
+    from graftrl.storage.data import MathProblem
+
+    policy, engine = shared["llama"]
+    problems = [MathProblem(str(i), q, a) for i, (q, a) in enumerate(PROBLEMS[:10])]
+    protocol = EvalProtocol(samples=4, temperature=TEMPERATURE, top_p=TOP_P, max_new_tokens=8, runs=1)
+    default_size = engine.max_batch_size
+    engine.max_batch_size = 12  # 3 prompts of 4 samples per call
+    try:
+        rng_state = torch.get_rng_state()
+        chunks: list[int] = []
+        runs = {name: _RecordingRewards() for name in ("first", "again", "other")}
+        correct = sample_correctness(policy, problems, runs["first"], protocol, 5, engine, chunks.append)
+        sample_correctness(policy, problems, runs["again"], protocol, 5, engine)
+        sample_correctness(policy, problems, runs["other"], protocol, 6, engine)
+    finally:
+        engine.max_batch_size = default_size
+    assert chunks == [3, 3, 3, 1]
+    assert len(correct) == 10 and all(len(row) == 4 for row in correct)
+    assert len(runs["first"].texts) == 40
+    assert runs["first"].texts == runs["again"].texts
+    assert runs["first"].texts != runs["other"].texts
+    assert torch.equal(torch.get_rng_state(), rng_state)
+
+
 def _z(a: list[float], b: list[float]) -> float:
     """Two-sample z statistic for a difference of means (unpooled variances)."""
     mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)

@@ -5,14 +5,16 @@ Run: `bash scripts/setup_vllm.sh && .venv-vllm/bin/python -m pytest -m vllm`.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
 
 import pytest
-from conftest import TextRewards, make_config
+from conftest import FIXTURES, TextRewards, make_config
 
 from graftrl.config import config_from_dict
+from graftrl.models.rollout import HFRolloutEngine
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trainer import Trainer
@@ -62,3 +64,54 @@ def test_graft_with_vllm_matches_the_hf_engine_statistically(vllm_checkpoints, t
         assert row["tis_weight_mean"] == pytest.approx(1.0, abs=0.02)
         assert row["tis_truncated_frac"] == 0.0
         assert "time_weight_sync" in row
+
+
+def validated_run(checkpoints: dict[str, Path], out: Path, backend: str) -> list[dict]:
+    """Two steps with `rollout.engine: vllm` and a validation after each; the validation rows."""
+    raw = make_config(checkpoints, steps=2)
+    raw["rollout"] = {"n": 4, "max_new_tokens": 8, "engine": "vllm", "vllm": {"kv_cache_space_gib": 0.125}}
+    raw["validation"] = {
+        "files": {"small": str(FIXTURES / "math_small.jsonl")},
+        "every": 1,
+        "samples": 4,
+        "max_problems": 6,
+    }
+    raw["checkpoint"] = {"every": 0}
+    if backend == "ray":
+        raw.update(backend="ray", ray={"num_cpus": 2})
+    Trainer(config_from_dict(raw), out, verifier=TextRewards()).train()
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+        for line in (out / "validation.jsonl").read_text().splitlines()
+    ]
+
+
+def test_validation_samples_with_each_policys_vllm_engine_under_both_backends(
+    vllm_checkpoints, tmp_path, monkeypatch
+):
+    """Validation goes through the same engine protocol as training: each policy's own vLLM engine
+    (an engine serves one policy and refuses another), in the trainer's process or in its actor."""
+
+    def no_hf_sampling(*args, **kwargs):
+        raise AssertionError("validation fell back to the HF engine")
+
+    with monkeypatch.context() as patch:  # the local backend's workers live in this process
+        patch.setattr(HFRolloutEngine, "generate", no_hf_sampling)
+        local = validated_run(vllm_checkpoints, tmp_path / "local", "local")
+    assert [(row["step"], row["model"]) for row in local] == [
+        (0, "llama"),
+        (0, "gpt2"),
+        (1, "llama"),
+        (1, "gpt2"),
+    ]
+    for row in local:
+        assert 0.0 <= row["pass_at_1/small"] <= 1.0
+        assert row["aggregate"] == row["pass_at_1/small"]
+    assert any(row["pass_at_1/small"] > 0 for row in local), "TextRewards passes about 1 in 4"
+    for name in ("llama", "gpt2"):
+        assert (tmp_path / "local" / "best" / name / "model.safetensors").exists()
+
+    ray = validated_run(vllm_checkpoints, tmp_path / "ray", "ray")
+    assert ray == local  # the same seeds and weights sample the same responses in an actor
+    best = json.loads((tmp_path / "local" / "best" / "best.json").read_text())
+    assert json.loads((tmp_path / "ray" / "best" / "best.json").read_text()) == best

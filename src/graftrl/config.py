@@ -105,7 +105,8 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(default=4096, ge=1)
     """Response length limit; truncated responses are scored as generated."""
     max_batch_size: int = Field(default=512, ge=1)
-    """Rows (prompt x sample) per generate call; lower it when memory is short."""
+    """Rows (prompt x sample) per generate call; lower it when memory is short. With `engine: vllm`
+    only validation's chunk size (vLLM batches by itself)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (`method: grpo` only): each policy drops its zero-variance groups and
     samples more prompts (from a second, deterministic prompt stream) until `train.batch_prompts`

@@ -30,7 +30,7 @@ import torch
 
 from graftrl.models.policy import Policy
 from graftrl.models.rewards import MathVerifier
-from graftrl.models.rollout import HFRolloutEngine, SamplingParams
+from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
 from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
 from graftrl.storage.rundir import RunDir, checkpoint_step
@@ -130,19 +130,21 @@ def sample_correctness(
     verifier: MathVerifier,
     protocol: EvalProtocol,
     seed: int,
-    engine: HFRolloutEngine | None = None,
+    engine: RolloutEngine | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> list[list[float]]:
     """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1}.
 
-    Problems go through the engine in chunks of ``engine.max_batch_size // samples`` prompts (the
-    engine's own chunking, so results do not depend on it); each chunk is verified as soon as it
-    is generated and ``on_chunk(number_of_problems)`` is called after it, for progress bars.
+    Any rollout engine serving ``policy`` (the HF engine by default). Problems go through it in
+    chunks of ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so
+    results do not depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is
+    verified as soon as it is generated and ``on_chunk(number_of_problems)`` is called after it,
+    for progress bars.
     """
     engine = engine or HFRolloutEngine()
     params = SamplingParams(protocol.samples, protocol.temperature, protocol.top_p, protocol.max_new_tokens)
     per_call = max(1, engine.max_batch_size // protocol.samples)
-    torch.manual_seed(seed)
+    engine.reseed(seed)
     out: list[list[float]] = []
     for start in range(0, len(problems), per_call):
         chunk = problems[start : start + per_call]
@@ -162,7 +164,7 @@ def evaluate_pass_at_1(
     verifier: MathVerifier,
     protocol: EvalProtocol = EvalProtocol(),
     seed: int = 0,
-    engine: HFRolloutEngine | None = None,
+    engine: RolloutEngine | None = None,
 ) -> dict[str, Any]:
     """Mean correctness over samples, then over problems.
 
@@ -277,7 +279,7 @@ def evaluate_policy(
     benchmarks: Sequence[Any],
     verifier: MathVerifier,
     protocol: EvalProtocol,
-    engine: HFRolloutEngine | None = None,
+    engine: RolloutEngine | None = None,
     progress: Any = None,
     label: str | None = None,
     seeds: Sequence[int] | None = None,
@@ -341,7 +343,9 @@ def evaluate_targets(
     progress: bool = True,
     console: Any = None,
 ) -> dict[str, Any]:
-    """Evaluate every target (loaded one at a time) on every benchmark; returns the report dict."""
+    """Evaluate every target (loaded one at a time) on every benchmark; returns the report dict.
+
+    One engine samples every target: an engine that serves any policy (the HF engine)."""
     if not benchmarks:
         raise ValueError("evaluate_targets: no benchmarks")
     engine = engine or HFRolloutEngine()

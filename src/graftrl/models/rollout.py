@@ -110,7 +110,12 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 
 class RolloutEngine(Protocol):
-    """What the trainer needs of a sampler: one engine per policy (``rollout.engine``)."""
+    """What training, validation and evaluation need of a sampler: one engine per policy
+    (``rollout.engine``)."""
+
+    max_batch_size: int
+    """Rows (prompt x sample) per generate call; evaluation samples a benchmark in chunks of this
+    many rows and verifies each chunk as soon as it is generated."""
 
     def generate(
         self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
@@ -118,6 +123,11 @@ class RolloutEngine(Protocol):
         """n samples per problem on the policy's own prompt template, with behaviour log-probs.
 
         The same (weights, problems, params, seed) give the same samples."""
+        ...
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random stream that unseeded ``generate`` calls draw from: the same seed, then
+        the same sequence of unseeded calls, give the same samples (evaluation's seeded runs)."""
         ...
 
     def sync_weights(self, policy: Policy) -> None:
@@ -138,6 +148,10 @@ class HFRolloutEngine:
     def __init__(self, max_batch_size: int = 512) -> None:
         self.max_batch_size = max_batch_size
         """Rows (prompt x sample) generated per ``generate`` call."""
+
+    def reseed(self, seed: int) -> None:
+        """Unseeded calls sample from torch's global generator: seed it."""
+        torch.manual_seed(seed)
 
     def sync_weights(self, policy: Policy) -> None:
         return None

@@ -248,7 +248,9 @@ class VLLMRolloutEngine:
     to free the engine: several can live in one process.
     """
 
-    def __init__(self, policy: Policy, options: VLLMOptions = VLLMOptions(), seed: int = 0) -> None:
+    def __init__(
+        self, policy: Policy, options: VLLMOptions = VLLMOptions(), seed: int = 0, max_batch_size: int = 512
+    ) -> None:
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -256,6 +258,9 @@ class VLLMRolloutEngine:
         self.seed = seed
         """Engine seed: ``generate`` calls without a seed take theirs from a stream it starts."""
         self._call_seeds = random.Random(seed)
+        self.max_batch_size = max_batch_size
+        """Rows per ``generate`` call that evaluation sends (``RolloutEngine``); vLLM schedules
+        whatever it is given in its own batches (``max_num_seqs``)."""
         self.policy_name = policy.name
         on_cpu = current_platform.is_cpu()
         supported = current_platform.is_sleep_mode_available() and not on_cpu
@@ -386,6 +391,11 @@ class VLLMRolloutEngine:
         ]
         self._sleep()
         return RolloutBatch(prompt_ids, response_ids, logprobs, finished, texts, params.n)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the stream unseeded ``generate`` calls take their seeds from (the trainer's
+        global RNG stays untouched)."""
+        self._call_seeds = random.Random(seed)
 
     def close(self) -> None:
         """Shut the engine down and free its memory (weights, KV cache; the distributed state

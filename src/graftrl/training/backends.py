@@ -1,28 +1,136 @@
 """Where the policy workers run: in the trainer's process, or one Ray actor each.
 
-Both backends expose the same two calls: ``call(name, per_worker_args)`` runs a worker method on
-every worker and returns the results in policy order, and ``call_one(index, name, *args)`` runs it
-on one. The local backend runs them one after another; the Ray backend runs them concurrently
-(each policy on its own CPUs/GPUs), and ships large shared arguments once through the object
-store.
+The trainer drives its policies through one typed interface, ``WorkerGroup``: each call runs on
+every policy's worker and returns the results in policy order. ``LocalBackend`` runs the workers
+one after another in the trainer's process; ``RayBackend`` runs them concurrently (each policy on
+its own CPUs/GPUs, one actor each) and ships large shared arguments once through the object
+store. A worker is a ``PolicyWorker`` (graftrl.training.worker), or for a policy with
+``parallel.data: N > 1`` a ``DataParallelWorker`` (graftrl.training.parallel) with the same calls
+(``Worker``).
 """
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.methods import Method
+from graftrl.methods import ExchangePlan, Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
+from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.parallel import DataParallelWorker
-from graftrl.training.worker import PolicyWorker
+from graftrl.training.worker import PolicyRollout, PolicyWorker
+
+Records = dict[str, list[TrajectoryRecord]]
+"""Every model's tokenizer-neutral records of a step, by model name."""
 
 
-class LocalBackend:
+class Worker(Protocol):
+    """One policy's worker as a backend drives it: ``PolicyWorker`` (one process) or
+    ``DataParallelWorker`` (N rank processes in lockstep)."""
+
+    verifier: Any
+
+    def reset_peak_memory(self) -> None: ...
+
+    def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout: ...
+
+    def update(
+        self, step: int, plan: ExchangePlan, records: Records, method_state: dict[str, Any] | None = None
+    ) -> dict[str, Any]: ...
+
+    def save(self, folder: str | Path) -> None: ...
+
+    def save_policy(self, folder: str | Path) -> None: ...
+
+    def load(self, folder: str | Path) -> None: ...
+
+    def validation_scores(self) -> dict[str, float]: ...
+
+    def nonfinite_state(self, limit: int = 3) -> list[str]: ...
+
+    def state_dict(self) -> dict[str, Tensor]: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def policy(self) -> Policy: ...
+
+
+class WorkerGroup(abc.ABC):
+    """Every policy's worker, driven together; results come back in policy order (``config.policies``).
+
+    What the trainer calls, and all it knows of where the workers run."""
+
+    name: str
+    """The ``backend`` config value."""
+
+    @abc.abstractmethod
+    def reset_peak_memory(self) -> None:
+        """Start every worker's ``memory_peak_mb`` window (the start of a step)."""
+
+    @abc.abstractmethod
+    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
+        """Every policy samples and scores the step's prompts."""
+
+    @abc.abstractmethod
+    def update(
+        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
+    ) -> list[dict[str, Any]]:
+        """Every policy trains on its plan (``plans`` in policy order) given every model's records;
+        returns each policy's metrics. ``method`` is the driver's, after planning: workers that
+        hold their own copy of it receive its state."""
+
+    @abc.abstractmethod
+    def validation_scores(self) -> list[dict[str, float]]:
+        """pass@1 per validation benchmark of each policy, sampled by its own rollout engine."""
+
+    @abc.abstractmethod
+    def save_policy(self, index: int, folder: str | Path) -> None:
+        """Policy ``index``'s weights and tokenizer (a plain save_pretrained folder)."""
+
+    @abc.abstractmethod
+    def save(self, folders: Sequence[str | Path]) -> None:
+        """Each policy's weights and optimizer state into its folder (a checkpoint's part)."""
+
+    @abc.abstractmethod
+    def load(self, folders: Sequence[str | Path]) -> None:
+        """Each policy's weights and optimizer state from its ``save`` folder."""
+
+    @abc.abstractmethod
+    def nonfinite_state(self) -> list[list[str]]:
+        """Per policy, the weight or optimizer-state tensors holding NaN or inf (up to 3 names)."""
+
+    @abc.abstractmethod
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        """Each policy's full weights on CPU (tests comparing backends and rank counts)."""
+
+    @abc.abstractmethod
+    def driver_verifier(self) -> Any:
+        """A verifier for the driver's own scoring (stored peers' rewards), closed by ``close``."""
+
+    @property
+    @abc.abstractmethod
+    def policies(self) -> list[Policy]:
+        """The policies, where they live in the trainer's process (else AttributeError)."""
+
+    @property
+    @abc.abstractmethod
+    def workers(self) -> list[Worker]:
+        """The workers, where they are plain objects of the trainer's process (else AttributeError)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Free engines, verifier pools and processes (local policies stay usable for evaluation)."""
+
+
+class LocalBackend(WorkerGroup):
     """Every policy in this process; workers are plain objects (tests can reach into them).
 
     A policy with ``parallel.data: N > 1`` is a ``DataParallelWorker``: N spawned rank processes
@@ -46,7 +154,7 @@ class LocalBackend:
             from graftrl.models.rewards import MathVerifier
 
             verifier = self._owned_verifier = MathVerifier.from_config(config.reward)
-        self.workers: list[Any] = []
+        self._workers: list[Worker] = []
         for index, spec in enumerate(config.policies):
             if spec.parallel.data > 1:
                 if policies is not None:
@@ -56,10 +164,11 @@ class LocalBackend:
                     )
                 # N rank processes; rank 0 builds its own verifier unless one was given (pickled).
                 given = None if verifier is self._owned_verifier else verifier
-                self.workers.append(DataParallelWorker(config, index, run_dir, problems, given))
-                self.workers[-1].verifier = verifier  # the driver's (stored peers' re-verification)
+                ranks = DataParallelWorker(config, index, run_dir, problems, given)
+                ranks.verifier = verifier  # the driver's (stored peers' re-verification)
+                self._workers.append(ranks)
                 continue
-            self.workers.append(
+            self._workers.append(
                 PolicyWorker(
                     config,
                     index,
@@ -71,31 +180,64 @@ class LocalBackend:
                 )
             )
         # Rank processes hold their own copies of the method: send its state with each update.
-        self.shares_method = not any(isinstance(w, DataParallelWorker) for w in self.workers)
+        self._shares_method = not any(isinstance(w, DataParallelWorker) for w in self._workers)
 
-    def call(self, name: str, per_worker_args: Sequence[tuple[Any, ...]] | None = None) -> list[Any]:
-        args = per_worker_args or [()] * len(self.workers)
-        return [getattr(worker, name)(*a) for worker, a in zip(self.workers, args, strict=True)]
+    def reset_peak_memory(self) -> None:
+        for worker in self._workers:
+            worker.reset_peak_memory()
 
-    def call_one(self, index: int, name: str, *args: Any) -> Any:
-        return getattr(self.workers[index], name)(*args)
+    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
+        return [worker.rollout(step, problems) for worker in self._workers]
 
-    def share(self, value: Any) -> Any:
-        return value
+    def update(
+        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
+    ) -> list[dict[str, Any]]:
+        method_state = None if self._shares_method else method.state_dict()
+        return [
+            worker.update(step, plan, records, method_state)
+            for worker, plan in zip(self._workers, plans, strict=True)
+        ]
+
+    def validation_scores(self) -> list[dict[str, float]]:
+        return [worker.validation_scores() for worker in self._workers]
+
+    def save_policy(self, index: int, folder: str | Path) -> None:
+        self._workers[index].save_policy(folder)
+
+    def save(self, folders: Sequence[str | Path]) -> None:
+        for worker, folder in zip(self._workers, folders, strict=True):
+            worker.save(folder)
+
+    def load(self, folders: Sequence[str | Path]) -> None:
+        for worker, folder in zip(self._workers, folders, strict=True):
+            worker.load(folder)
+
+    def nonfinite_state(self) -> list[list[str]]:
+        return [worker.nonfinite_state() for worker in self._workers]
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        return [worker.state_dict() for worker in self._workers]
+
+    def driver_verifier(self) -> Any:
+        return self._workers[0].verifier  # the one every worker of this process shares
 
     @property
     def policies(self) -> list[Policy]:
-        return [worker.policy for worker in self.workers]
+        return [worker.policy for worker in self._workers]
+
+    @property
+    def workers(self) -> list[Worker]:
+        return self._workers
 
     def close(self) -> None:
         """Engines and the verifier pool; the policies stay usable (evaluation after training)."""
-        for worker in self.workers:
+        for worker in self._workers:
             worker.close()
         if self._owned_verifier is not None:
             self._owned_verifier.close()
 
 
-class RayBackend:
+class RayBackend(WorkerGroup):
     """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
 
     A policy with ``parallel.data: N > 1`` is one actor hosting a ``DataParallelWorker``: its N
@@ -122,7 +264,9 @@ class RayBackend:
         if policies is not None:
             raise ValueError("backend: ray loads every policy inside its actor from `policies[].path`")
         self.ray = ray
+        self.config = config
         self._started = False
+        self._driver_verifier: Any = None
         if not ray.is_initialized():
             settings = config.ray
             # Ray >= 2.5x turns on token auth for clusters it starts; a private local one needs none.
@@ -137,7 +281,7 @@ class RayBackend:
         actor_class = ray.remote(PolicyWorker)
         ranks_class = ray.remote(DataParallelWorker)
         shared_problems = ray.put(list(problems))
-        self.actors = []
+        self.actors: list[Any] = []
         for index, spec in enumerate(config.policies):
             resources = spec.resources
             options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "name": None}
@@ -159,21 +303,54 @@ class RayBackend:
                     threads=int(resources.num_cpus),
                 )
             )
-        self.shares_method = False
         # Fail here, not at the first step, when an actor cannot start (bad path, no GPU, ...).
         ray.get([actor.__ray_ready__.remote() for actor in self.actors])
 
-    def call(self, name: str, per_worker_args: Sequence[tuple[Any, ...]] | None = None) -> list[Any]:
-        args = per_worker_args or [()] * len(self.actors)
-        refs = [getattr(actor, name).remote(*a) for actor, a in zip(self.actors, args, strict=True)]
-        return self.ray.get(refs)
+    # Each call starts on every actor before waiting on any: the policies run concurrently.
+    def reset_peak_memory(self) -> None:
+        self.ray.get([actor.reset_peak_memory.remote() for actor in self.actors])
 
-    def call_one(self, index: int, name: str, *args: Any) -> Any:
-        return self.ray.get(getattr(self.actors[index], name).remote(*args))
+    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
+        return self.ray.get([actor.rollout.remote(step, problems) for actor in self.actors])
 
-    def share(self, value: Any) -> Any:
-        """Put a value sent to every actor in the object store once (actors receive the value)."""
-        return self.ray.put(value)
+    def update(
+        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
+    ) -> list[dict[str, Any]]:
+        # Every actor holds its own copy of the method; the records go into the object store once.
+        method_state = method.state_dict()
+        shared = self.ray.put(records)
+        return self.ray.get(
+            [
+                actor.update.remote(step, plan, shared, method_state)
+                for actor, plan in zip(self.actors, plans, strict=True)
+            ]
+        )
+
+    def validation_scores(self) -> list[dict[str, float]]:
+        return self.ray.get([actor.validation_scores.remote() for actor in self.actors])
+
+    def save_policy(self, index: int, folder: str | Path) -> None:
+        self.ray.get(self.actors[index].save_policy.remote(folder))
+
+    def save(self, folders: Sequence[str | Path]) -> None:
+        self.ray.get([actor.save.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)])
+
+    def load(self, folders: Sequence[str | Path]) -> None:
+        self.ray.get([actor.load.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)])
+
+    def nonfinite_state(self) -> list[list[str]]:
+        return self.ray.get([actor.nonfinite_state.remote() for actor in self.actors])
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        return self.ray.get([actor.state_dict.remote() for actor in self.actors])
+
+    def driver_verifier(self) -> Any:
+        """The workers' verifiers live in their actors: the driver gets its own, on first use."""
+        if self._driver_verifier is None:
+            from graftrl.models.rewards import MathVerifier
+
+            self._driver_verifier = MathVerifier.from_config(self.config.reward)
+        return self._driver_verifier
 
     @property
     def policies(self) -> list[Policy]:
@@ -181,7 +358,14 @@ class RayBackend:
             "backend: ray keeps the policies inside their actors; load them from the run's checkpoints"
         )
 
+    @property
+    def workers(self) -> list[Worker]:
+        raise AttributeError("backend: ray keeps the workers inside their actors")
+
     def close(self) -> None:
+        if self._driver_verifier is not None:
+            self._driver_verifier.close()
+            self._driver_verifier = None
         if not self.actors:
             return
         try:
@@ -202,6 +386,6 @@ def make_backend(
     policies: Sequence[Policy] | None,
     verifier: Any,
     method: Method,
-) -> LocalBackend | RayBackend:
+) -> WorkerGroup:
     backend = RayBackend if config.backend == "ray" else LocalBackend
     return backend(config, run_dir, problems, policies=policies, verifier=verifier, method=method)

@@ -7,7 +7,8 @@ peer groups ordered last. The loop knows nothing of two models in particular.
 
 The trainer is the driver: it samples the prompt batch, plans the exchange, logs, checkpoints and
 replays stored peers. Everything that touches a policy's weights is a ``PolicyWorker``
-(graftrl.training.worker), placed by the backend (graftrl.training.backends): in this process or in Ray actors.
+(graftrl.training.worker), placed by the backend and driven through its typed ``WorkerGroup``
+interface (graftrl.training.backends): in this process or in Ray actors.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from graftrl.storage.rundir import (
     checkpoint_step,
 )
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
-from graftrl.training.backends import LocalBackend, RayBackend, make_backend
+from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.worker import PolicyRollout, step_seed
 
 __all__ = ["Trainer", "step_seed"]
@@ -86,7 +87,7 @@ class Trainer:
             from graftrl.models.memory import check_before_loading
 
             check_before_loading(config)
-        self.backend: LocalBackend | RayBackend = make_backend(
+        self.backend: WorkerGroup = make_backend(
             config, self.run_dir, self.problems, policies=policies, verifier=verifier, method=self.method
         )
         self.step_callback = step_callback
@@ -108,7 +109,6 @@ class Trainer:
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
         self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
         self._peer_verifier = verifier
-        self._owns_peer_verifier = False
 
     @property
     def policies(self) -> list[Policy]:
@@ -116,21 +116,15 @@ class Trainer:
         return self.backend.policies
 
     @property
-    def workers(self):
+    def workers(self) -> list[Worker]:
         """The in-process workers (``backend: local``)."""
-        return self.backend.workers  # type: ignore[union-attr]
+        return self.backend.workers
 
     @property
     def peer_verifier(self) -> Any:
-        """The driver's verifier, for re-verifying stored peers' rewards."""
+        """The driver's verifier, for re-verifying stored peers' rewards (the given one, else the backend's)."""
         if self._peer_verifier is None:
-            if isinstance(self.backend, LocalBackend):
-                self._peer_verifier = self.backend.workers[0].verifier
-            else:
-                from graftrl.models.rewards import MathVerifier
-
-                self._peer_verifier = MathVerifier.from_config(self.config.reward)
-                self._owns_peer_verifier = True
+            self._peer_verifier = self.backend.driver_verifier()
         return self._peer_verifier
 
     # ----- the loop -----------------------------------------------------------------------
@@ -204,17 +198,14 @@ class Trainer:
     def close(self) -> None:
         """Free engines, verifier pools and Ray actors (local policies stay usable for evaluation)."""
         self.backend.close()
-        if self._owns_peer_verifier:
-            self._peer_verifier.close()
-            self._owns_peer_verifier = False
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
         problems = self.sampler.batch(step)
-        self.backend.call("reset_peak_memory")
+        self.backend.reset_peak_memory()
         # Every policy samples and scores the step's prompts (concurrently under Ray).
         sampled: dict[str, PolicyRollout] = dict(
-            zip(self.names, self.backend.call("rollout", [(step, problems)] * len(self.names)), strict=True)
+            zip(self.names, self.backend.rollout(step, problems), strict=True)
         )
         outcomes = {name: s.outcomes for name, s in sampled.items()}
         records = {name: s.records for name, s in sampled.items()}
@@ -230,11 +221,7 @@ class Trainer:
 
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, 0))
         plans = self.method.plan(outcomes, generator)
-        method_state = None if self.backend.shares_method else self.method.state_dict()
-        shared_records = self.backend.share(records)
-        updates = self.backend.call(
-            "update", [(step, plans[name], shared_records, method_state) for name in self.names]
-        )
+        updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
         metrics: dict[str, dict[str, Any]] = {}
         for name, update in zip(self.names, updates, strict=True):
             row = update.metrics
@@ -370,7 +357,7 @@ class Trainer:
         assert self.validator is not None
         rows = []
         start = time.perf_counter()
-        scores = self.backend.call("validation_scores")
+        scores = self.backend.validation_scores()
         seconds = time.perf_counter() - start
         for index, (name, score) in enumerate(zip(self.names, scores, strict=True)):
             rows.append(
@@ -378,7 +365,7 @@ class Trainer:
                     step,
                     name,
                     score,
-                    lambda folder, i=index: self.backend.call_one(i, "save_policy", folder),
+                    lambda folder, i=index: self.backend.save_policy(i, folder),
                     seconds,
                 )
             )
@@ -400,7 +387,7 @@ class Trainer:
         policy's weights or optimizer state hold NaN or inf, so a diverged state never replaces a
         good checkpoint.
         """
-        nonfinite = self.backend.call("nonfinite_state")
+        nonfinite = self.backend.nonfinite_state()
         bad = {name: found for name, found in zip(self.names, nonfinite, strict=True) if found}
         if bad:
             kept = list_checkpoints(self.checkpoint_root)
@@ -416,7 +403,7 @@ class Trainer:
         staging = final.with_name(final.name + STAGING_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        self.backend.call("save", [(str(staging / name),) for name in self.names])
+        self.backend.save([str(staging / name) for name in self.names])
         (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
         (staging / TRAINER_STATE).write_text(json.dumps(trainer_state(completed, self.method.name)))
         write_manifest(staging, completed)  # last: a folder with a manifest is complete
@@ -499,7 +486,7 @@ class Trainer:
     def _load(self, folder: Path, force: bool) -> None:
         state = json.loads((folder / TRAINER_STATE).read_text())
         self.start_step = check_trainer_state(folder, state, self.config.train.steps)
-        self.backend.call("load", [(str(folder / name),) for name in self.names])
+        self.backend.load([str(folder / name) for name in self.names])
         method_state = json.loads((folder / METHOD_STATE).read_text())
         if state.get("method") == self.method.name:
             self.method.load_state_dict(method_state)
@@ -525,7 +512,7 @@ class Trainer:
         except Exception as error:  # an unverifiable folder: any load failure means "damaged"
             first_line = (str(error).splitlines() or [""])[0][:200]
             return f"does not load ({error.__class__.__name__}: {first_line})"
-        for name, found in zip(self.names, self.backend.call("nonfinite_state"), strict=True):
+        for name, found in zip(self.names, self.backend.nonfinite_state(), strict=True):
             if found:
                 return f"{name}: non-finite values ({', '.join(found)})"
         return None

@@ -41,7 +41,7 @@ from graftrl.config import Config
 from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
 from graftrl.models.policy import Policy
-from graftrl.models.rollout import HFRolloutEngine
+from graftrl.models.rollout import HFRolloutEngine, RolloutEngine
 from graftrl.storage.rundir import RunDir, append_jsonl
 
 __all__ = ["Validator"]
@@ -55,7 +55,7 @@ class Validator:
         config: Config,
         run_dir: str | Path,
         verifier: Any,
-        engine: HFRolloutEngine | None = None,
+        engine: RolloutEngine | None = None,
         *,
         benchmarks: Sequence[Benchmark] | None = None,
         console: Any = None,
@@ -65,7 +65,9 @@ class Validator:
         self.every = settings.every
         self.total_steps = config.train.steps
         self.verifier = verifier
-        self.engine = engine or HFRolloutEngine(config.rollout.max_batch_size)
+        # A worker passes its policy's own engine (HF or vLLM); the default HF engine serves any
+        # policy, as direct `validate(step, policies)` calls need.
+        self.engine: RolloutEngine = engine or HFRolloutEngine(config.rollout.max_batch_size)
         self.benchmarks = (
             list(benchmarks)
             if benchmarks is not None

@@ -99,7 +99,7 @@ def make_engine(config: Config, policy: Policy) -> RolloutEngine:
             "or set rollout.engine: hf"
         ) from None
     options = VLLMOptions(**config.rollout.vllm.model_dump())
-    return VLLMRolloutEngine(policy, options, seed=config.seed)
+    return VLLMRolloutEngine(policy, options, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
 
 
 @dataclass
@@ -916,13 +916,13 @@ class PolicyWorker:
         )
 
     def validation_scores(self) -> dict[str, float]:
-        """pass@1 per validation benchmark of the current weights (``graftrl.training.validation``)."""
+        """pass@1 per validation benchmark of the current weights (``graftrl.training.validation``),
+        sampled by this policy's own rollout engine (the one training samples with)."""
         if self.validator is None:
             from graftrl.training.validation import Validator
 
-            engine = self.engine if isinstance(self.engine, HFRolloutEngine) else None
             verifier = self.verifier if self.world == 1 else _RankZeroVerifier(self._score)
-            self.validator = Validator(self.config, self.run_dir, verifier, engine)
+            self.validator = Validator(self.config, self.run_dir, verifier, self.engine)
         # Sharded: every rank samples the whole benchmark on the gathered weights with the same
         # seeds (the samples of one device, whatever N), rank 0 verifies and shares the rewards.
         with gathered(self.policy.model):
