@@ -19,17 +19,16 @@ from graftrl.reporting.compare import (
     ROW_KEYS,
     CompareError,
     CompareTask,
+    DemoSettings,
     Matrix,
     Variant,
     cell_config,
     check_methods,
-    deltas,
     parse_matrix,
     preset_matrix,
-    summarize,
-    table_markdown,
 )
-from graftrl.reporting.demo import DemoSettings
+from graftrl.reporting.render import table_markdown
+from graftrl.reporting.stats import deltas, summarize
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 
