@@ -1,5 +1,9 @@
 """`graftrl analyze RUN_DIR`: the paper's diagnostics for one run, as plots and analysis.md.
 
+This module reads the run and computes the numbers (``RunAnalysis`` and its parts, from pure
+functions of the loaded rows; the equations from ``graftrl.core``); ``render`` writes them as
+analysis.md and ``plots`` draws the figures.
+
 Inputs (all in the run folder): metrics.jsonl (required), compatibility.jsonl, validation.jsonl,
 config.yaml, best/best.json and a trajectory store (``store/``), each used when present.
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from graftrl.reporting.analyze import RunAnalysis, validation_metrics
-from graftrl.reporting.stats import deltas, mean_std, paired_deltas
+from graftrl.reporting.stats import MeanStd, deltas, mean_std, paired_deltas
 
 # --------------------------------------------------------------------------------------------
 # Comparisons (compare's report.md, the demo's console tables)
@@ -34,10 +34,6 @@ def paired_markdown(rows: Sequence[Mapping[str, Any]], reference: str, variants:
             ]
             lines.append("| " + " | ".join([variant, *cells]) + " |")
     return "\n".join(lines)
-
-
-def _points(value: float) -> str:
-    return f"{100 * value:.2f}"
 
 
 def table_markdown(
@@ -66,7 +62,7 @@ def table_markdown(
         for model in models:
             s = summary[variant].get(model)
             d = diff[variant].get(model)
-            cells.append(f"{_points(s['mean'])} ± {_points(s['std'])}" if s else "")
+            cells.append(MeanStd(s["mean"], s["std"], s["seeds"]).format(scale=100, digits=2) if s else "")
             cells.append("—" if variant == reference else ("" if d is None else f"{100 * d:+.2f}"))
         cells += [(extra or {}).get(variant, {}).get(c, "") for c in extra_columns]
         lines.append("| " + " | ".join(cells) + " |")
