@@ -94,23 +94,15 @@ def plot_compatibility_histogram(
     scores: Mapping[str, Sequence[float]], path: Path, delta: float = 0.8
 ) -> None:
     """Histogram of s per receiver, with the gate delta marked."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for receiver, values in sorted(scores.items()):
-        if values:
-            ax.hist(
-                [min(v, 3.0) for v in values],
-                bins=40,
-                range=(0, 3),
-                alpha=0.55,
-                label=f"received by {receiver}",
-            )
-    ax.axvline(delta, color="black", linestyle="--", label=f"delta = {delta}")
-    ax.set_xlabel("compatibility score s (clipped at 3)")
-    ax.set_ylabel("transferred responses")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_histograms(
+        {f"received by {receiver}": values for receiver, values in scores.items()},
+        path,
+        xlabel="compatibility score s (clipped at 3)",
+        value_range=(0.0, 3.0),
+        marker=delta,
+        marker_label=f"delta = {delta}",
+        ylabel="transferred responses",
+    )
 
 
 def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -196,6 +188,7 @@ def plot_histograms(
     bins: int = 40,
     marker: float | None = None,
     marker_label: str | None = None,
+    ylabel: str = "responses",
 ) -> None:
     """Overlaid histograms, one per label (values outside ``value_range`` are clipped into it)."""
     low, high = value_range
@@ -207,7 +200,7 @@ def plot_histograms(
     if marker is not None:
         ax.axvline(marker, color="black", linestyle="--", label=marker_label)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("responses")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
