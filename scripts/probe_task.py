@@ -185,7 +185,7 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     from graftrl.config import config_from_dict
     from graftrl.embedded.task import make_split
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.demo import _write_jsonl, demo_config, demo_settings
+    from graftrl.reporting.compare import demo_config, demo_settings, write_problems
     from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 
@@ -194,7 +194,7 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     train, _ = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=args.task)
-    _write_jsonl(train, run_dir / "data" / "train.jsonl")
+    write_problems(train, run_dir / "data" / "train.jsonl")
     raw = demo_config(paths, run_dir / "data" / "train.jsonl", "graft", args.seed, settings)
     raw["logging"]["progress"] = False
     start = time.perf_counter()

@@ -220,3 +220,27 @@ def test_metrics_only_run_with_a_torn_last_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("not json\n" + text)
     with pytest.raises(AnalysisError, match=r"metrics\.jsonl line 1: not valid JSON"):
         analyze_run(tmp_path)
+
+
+def test_analysis_uses_core_eqs_with_the_former_numbers():
+    """w (eq. 8) and complementarity come from ``core``; they give what analyze computed before."""
+    import random
+
+    import torch
+
+    from graftrl.core import complementarity
+    from graftrl.reporting.analyze import weights
+
+    rng = random.Random(0)
+    scores = [0.0, 0.8, 0.8000001, 1.0, 2.5] + [rng.uniform(0, 3) for _ in range(500)]
+    for delta in (0.0, 0.7, 0.8, 0.9):
+        assert weights(scores, delta) == [min(s, 1.0) if s > delta else 0.0 for s in scores]
+    for _ in range(200):
+        k_receiver = [rng.choice([0, 0, 1, 2, 4]) for _ in range(rng.randint(1, 12))]
+        k_peer = [rng.choice([0, 1, 3]) for _ in k_receiver]
+        fails = [g for g, k in enumerate(k_receiver) if k == 0]
+        value = float(complementarity(torch.tensor(k_receiver, dtype=torch.float), torch.tensor(k_peer)))
+        if fails:
+            assert value == pytest.approx(sum(k_peer[g] >= 1 for g in fails) / len(fails), abs=1e-7)
+        else:  # undefined: the former code skipped the step
+            assert value != value

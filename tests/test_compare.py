@@ -18,17 +18,16 @@ from graftrl.reporting.compare import (
     ROW_KEYS,
     CompareError,
     CompareTask,
+    DemoSettings,
     Matrix,
     Variant,
     cell_config,
     check_methods,
-    deltas,
     parse_matrix,
     preset_matrix,
-    summarize,
-    table_markdown,
 )
-from graftrl.reporting.demo import DemoSettings
+from graftrl.reporting.render import table_markdown
+from graftrl.reporting.stats import deltas, summarize
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 
@@ -220,6 +219,50 @@ def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch)
     assert [r for r in rerun["rows"] if r["variant"] == "grpo-n4"] == [
         r for r in rows if r["variant"] == "grpo-n4"
     ]
+
+
+def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monkeypatch):
+    """`graftrl demo` runs compare's cells (demo preset) but trains afresh and writes the demo's files."""
+    import io
+
+    from rich.console import Console
+
+    from graftrl.reporting.demo import run_demo
+
+    calls: list[str] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        calls.append(self.run_dir.name)
+        return original_train(self, resume)
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
+    demo = preset_matrix("demo")
+    assert [(v.name, v.method, v.set) for v in demo.variants] == [("grpo", "grpo", {}), ("graft", "graft", {})]
+    assert (demo.baseline_name, demo.reference_name) == ("grpo", "graft")
+
+    out = tmp_path / "demo"
+    printed = io.StringIO()
+    results = run_demo(out, quick=True, cache_dir=tmp_path / "cache", console=Console(file=printed, width=200))
+    assert set(results) == {"rows", "settings", "diagnostics", "paired_vs_grpo", "total_wall_s"}
+    assert json.loads((out / "results.json").read_text()) == results
+    rows = results["rows"]
+    # run order (warm-start, then each method), the demo's keys (no "variant")
+    assert [r["method"] for r in rows] == ["warm-start"] * 2 + ["grpo"] * 2 + ["graft"] * 2
+    assert all(list(r) == ["method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s"] for r in rows)
+    assert set(results["diagnostics"]) == {"grpo", "graft"}
+    assert set(results["paired_vs_grpo"]) == {"graft"}
+    assert results["settings"]["eval_samples"] == tiny_task.settings.eval_samples
+    for name in ("training_curves.png", "complementarity.png", "compatibility_hist.png", "pass_at_1.png"):
+        assert (out / name).stat().st_size > 1000, name
+    assert "graftrl demo" in printed.getvalue() and "exchange diagnostics" in printed.getvalue()
+    # compare's files and markers are not the demo's
+    assert not (out / "report.md").exists() and not (out / "results.csv").exists()
+    assert not (out / "runs" / "warm-start").exists() and not list(out.glob("runs/*/done.json"))
+    # a second demo trains every cell again
+    run_demo(out, quick=True, cache_dir=tmp_path / "cache", console=Console(file=io.StringIO()))
+    assert calls == ["grpo-seed0", "graft-seed0"] * 2
 
 
 @pytest.mark.slow

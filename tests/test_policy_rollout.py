@@ -116,3 +116,21 @@ def test_bf16_compute_keeps_float32_master_weights(tiny_checkpoints):
     (-policy.response_logprobs(batch).sum()).backward()
     policy.optimizer.step()
     assert any(not torch.equal(b, p) for b, p in zip(before, policy.model.parameters(), strict=True))
+
+
+def test_content_mean_logprob_is_core_eq6_and_the_old_value_to_the_bit():
+    """rollout's lbar goes through ``core.mean_token_logprob``; stored records and resumed runs
+    need it to equal the former ``float(content.mean())`` exactly, for every response length."""
+    from graftrl.core import mean_token_logprob
+
+    generator = torch.Generator().manual_seed(0)
+    for length in [*range(0, 70), 127, 128, 129, 255, 256, 257, 1023, 1024, 1025, 4097]:
+        logprobs = -torch.rand(length, generator=generator) * 12  # [L] float32, as the recorder gives
+        for finished in (True, False):
+            content = logprobs[:-1] if finished else logprobs
+            old = float(content.mean()) if content.numel() else 0.0
+            assert content_mean_logprob(logprobs, finished) == old, (length, finished)
+    # and it is eq. 6 of core: the mean over the masked (content) tokens, EOS left out
+    logprobs = torch.tensor([-1.0, -2.0, -6.0])
+    mask = torch.tensor([[True, True, False]])
+    assert content_mean_logprob(logprobs, finished=True) == float(mean_token_logprob(logprobs[None], mask)[0])

@@ -397,7 +397,8 @@ def compare(
     preset: Annotated[
         str | None,
         typer.Option(
-            help="Built-in matrix: table1 (GRPO n=8/16/32, SGT, HACPO, GRAFT) or table2 (GRAFT ablations). "
+            help="Built-in matrix: table1 (GRPO n=8/16/32, SGT, HACPO, GRAFT), table2 (GRAFT ablations) or demo "
+            "(GRPO and GRAFT, as `graftrl demo`). "
             "Default table1 unless --matrix is given."
         ),
     ] = None,

@@ -14,7 +14,6 @@ from graftrl.core.hacpo import (
     hacpo_advantages,
     hacpo_peer_terms,
     pooled_minibatch_order,
-    sequence_mean,
     stepwise_lower_bound,
 )
 from graftrl.core.logprobs import chunked_token_logprobs, token_logprobs
@@ -57,7 +56,6 @@ __all__ = [
     "nll_loss",
     "pooled_minibatch_order",
     "select_with_ties",
-    "sequence_mean",
     "stepwise_lower_bound",
     "token_logprobs",
     "transfer_candidates",

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.compatibility import mean_token_logprob
 
 OMEGA_MIN = 0.1
 OMEGA_MAX = 10.0
@@ -110,13 +111,6 @@ def content_mask(mask: Tensor, finished: Tensor) -> Tensor:
     return mask & ~eos
 
 
-def sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Per-row mean of ``values`` [B, T] over ``mask`` [B, T] -> [B]; an empty row gives 0."""
-    m = mask.bool()
-    total = torch.where(m, values, torch.zeros_like(values)).sum(dim=-1)
-    return total / m.sum(dim=-1).clamp(min=1).to(values.dtype)
-
-
 def gspo_own_terms(
     logp: Tensor,
     old_logp: Tensor,
@@ -131,7 +125,8 @@ def gspo_own_terms(
     (all response tokens, EOS included). Returns (term [B] to maximise, s [B] detached,
     clipped [B] bool: A > 0 with s > 1 + hi or A < 0 with s < 1 - lo).
     """
-    log_s = sequence_mean(logp - old_logp, mask).clamp(max=MAX_LOG_RATIO)
+    # mean over tokens of log rho = lbar(new) - lbar(old): eq. 6's per-row mean over the mask
+    log_s = mean_token_logprob(logp - old_logp, mask).clamp(max=MAX_LOG_RATIO)
     s = torch.exp(log_s)
     adv = advantages.to(s.dtype)
     term = torch.minimum(s * adv, s.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
@@ -160,7 +155,7 @@ def hacpo_peer_terms(
     omega: [B] omega^(j,k) = P_hat^(j) / P_hat^(k) (clipped) of each row's source j.
     Returns (term [B] to maximise, s [B] detached, clipped [B] bool: s outside [lower, 1]).
     """
-    log_s = sequence_mean(logp, mask) - source_mean_logp.to(logp.dtype)
+    log_s = mean_token_logprob(logp, mask) - source_mean_logp.to(logp.dtype)
     log_lower = math.log(lower) if lower > 0 else -math.inf
     # clip in log space: exp(clamp(log s)) == clamp(s) with the same gradient, and never overflows.
     c = torch.exp(log_s.clamp(min=log_lower, max=0.0))

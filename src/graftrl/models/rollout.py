@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from graftrl.core import mean_token_logprob
 from graftrl.models.policy import Policy
 
 
@@ -29,12 +30,17 @@ class SamplingParams:
 
 
 def content_mean_logprob(token_logprobs: Tensor, finished: bool) -> float:
-    """lbar (eq. 6) over a response's own tokens: a terminal EOS is excluded (SPEC 2.2).
+    """lbar (eq. 6, ``core.mean_token_logprob``) over a response's own tokens: a terminal EOS is
+    excluded (SPEC 2.2).
 
-    An empty response has lbar = 0, so two empty sides give s = 1.
+    token_logprobs: [L] one response's token log-probs. An empty response has lbar = 0, so two
+    empty sides give s = 1.
     """
-    content = token_logprobs[:-1] if finished else token_logprobs
-    return float(content.mean()) if content.numel() else 0.0
+    content = token_logprobs[:-1] if finished else token_logprobs  # [L'] without the EOS
+    # The EOS is sliced off, not masked: a masked zero would shift the summation order, and
+    # stored records, resumed runs and the trainer must agree bit for bit.
+    everything = torch.ones_like(content, dtype=torch.bool)
+    return float(mean_token_logprob(content[None], everything[None])[0])
 
 
 @dataclass

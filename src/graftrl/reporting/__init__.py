@@ -1,6 +1,8 @@
 """Reporting: runs turned into numbers, tables and figures.
 
-Owns run analysis (``analyze``), method comparisons over paired seeds (``compare``) and the
-embedded demo built on them (``demo``), the statistics helpers (``stats``) and every figure
-(``plots``). The top layer: may import anything below it; only the CLI imports it.
+Computation: run diagnostics (``analyze``), method comparisons over paired seeds (``compare``:
+matrices, presets, cells) with the embedded demo as its ``demo`` preset (``demo``), and the
+statistics (``stats``: mean ± std, paired intervals). Rendering: Markdown and rich tables
+(``render``) and every figure (``plots``). The top layer: may import anything below it; only the
+CLI imports it.
 """

@@ -1,5 +1,9 @@
 """`graftrl analyze RUN_DIR`: the paper's diagnostics for one run, as plots and analysis.md.
 
+This module reads the run and computes the numbers (``RunAnalysis`` and its parts, from pure
+functions of the loaded rows; the equations from ``graftrl.core``); ``render`` writes them as
+analysis.md and ``plots`` draws the figures.
+
 Inputs (all in the run folder): metrics.jsonl (required), compatibility.jsonl, validation.jsonl,
 config.yaml, best/best.json and a trajectory store (``store/``), each used when present.
 
@@ -34,8 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from graftrl.core import compatibility_weight, complementarity
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
@@ -154,6 +160,8 @@ class RunAnalysis:
     store_report: str | None
     store_ok: bool | None
     notes: list[str]
+    sources: list[str] = field(default_factory=list)
+    """The files the analysis read (metrics.jsonl first)."""
     plots: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -230,6 +238,35 @@ def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
 # ------------------------------------------------------------------------------------------
 
 
+def complementarity_by_step(rows: Sequence[Mapping[str, Any]], models: Sequence[str]) -> list[Complementarity]:
+    """Each (receiver, peer) pair's logged complementarity, at the steps where it is defined.
+
+    A step where the receiver had no all-fail prompt (``all_fail_frac == 0``) is left out.
+    """
+    fail_frac = {(int(r["step"]), r["model"]): r.get("all_fail_frac") for r in rows}
+    comps: list[Complementarity] = []
+    for receiver in models:
+        peers = sorted(
+            {
+                k.split("/", 1)[1]
+                for r in rows
+                if r["model"] == receiver
+                for k in r
+                if k.startswith("complementarity/")
+            }
+        )
+        for peer in peers:
+            by_step = {
+                int(r["step"]): float(r[f"complementarity/{peer}"])
+                for r in rows
+                if r["model"] == receiver
+                and r.get(f"complementarity/{peer}") is not None
+                and fail_frac.get((int(r["step"]), receiver)) != 0
+            }
+            comps.append(Complementarity(receiver, peer, by_step))
+    return comps
+
+
 def _complementarity_from_store(
     store: Any, steps: Sequence[int], pairs: Sequence[tuple[str, str]], notes: list[str]
 ) -> dict[tuple[str, str], dict[int, float]]:
@@ -261,15 +298,25 @@ def _complementarity_from_store(
                 k_peer_by_prompt = {p: k for _, (p, k) in sorted(other.items())}
                 k_peer = {g: k_peer_by_prompt.get(p, 0.0) for g, (p, _) in own.items()}
                 k_own = [(g, k) for g, (_, k) in own.items()]
-            fails = [g for g, k in k_own if k == 0]
-            if fails:
-                out[(receiver, peer)][step] = sum(k_peer[g] >= 1 for g in fails) / len(fails)
+            groups = [g for g, _ in k_own]
+            value = float(
+                complementarity(
+                    torch.tensor([k for _, k in k_own]),  # [P] receiver successes per group
+                    torch.tensor([k_peer[g] for g in groups]),  # [P] the peer's on the same prompts
+                )
+            )
+            if not math.isnan(value):  # NaN: the receiver had no all-fail prompt (undefined)
+                out[(receiver, peer)][step] = value
     return out
 
 
-def weight(s: float, delta: float) -> float:
-    """w = 1[s > delta] * min(s, 1) (eq. 8, as ``core.compatibility_weight``)."""
-    return min(s, 1.0) if s > delta else 0.0
+def weights(s: Sequence[float], delta: float) -> list[float]:
+    """w = 1[s > delta] * min(s, 1) of each score (eq. 8, ``core.compatibility_weight``).
+
+    In float64, so a logged score's weight is the score itself (or 1, or 0) to the last bit.
+    """
+    scores = torch.tensor(s, dtype=torch.float64)  # [N]
+    return compatibility_weight(scores, delta).tolist()
 
 
 def _exchange(
@@ -298,7 +345,7 @@ def _exchange(
             if entry is not None:
                 s = [float(x) for x, src in zip(entry["s"], entry["source"], strict=True) if src == source]
                 ex.s += s
-                ex.w += [weight(x, delta) for x in s]
+                ex.w += weights(s, delta)
                 ex.transferred.append(len(s))
                 ex.admitted.append(sum(x > delta for x in s))
             elif len(sources) == 1 and "peer_responses" in row:
@@ -331,7 +378,8 @@ def _clipping(rows: Sequence[dict[str, Any]], models: Sequence[str]) -> Clipping
     return Clipping(own, peer, peer_steps, zero)
 
 
-def _step_seconds(row: Mapping[str, Any]) -> float:
+def step_seconds(row: Mapping[str, Any]) -> float:
+    """Wall-clock of one logged step: ``time_step``, else the sum of its phases."""
     if row.get("time_step") is not None:
         return float(row["time_step"])
     return sum(float(row.get(k) or 0.0) for k in _TIME_PHASES)
@@ -344,7 +392,7 @@ def _compute(
     best_path: Path,
     notes: list[str],
 ) -> Compute:
-    seconds = {m: sum(_step_seconds(r) for r in rows if r["model"] == m) for m in models}
+    seconds = {m: sum(step_seconds(r) for r in rows if r["model"] == m) for m in models}
     steps = {m: sum(1 for r in rows if r["model"] == m) for m in models}
     compute = Compute(dict(accelerators), seconds, steps)
     if best_path.exists():
@@ -359,7 +407,7 @@ def _compute(
             return compute
         compute.best_last_step = last
         compute.seconds_to_best = {
-            m: sum(_step_seconds(r) for r in rows if r["model"] == m and int(r["step"]) <= last[m])
+            m: sum(step_seconds(r) for r in rows if r["model"] == m and int(r["step"]) <= last[m])
             for m in last
         }
     return compute
@@ -421,28 +469,7 @@ def analyze_run(
         if all("step" in r and "model" in r for r in validation):
             validation = _latest_rows(validation, "model", validation_path)  # a resume repeats steps
 
-    # complementarity: metrics, then the store's rewards
-    fail_frac = {(int(r["step"]), r["model"]): r.get("all_fail_frac") for r in rows}
-    comps: list[Complementarity] = []
-    for receiver in models:
-        peers = sorted(
-            {
-                k.split("/", 1)[1]
-                for r in rows
-                if r["model"] == receiver
-                for k in r
-                if k.startswith("complementarity/")
-            }
-        )
-        for peer in peers:
-            by_step = {
-                int(r["step"]): float(r[f"complementarity/{peer}"])
-                for r in rows
-                if r["model"] == receiver
-                and r.get(f"complementarity/{peer}") is not None
-                and fail_frac.get((int(r["step"]), receiver)) != 0
-            }
-            comps.append(Complementarity(receiver, peer, by_step))
+    comps = complementarity_by_step(rows, models)  # then checked against the store's rewards
 
     store_root = Path(store_dir) if store_dir is not None else files.store
     store_report = store_ok = None
@@ -485,18 +512,28 @@ def analyze_run(
         store_ok=store_ok,
         notes=notes,
     )
+    analysis.sources = [files.metrics.name] + [
+        name
+        for name, present in (
+            (files.compatibility.name, files.compatibility.exists()),
+            (files.validation.name, bool(validation)),
+            (files.config.name, files.config.exists()),
+            (files.best_index.relative_to(files.root).as_posix(), files.best_index.exists()),
+            ("trajectory store", store_report is not None),
+        )
+        if present
+    ]
     analysis.out_dir.mkdir(parents=True, exist_ok=True)
-    analysis.plots = _plots(analysis, rows)
+    from graftrl.reporting.plots import plot_run_analysis
+    from graftrl.reporting.render import render_markdown
+
+    analysis.plots = plot_run_analysis(analysis, rows)
     analysis.report.write_text(render_markdown(analysis, rows))
     return analysis
 
 
-# ------------------------------------------------------------------------------------------
-# Plots and Markdown
-# ------------------------------------------------------------------------------------------
-
-
-def _validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
+def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The numeric fields of validation.jsonl rows (step and timings excluded), in first-seen order."""
     keys = dict.fromkeys(
         k
         for r in validation
@@ -506,390 +543,43 @@ def _validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(keys)
 
 
-def _plots(analysis: RunAnalysis, rows: Sequence[dict[str, Any]]) -> dict[str, Path]:
-    from graftrl.reporting import plots
+def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """The regime statistics of docs/task_design.md over runs labelled "<method> seed <s>".
 
-    out = analysis.out_dir
-    label = analysis.run_dir.name or "run"
-    made: dict[str, Path] = {}
-
-    def path(name: str) -> Path:
-        made[name] = out / f"{name}.png"
-        return made[name]
-
-    plots.plot_training_curves({label: rows}, path("reward"), key="reward_mean")
-    plots.plot_training_curves({label: rows}, path("response_length"), key="response_length")
-    if analysis.complementarity:
-        plots.plot_complementarity({label: rows}, path("complementarity"))
-    if analysis.exchange:
-        panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {
-            "selected prompts": {},
-            "transferred responses": {},
-            "admitted responses": {},
-        }
-        for ex in analysis.exchange:
-            name = f"{ex.source} -> {ex.receiver}"
-            panels["selected prompts"][name] = (ex.steps, ex.selected)
-            for title, values in (
-                ("transferred responses", ex.transferred),
-                ("admitted responses", ex.admitted),
-            ):
-                points = [(s, v) for s, v in zip(ex.steps, values, strict=True) if v is not None]
-                panels[title][name] = ([p[0] for p in points], [float(p[1]) for p in points])
-        plots.plot_step_panels(panels, path("exchange"))
-        scores = {ex.receiver: ex.s for ex in analysis.exchange}
-        if any(scores.values()):
-            plots.plot_compatibility_histogram(scores, path("compatibility_s"), analysis.delta)
-            plots.plot_histograms(
-                {f"{ex.source} -> {ex.receiver}": ex.w for ex in analysis.exchange},
-                path("compatibility_w"),
-                xlabel=f"weight w = 1[s > {analysis.delta}] min(s, 1)",
+    method -> receiver -> mean per-step all-fail share and complementarity (any peer), GRAFT's
+    selected prompts per step, and the transferred / admitted response totals of the receiver
+    (all sources together; ``Exchange`` splits them per direction for one run).
+    """
+    out: dict[str, Any] = {}
+    for label, rows in curves.items():
+        method = label.split()[0]
+        for row in rows:
+            entry = out.setdefault(method, {}).setdefault(
+                row["model"],
+                {"all_fail": [], "complementarity": [], "selected": [], "peer_responses": [], "admitted": []},
             )
-    clip_panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {
-        "own tokens": {},
-        "peer (grafted) tokens, by receiver": {},
-    }
-    for model in analysis.models:
-        for title, key in (
-            ("own tokens", "clip_frac_own"),
-            ("peer (grafted) tokens, by receiver", "clip_frac_peer"),
-        ):
-            points = [
-                (int(r["step"]), float(r[key]))
-                for r in rows
-                if r["model"] == model and r.get(key) is not None
+            if row.get("all_fail_frac") is not None:
+                entry["all_fail"].append(row["all_fail_frac"])
+            entry["complementarity"] += [
+                v for k, v in row.items() if k.startswith("complementarity/") and v is not None
             ]
-            if points:
-                clip_panels[title][model] = ([p[0] for p in points], [p[1] for p in points])
-    if any(clip_panels.values()):
-        plots.plot_step_panels(
-            {k: v for k, v in clip_panels.items() if v}, path("clipping"), "clipped-token fraction"
-        )
-    hours: dict[str, tuple[list[int], list[float]]] = {}
-    for model in analysis.models:
-        total, steps, values = 0.0, [], []
-        for r in rows:
-            if r["model"] == model:
-                total += analysis.compute.accelerators[model] * _step_seconds(r) / 3600
-                steps.append(int(r["step"]))
-                values.append(total)
-        hours[model] = (steps, values)
-    plots.plot_step_panels({"cumulative accelerator-hours": hours}, path("compute"), "accelerator-hours")
-    metrics = _validation_metrics(analysis.validation)
-    if metrics:
-        panels = {}
-        for key in metrics[:4]:
-            panels[key] = {}
-            for model in dict.fromkeys(str(r.get("model", "run")) for r in analysis.validation):
-                points = [
-                    (int(r["step"]), float(r[key]))
-                    for r in analysis.validation
-                    if str(r.get("model", "run")) == model and r.get(key) is not None and "step" in r
-                ]
-                if points:
-                    panels[key][model] = ([p[0] for p in points], [p[1] for p in points])
-        plots.plot_step_panels(panels, path("validation"))
-    return made
-
-
-def _table(headers: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
-    def cell(value: Any) -> str:
-        if value is None:
-            return "–"
-        if isinstance(value, float):
-            return "nan" if math.isnan(value) else f"{value:.4g}"
-        return str(value)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def _pct(value: float | None) -> str | None:
-    return None if value is None else f"{100 * value:.3f}"
-
-
-def _image(analysis: RunAnalysis, name: str, alt: str) -> str:
-    plot = analysis.plots.get(name)
-    return f"![{alt}]({plot.name})" if plot is not None else ""
-
-
-def render_markdown(analysis: RunAnalysis, rows: Sequence[dict[str, Any]]) -> str:
-    a = analysis
-    files = RunDir(a.run_dir)
-    sources = [files.metrics.name] + [
-        name
-        for name, present in (
-            (files.compatibility.name, files.compatibility.exists()),
-            (files.validation.name, bool(a.validation)),
-            (files.config.name, files.config.exists()),
-            (files.best_index.relative_to(files.root).as_posix(), files.best_index.exists()),
-            ("trajectory store", a.store_report is not None),
-        )
-        if present
-    ]
-    out = [
-        f"# Run analysis: {a.run_dir.name}",
-        "",
-        f"- run folder: `{a.run_dir}`",
-        f"- method: {a.method}; models: {', '.join(a.models)}",
-        f"- steps logged: {len(a.steps)} ({a.steps[0]}..{a.steps[-1]})",
-        f"- compatibility floor delta = {a.delta}",
-        f"- read: {', '.join(sources)}",
-    ]
-    out += [f"- note: {note}" for note in a.notes]
-
-    out += ["", "## Complementarity (paper Figure 1)", ""]
-    if a.complementarity:
-        out.append(
-            "Fraction of the receiver's all-fail prompts that the peer solves at least once, per step; "
-            "steps where the receiver has no all-fail prompt are left out."
-        )
-        body = []
-        for c in a.complementarity:
-            values = list(c.by_step.values())
-            if c.store_by_step is None:
-                check = "no store"
-            elif not c.store_by_step:
-                check = "no stored steps for this pair"
-            elif c.mismatches:
-                check = "DISAGREES at steps " + ", ".join(
-                    f"{s} (metrics {m:.4g}, store {v:.4g})" for s, m, v in c.mismatches[:5]
-                )
-            else:
-                check = f"agrees on {len(c.store_by_step)} step(s)"
-            body.append(
-                [
-                    c.receiver,
-                    c.peer,
-                    len(values),
-                    c.mean,
-                    min(values) if values else None,
-                    max(values) if values else None,
-                    check,
-                ]
-            )
-        out += ["", _table(["receiver", "peer", "steps", "mean", "min", "max", "store check"], body)]
-        out += ["", _image(a, "complementarity", "complementarity")]
-    else:
-        out.append("Not logged (a single-model run).")
-
-    out += ["", "## Exchange volume", ""]
-    if a.exchange:
-        out.append("Totals over the run, per direction (source -> receiver).")
-        body = []
-        for ex in a.exchange:
-            transferred = None if None in ex.transferred else sum(t for t in ex.transferred if t is not None)
-            admitted = None if None in ex.admitted else sum(x for x in ex.admitted if x is not None)
-            body.append(
-                [
-                    f"{ex.source} -> {ex.receiver}",
-                    sum(ex.candidates),
-                    sum(ex.selected),
-                    transferred,
-                    admitted,
-                    ex.admission_rate,
-                    sum(1 for x in ex.selected if x > 0),
-                ]
-            )
-        headers = [
-            "direction",
-            "candidates",
-            "selected prompts",
-            "transferred",
-            "admitted",
-            "admission rate",
-            "steps with transfer",
-        ]
-        out += ["", _table(headers, body), "", _image(a, "exchange", "exchange volume"), ""]
-        out.append("<details><summary>per step</summary>\n")
-        body = [
-            [f"{ex.source} -> {ex.receiver}", s, c, sel, t, adm]
-            for ex in a.exchange
-            for s, c, sel, t, adm in zip(
-                ex.steps, ex.candidates, ex.selected, ex.transferred, ex.admitted, strict=True
-            )
-        ]
-        out += [
-            _table(["direction", "step", "candidates", "selected", "transferred", "admitted"], body),
-            "",
-            "</details>",
-        ]
-    else:
-        out.append("No exchange in this run (no `selected/<source>` metrics).")
-
-    out += ["", "## Admission and compatibility (s, w)", ""]
-    scored = [ex for ex in a.exchange if ex.s]
-    if scored:
-        out.append(
-            f"s from compatibility.jsonl; w = 1[s > {a.delta}] * min(s, 1) (eq. 8); admitted: s > delta."
-        )
-        body = [
-            [
-                f"{ex.source} -> {ex.receiver}",
-                len(ex.s),
-                min(ex.s),
-                statistics.median(ex.s),
-                statistics.fmean(ex.s),
-                max(ex.s),
-                sum(x > a.delta for x in ex.s) / len(ex.s),
-                statistics.fmean(ex.w),
-            ]
-            for ex in scored
-        ]
-        headers = [
-            "direction",
-            "responses",
-            "s min",
-            "s median",
-            "s mean",
-            "s max",
-            "admitted share",
-            "w mean",
-        ]
-        out += [
-            "",
-            _table(headers, body),
-            "",
-            _image(a, "compatibility_s", "s histogram"),
-            _image(a, "compatibility_w", "w histogram"),
-        ]
-    else:
-        out.append("No compatibility scores (no transferred responses, or no compatibility.jsonl).")
-
-    out += ["", "## Clipping (paper Table 9)", ""]
-    clip = a.clipping
-    out.append(
-        "Clipped-token fraction (%), mean over steps: a > 0 with rho > 1 + eps_high, or a < 0 with "
-        "rho < 1 - eps_low. Zero peer clipping: share of steps, among those where the model trained "
-        "on peer tokens, with no clipped peer token."
-    )
-    body = [
-        [
-            model,
-            _pct(clip.own.get(model)),
-            _pct(clip.peer.get(model)),
-            clip.peer_steps.get(model, 0),
-            _pct(clip.zero_peer_share(model)),
-        ]
-        for model in a.models
-    ]
-    body.append(["all", None, None, sum(clip.peer_steps.values()), _pct(clip.zero_peer_share())])
-    headers = [
-        "model",
-        "own clipped (%)",
-        "peer clipped (%)",
-        "steps with peer tokens",
-        "steps with zero peer clipping (%)",
-    ]
-    out += ["", _table(headers, body), "", _image(a, "clipping", "clipping")]
-
-    out += ["", "## Reward and response length", "", "Per model over the logged steps (training rollouts)."]
-    body = []
-    for model in a.models:
-        mine = [r for r in rows if r["model"] == model]
-
-        def mean(key: str, mine: list[dict[str, Any]] = mine) -> float | None:
-            values = [float(r[key]) for r in mine if r.get(key) is not None]
-            return statistics.fmean(values) if values else None
-
-        body.append(
-            [
-                model,
-                mine[0].get("reward_mean"),
-                mine[-1].get("reward_mean"),
-                mean("reward_mean"),
-                mean("all_fail_frac"),
-                mean("all_pass_frac"),
-                mean("response_length"),
-            ]
-        )
-    headers = [
-        "model",
-        "first reward",
-        "last reward",
-        "mean reward",
-        "mean all-fail",
-        "mean all-pass",
-        "mean length (tokens)",
-    ]
-    out += [
-        "",
-        _table(headers, body),
-        "",
-        _image(a, "reward", "reward"),
-        _image(a, "response_length", "response length"),
-    ]
-
-    if a.validation:
-        out += ["", "## Validation", ""]
-        body = []
-        for key in _validation_metrics(a.validation):
-            for model in dict.fromkeys(str(r.get("model", "run")) for r in a.validation):
-                points = [
-                    (float(r[key]), r.get("step"))
-                    for r in a.validation
-                    if str(r.get("model", "run")) == model and isinstance(r.get(key), int | float)
-                ]
-                if points:
-                    best = max(points, key=lambda p: p[0])
-                    body.append([key, model, best[0], best[1], points[-1][0], points[-1][1]])
-        out += [
-            _table(["metric", "model", "best", "at step", "last", "at step"], body),
-            "",
-            _image(a, "validation", "validation"),
-        ]
-
-    out += ["", "## Compute (paper Appendix D)", ""]
-    comp = a.compute
-    out.append(
-        "Accelerator-hours = accelerators x summed per-step wall-clock (`time_step`: rollout + reward + "
-        "peer log-prob + update), so validation and checkpointing are excluded. One accelerator per "
-        "policy unless its config entry sets `accelerators`."
-    )
-    body = []
-    for model in a.models:
-        last = comp.best_last_step.get(model)
-        body.append(
-            [
-                model,
-                comp.accelerators[model],
-                comp.steps[model],
-                comp.seconds[model],
-                comp.hours(model),
-                comp.hours_to_best(model),
-                None if last is None else f"0..{last}",
-            ]
-        )
-    body.append(
-        [
-            "total",
-            sum(comp.accelerators.values()),
-            None,
-            sum(comp.seconds.values()),
-            comp.total_hours,
-            comp.total_hours_to_best,
-            None,
-        ]
-    )
-    headers = [
-        "model",
-        "accelerators",
-        "steps",
-        "wall-clock (s)",
-        "accelerator-hours",
-        "hours to best",
-        "steps to best",
-    ]
-    out += ["", _table(headers, body), "", _image(a, "compute", "cumulative accelerator-hours")]
-    validation_seconds = sum(float(r.get("time_validation") or 0.0) for r in a.validation)
-    if validation_seconds:
-        out.append(f"\nValidation wall-clock, excluded above: {validation_seconds:.4g} s.")
-    if comp.best_note:
-        out.append(f"\n{comp.best_note}")
-    elif not comp.best_last_step:
-        out.append("\nNo best/best.json: hours to the best checkpoint not computed.")
-
-    if a.store_report is not None:
-        out += ["", "## Trajectory store", "", "```", a.store_report, "```"]
-    return "\n".join(out).rstrip() + "\n"
+            entry["selected"] += [v for k, v in row.items() if k.startswith("selected/")]
+            entry["peer_responses"].append(row.get("peer_responses", 0))
+            entry["admitted"].append(row.get("peer_admitted", 0))
+    summary: dict[str, Any] = {}
+    for method, models in out.items():
+        for model, entry in models.items():
+            transferred = sum(entry["peer_responses"])
+            summary.setdefault(method, {})[model] = {
+                "all_fail_mean": statistics.fmean(entry["all_fail"]) if entry["all_fail"] else None,
+                "complementarity_mean": statistics.fmean(entry["complementarity"])
+                if entry["complementarity"]
+                else None,
+                "selected_prompts_per_step": statistics.fmean(entry["selected"])
+                if entry["selected"]
+                else 0.0,
+                "transferred_responses": transferred,
+                "admitted_responses": sum(entry["admitted"]),
+                "admit_rate": sum(entry["admitted"]) / transferred if transferred else None,
+            }
+    return summary

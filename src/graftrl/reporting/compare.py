@@ -4,7 +4,8 @@ A *matrix* is a list of variants, each ``{variant: NAME, method: METHOD, set: {d
 the overrides are applied (``graftrl.config.apply_overrides``) on the task's base config, which
 gives every variant the same prompts, steps and per-model rollout budget unless the row changes
 it (e.g. GRPO ``rollout.n: 16``). Built-in presets: ``table1`` (paper Table 1: GRPO n = 8/16/32,
-SGT, HACPO, GRAFT) and ``table2`` (GRAFT and each ablation switch of SPEC 2.4). A matrix file is
+SGT, HACPO, GRAFT), ``table2`` (GRAFT and each ablation switch of SPEC 2.4) and ``demo`` (GRPO
+and GRAFT: what ``graftrl demo`` runs, with its own report, ``demo.DemoReport``). A matrix file is
 YAML: either a list of variants or a mapping ``{variants: [...], baseline: NAME, reference: NAME}``.
 
 The default task is the embedded one of ``graftrl demo`` (warm-started heterogeneous tiny models,
@@ -33,7 +34,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,38 +42,41 @@ import yaml
 from rich.console import Console
 
 from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_config
-from graftrl.embedded.task import DEFAULT_TASK
+from graftrl.embedded.models import MODEL_SPECS
+from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
-from graftrl.reporting.demo import DEFAULT, DemoSettings
-from graftrl.reporting.stats import PairedDifference, family_rows, mean_std, paired_difference
+from graftrl.reporting.render import paired_markdown, table_markdown
+from graftrl.reporting.stats import WARM_START, family_rows, summarize
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
 
 __all__ = [
+    "DEFAULT",
+    "QUICK",
     "ROW_KEYS",
     "CompareError",
+    "CompareReport",
+    "CompareRun",
     "CompareTask",
+    "DemoSettings",
     "Matrix",
     "Variant",
-    "deltas",
+    "demo_config",
+    "demo_settings",
     "embedded_task",
+    "evaluate_policies",
     "load_matrix",
-    "paired_deltas",
-    "paired_markdown",
     "preset_matrix",
     "run_compare",
-    "summarize",
-    "table_markdown",
+    "write_problems",
 ]
 
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
-WARM_START = "warm-start"
 PAIRED_NOTE = (
     "mean [95% paired t interval over seeds] in points; `*` marks an interval that excludes 0, "
     "the only differences the seeds run resolve"
 )
-"""Pseudo-variant of the untrained policies (evaluated once, shown in Table 1)."""
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 _ROW_FIELDS = {"variant", "method", "set"}
 
@@ -132,10 +136,106 @@ def _yaml_value(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# The embedded task's sizes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes of the embedded comparison. The RL settings are the paper's except where noted."""
+
+    task: str = DEFAULT_TASK
+    """Embedded task by name (``graftrl.embedded.task.TASKS``): its problems, format and models."""
+    steps: int = 60
+    """RL steps per method."""
+    batch_prompts: int = 32
+    """Prompts per step (paper: 128; scaled to the CPU)."""
+    minibatch_prompts: int = 8
+    """Prompt groups per optimizer step: 4 optimizer steps per batch, as the paper's 128/32."""
+    n: int = 8
+    """Rollouts per prompt per model (the paper's n = 8)."""
+    lr: float = 1e-4
+    """Tiny randomly initialised models need a far larger rate than the paper's 1e-6."""
+    max_new_tokens: int | None = None
+    """Response length limit; None: the task's (``EmbeddedTask.max_new_tokens``)."""
+    n_train: int = 1200
+    """Procedural RL training problems."""
+    n_eval: int = 256
+    """Held-out problems, disjoint from training."""
+    eval_samples: int = 8
+    """Samples per held-out problem (paper protocol: 8 at T = 0.6, top-p 0.95)."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is None:
+            object.__setattr__(self, "max_new_tokens", get_task(self.task).max_new_tokens)
+
+
+DEFAULT = DemoSettings()
+QUICK = DemoSettings(steps=4, batch_prompts=16, minibatch_prompts=4, n_train=200, n_eval=48, eval_samples=4)
+
+
+def demo_settings(task: str = DEFAULT_TASK, quick: bool = False) -> DemoSettings:
+    """The demo's sizes (``quick``: smoke-test sizes) on the embedded task ``task``."""
+    return replace(QUICK if quick else DEFAULT, task=task, max_new_tokens=get_task(task).max_new_tokens)
+
+
+def demo_config(
+    paths: dict[str, Path], train_file: Path, method: str, seed: int, settings: DemoSettings
+) -> dict[str, Any]:
+    """The raw config of one embedded cell: the warm-started models at ``paths`` on ``train_file``."""
+    return {
+        "seed": seed,
+        "method": method,
+        "policies": [
+            {"name": name, "path": str(path), "template": MODEL_SPECS[name]["template"]}
+            for name, path in paths.items()
+        ],
+        "data": {"train": str(train_file), "prompt_suffix": None},
+        "rollout": {"n": settings.n, "temperature": 1.0, "max_new_tokens": settings.max_new_tokens},
+        "optim": {"lr": settings.lr},
+        "train": {
+            "steps": settings.steps,
+            "batch_prompts": settings.batch_prompts,
+            "minibatch_prompts": settings.minibatch_prompts,
+            "micro_batch_size": 128,
+        },
+        "logging": {"progress": True, "log_samples": 1},
+    }
+
+
+def write_problems(problems: Sequence[MathProblem], path: Path) -> None:
+    """Problems as JSONL rows {id, problem, answer, family} (what ``load_problems`` reads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "family": p.family}) + "\n"
+            for p in problems
+        )
+    )
+
+
+def evaluate_policies(
+    policies: Sequence[Any], heldout: Sequence[MathProblem], verifier: Any, settings: DemoSettings, seed: int
+) -> dict[str, dict[str, Any]]:
+    """policy -> {"pass_at_1", "per_family"} on the held-out problems (paper protocol)."""
+    from graftrl.evaluation.evaluate import EvalProtocol, evaluate_pass_at_1
+
+    protocol = EvalProtocol(samples=settings.eval_samples, max_new_tokens=settings.max_new_tokens)
+    out = {}
+    for policy in policies:
+        result = evaluate_pass_at_1(policy, heldout, verifier, protocol, seed=10_000 + seed)
+        out[policy.name] = {
+            "pass_at_1": float(result["pass_at_1"]),
+            "per_family": result.get("per_family", {}),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Matrices
 # --------------------------------------------------------------------------------------------
 
-PRESETS = ("table1", "table2")
+PRESETS = ("table1", "table2", "demo")
 
 
 def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matrix:
@@ -174,6 +274,10 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
             Variant("sgt+graft-which", "sgt", {"sgt.selection": "balanced"}),
         ]
         return Matrix(variants, reference="graft", source="preset table2")
+    if name == "demo":
+        # `graftrl demo`: GRPO (n = 8) and GRAFT on the same prompts, steps and rollout budget.
+        variants = [Variant("grpo", "grpo"), Variant("graft", "graft")]
+        return Matrix(variants, baseline="grpo", reference="graft", source="preset demo")
     raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 
 
@@ -275,17 +379,21 @@ def embedded_task(
     train/held-out split."""
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
-    from graftrl.reporting.demo import _write_jsonl, demo_config, demo_settings
     from graftrl.storage.data import load_problems
 
     settings = demo_settings(name, quick)
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
+    started = time.perf_counter()
     paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=name)
+    console.print(
+        f"models ready in {time.perf_counter() - started:.0f}s: "
+        + ", ".join(f"{k} -> {v}" for k, v in paths.items())
+    )
     train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=name)
     out = ExperimentDir(out_dir)
-    _write_jsonl(train, out.train_data)
-    _write_jsonl(heldout, out.heldout_data)
+    write_problems(train, out.train_data)
+    write_problems(heldout, out.heldout_data)
     base = demo_config(paths, out.train_data, "grpo", 0, settings)
     # "embedded" stays the arith task's name so earlier reports read the same.
     label = "embedded" if name == "arith" else f"embedded-{name}"
@@ -351,27 +459,32 @@ def run_cell(
     out_dir: Path,
     verifier: Any,
     console: Console,
+    resume: bool = True,
 ) -> tuple[dict[str, Any], bool]:
-    """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran)."""
-    from graftrl.reporting.demo import _evaluate
+    """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran).
+
+    ``resume`` False: the cell trains afresh and writes no marker (the demo's way).
+    """
     from graftrl.training.trainer import Trainer
 
     config = cell_config(task, variant, seed, steps)
     run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
     digest = _digest(dump_config(config), _eval_key(task))
-    done = _read_done(RunDir(run_dir).done, digest)
+    done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
         return done, False
     if run_dir.exists():  # unfinished, or finished under another config: start it over
-        console.print(f"{variant.name} seed {seed}: discarding the unfinished run in {run_dir}")
+        if resume:
+            console.print(f"{variant.name} seed {seed}: discarding the unfinished run in {run_dir}")
         shutil.rmtree(run_dir)
-    console.print(f"[bold]{variant.name}[/bold] ({variant.method}) seed {seed}: {config.train.steps} steps")
+    method = "" if variant.method == variant.name else f" ({variant.method})"
+    console.print(f"[bold]{variant.name}[/bold]{method} seed {seed}: {config.train.steps} steps")
     start = time.perf_counter()
     trainer = Trainer(config, run_dir, verifier=verifier)
     trainer.train()
     wall = time.perf_counter() - start
-    scores = _evaluate(trainer.policies, task.heldout, verifier, task.settings, seed)
+    scores = evaluate_policies(trainer.policies, task.heldout, verifier, task.settings, seed)
     rows = [
         {
             "variant": variant.name,
@@ -391,30 +504,36 @@ def run_cell(
         "set": variant.set,
         "rollouts_per_model": _rollouts_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
     }
-    _write_json_atomic(RunDir(run_dir).done, done)
+    if resume:
+        _write_json_atomic(RunDir(run_dir).done, done)
     return done, True
 
 
-def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Console) -> dict[str, Any]:
-    """pass@1 of the untrained policies (evaluated once; its marker is reused like any cell's)."""
+def warm_start_cell(
+    task: CompareTask, out_dir: Path, verifier: Any, console: Console, resume: bool = True
+) -> dict[str, Any]:
+    """pass@1 of the untrained policies (evaluated once; its marker is reused like any cell's).
+
+    ``resume`` False: evaluated afresh, nothing written.
+    """
     from graftrl.models.policy import Policy
-    from graftrl.reporting.demo import _evaluate
 
     config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
     digest = _digest([p.model_dump(mode="json") for p in config.policies], _eval_key(task))
-    done = _read_done(RunDir(run_dir).done, digest)
+    done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         return done
-    console.print("[bold]warm-start[/bold]: evaluating the initial policies")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        console.print("[bold]warm-start[/bold]: evaluating the initial policies")
+        run_dir.mkdir(parents=True, exist_ok=True)
     policies = [
         Policy.from_pretrained(
             p.name, p.path, dtype=p.dtype, device=p.device, template=p.template, chat_template=p.chat_template
         )
         for p in config.policies
     ]
-    scores = _evaluate(policies, task.heldout, verifier, task.settings, seed=0)
+    scores = evaluate_policies(policies, task.heldout, verifier, task.settings, seed=0)
     rows = [
         {
             "variant": WARM_START,
@@ -429,118 +548,9 @@ def warm_start_cell(task: CompareTask, out_dir: Path, verifier: Any, console: Co
         for model, score in scores.items()
     ]
     done = {"digest": digest, "rows": rows, "set": {}, "rollouts_per_model": 0.0}
-    _write_json_atomic(RunDir(run_dir).done, done)
+    if resume:
+        _write_json_atomic(RunDir(run_dir).done, done)
     return done
-
-
-# --------------------------------------------------------------------------------------------
-# Tables
-# --------------------------------------------------------------------------------------------
-
-
-def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """variant -> model -> {"mean", "std", "seeds", "wall_s"} over seeds.
-
-    std is the sample standard deviation (n - 1; 0 for one seed); wall_s the mean training
-    wall-clock per seed.
-    """
-    values: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        values[row["variant"]][row["model"]].append(row)
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for variant, models in values.items():
-        for model, cells in models.items():
-            scores = mean_std([float(c["pass_at_1"]) for c in cells])
-            out.setdefault(variant, {})[model] = {
-                "mean": scores.mean,
-                "std": scores.std,
-                "seeds": scores.n,
-                "wall_s": statistics.fmean(float(c["wall_s"]) for c in cells),
-            }
-    return out
-
-
-def deltas(
-    summary: Mapping[str, Mapping[str, Mapping[str, Any]]], reference: str | None
-) -> dict[str, dict[str, float | None]]:
-    """variant -> model -> mean(variant) - mean(reference) (None without a reference score)."""
-    ref = summary.get(reference or "", {})
-    return {
-        variant: {
-            model: (s["mean"] - ref[model]["mean"]) if model in ref else None for model, s in models.items()
-        }
-        for variant, models in summary.items()
-    }
-
-
-def paired_deltas(
-    rows: Sequence[Mapping[str, Any]], reference: str | None
-) -> dict[str, dict[str, PairedDifference]]:
-    """variant -> model -> pass@1(variant) - pass@1(reference), paired by seed (t interval)."""
-    scores: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    for row in rows:
-        scores[row["variant"]][row["model"]][int(row["seed"])] = float(row["pass_at_1"])
-    ref = scores.get(reference or "", {})
-    out: dict[str, dict[str, PairedDifference]] = {}
-    for variant, models in scores.items():
-        if variant in (reference, WARM_START):
-            continue
-        for model, by_seed in models.items():
-            if model in ref and (diff := paired_difference(by_seed, ref[model])) is not None:
-                out.setdefault(variant, {})[model] = diff
-    return out
-
-
-def paired_markdown(rows: Sequence[Mapping[str, Any]], reference: str, variants: Sequence[str]) -> str:
-    """Rows = variants, per model the paired Δ vs ``reference`` in points with its 95% interval."""
-    diffs = paired_deltas(rows, reference)
-    models = sorted({m for v in variants for m in diffs.get(v, {})})
-    header = ["variant", *[f"paired Δ {model} (points, 95% CI)" for model in models]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for variant in variants:
-        if variant in diffs:
-            cells = [
-                diffs[variant][m].format(scale=100, digits=2) if m in diffs[variant] else "" for m in models
-            ]
-            lines.append("| " + " | ".join([variant, *cells]) + " |")
-    return "\n".join(lines)
-
-
-def _pct(value: float) -> str:
-    return f"{100 * value:.2f}"
-
-
-def table_markdown(
-    summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
-    reference: str | None,
-    variants: Sequence[str],
-    extra: Mapping[str, Mapping[str, str]] | None = None,
-    delta_label: str = "Δ",
-) -> str:
-    """Rows = variants, per model "pass@1 mean ± std" (percent) and Δ vs ``reference`` (points).
-
-    ``extra``: variant -> {column: text}, appended after the model columns.
-    """
-    models = sorted({m for v in variants for m in summary.get(v, {})})
-    extra_columns = list(dict.fromkeys(c for cols in (extra or {}).values() for c in cols))
-    header = ["variant"]
-    for model in models:
-        header += [f"{model} pass@1 (%)", f"{delta_label} {model}"]
-    header += extra_columns
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    diff = deltas(summary, reference)
-    for variant in variants:
-        if variant not in summary:
-            continue
-        cells = [f"**{variant}**" if variant == reference else variant]
-        for model in models:
-            s = summary[variant].get(model)
-            d = diff[variant].get(model)
-            cells.append(f"{_pct(s['mean'])} ± {_pct(s['std'])}" if s else "")
-            cells.append("—" if variant == reference else ("" if d is None else f"{100 * d:+.2f}"))
-        cells += [(extra or {}).get(variant, {}).get(c, "") for c in extra_columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
@@ -682,6 +692,65 @@ def write_report(
     return report
 
 
+@dataclass
+class CompareRun:
+    """A comparison in progress: the cells run so far and their result rows, in run order."""
+
+    out_dir: Path
+    matrix: Matrix
+    task: CompareTask
+    seeds: int
+    steps: int | None
+    console: Console
+    started: float = field(default_factory=time.perf_counter)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    cells: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    """Variant -> the done record of each seed run."""
+    ran: list[str] = field(default_factory=list)
+    """Cells trained by this invocation ("<variant>-seed<seed>"), not reused."""
+
+    @property
+    def wall_s(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+    def results(self) -> dict[str, Any]:
+        """compare's results.json."""
+        return {
+            "rows": self.rows,
+            "variants": [asdict(v) for v in self.matrix.variants],
+            "baseline": self.matrix.baseline_name,
+            "reference": self.matrix.reference_name,
+            "task": self.task.name,
+            "settings": asdict(self.task.settings),
+            "seeds": self.seeds,
+            "steps": self.steps,
+            "ran": self.ran,
+            "total_wall_s": self.wall_s,
+        }
+
+
+class CompareReport:
+    """How a comparison is written: results.json (after every cell, so progress survives a crash),
+    then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``)."""
+
+    def progress(self, run: CompareRun) -> None:
+        _write_json_atomic(ExperimentDir(run.out_dir).results, run.results())
+
+    def finish(self, run: CompareRun) -> dict[str, Any]:
+        out_dir = run.out_dir
+        order = {WARM_START: -1, **{v.name: i for i, v in enumerate(run.matrix.variants)}}
+        run.rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
+        final = run.results()
+        _write_json_atomic(ExperimentDir(out_dir).results, final)
+        _write_csv(run.rows, ExperimentDir(out_dir).results_csv)
+        report = write_report(
+            out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"]
+        )
+        run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+        run.console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
+        return final
+
+
 def run_compare(
     out_dir: Path,
     matrix: Matrix | str,
@@ -692,16 +761,21 @@ def run_compare(
     console: Console | None = None,
     task: CompareTask | None = None,
     embedded: str = DEFAULT_TASK,
+    resume: bool = True,
+    report: CompareReport | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
 
     ``matrix``: a Matrix or a preset name (sized on the task's batch). ``task``: default the
     embedded task called ``embedded`` (``quick``: its smoke-test sizes, ``cache_dir``: where
-    warm-started models live).
+    warm-started models live). ``resume``: reuse cells finished earlier (False: train every
+    cell afresh, write no markers). ``report``: how results are written (default compare's).
+    Returns what the report wrote as results.json.
     """
     from graftrl.models.rewards import MathVerifier
 
     console = console or Console()
+    report = report or CompareReport()
     if seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {seeds}")
     spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
@@ -719,40 +793,16 @@ def run_compare(
         spec = preset_matrix(matrix, task.base_config["train"]["batch_prompts"])
     for variant in spec.variants:  # every config is checked before the first cell trains
         cell_config(task, variant, 0, steps)
-    cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    ran: list[str] = []
-    rows: list[dict[str, Any]] = []
-
-    def results() -> dict[str, Any]:
-        return {
-            "rows": rows,
-            "variants": [asdict(v) for v in spec.variants],
-            "baseline": spec.baseline_name,
-            "reference": spec.reference_name,
-            "task": task.name,
-            "settings": asdict(task.settings),
-            "seeds": seeds,
-            "steps": steps,
-            "ran": ran,
-            "total_wall_s": round(time.perf_counter() - started, 1),
-        }
+    run = CompareRun(out_dir, spec, task, seeds, steps, console, started)
 
     with MathVerifier() as verifier:
-        rows += warm_start_cell(task, out_dir, verifier, console)["rows"]
+        run.rows += warm_start_cell(task, out_dir, verifier, console, resume)["rows"]
         for seed in range(seeds):
             for variant in spec.variants:
-                done, did_run = run_cell(task, variant, seed, steps, out_dir, verifier, console)
-                cells[variant.name].append(done)
-                rows += done["rows"]
+                done, did_run = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume)
+                run.cells[variant.name].append(done)
+                run.rows += done["rows"]
                 if did_run:
-                    ran.append(f"{variant.name}-seed{seed}")
-                _write_json_atomic(ExperimentDir(out_dir).results, results())  # progress survives a crash
-    order = {WARM_START: -1, **{v.name: i for i, v in enumerate(spec.variants)}}
-    rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
-    final = results()
-    _write_json_atomic(ExperimentDir(out_dir).results, final)
-    _write_csv(rows, ExperimentDir(out_dir).results_csv)
-    report = write_report(out_dir, spec, rows, cells, task, seeds, steps, final["total_wall_s"])
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
-    return final
+                    run.ran.append(f"{variant.name}-seed{seed}")
+                report.progress(run)
+    return report.finish(run)

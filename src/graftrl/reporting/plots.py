@@ -1,4 +1,5 @@
-"""Figures for runs: training curves, complementarity, compatibility scores (PNG via matplotlib)."""
+"""Every figure graftrl draws (PNG via matplotlib): training curves, complementarity, compatibility
+scores, pass@1 bars, per-family curves, and the panels of ``graftrl analyze``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from graftrl.core.compatibility import DELTA
+from graftrl.reporting.analyze import RunAnalysis, step_seconds, validation_metrics
 from graftrl.storage.rundir import RunDir, read_jsonl
 
 
@@ -92,23 +94,15 @@ def plot_compatibility_histogram(
     scores: Mapping[str, Sequence[float]], path: Path, delta: float = DELTA
 ) -> None:
     """Histogram of s per receiver, with the gate delta marked."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for receiver, values in sorted(scores.items()):
-        if values:
-            ax.hist(
-                [min(v, 3.0) for v in values],
-                bins=40,
-                range=(0, 3),
-                alpha=0.55,
-                label=f"received by {receiver}",
-            )
-    ax.axvline(delta, color="black", linestyle="--", label=f"delta = {delta}")
-    ax.set_xlabel("compatibility score s (clipped at 3)")
-    ax.set_ylabel("transferred responses")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_histograms(
+        {f"received by {receiver}": values for receiver, values in scores.items()},
+        path,
+        xlabel="compatibility score s (clipped at 3)",
+        value_range=(0.0, 3.0),
+        marker=delta,
+        marker_label=f"delta = {delta}",
+        ylabel="transferred responses",
+    )
 
 
 def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -194,6 +188,7 @@ def plot_histograms(
     bins: int = 40,
     marker: float | None = None,
     marker_label: str | None = None,
+    ylabel: str = "responses",
 ) -> None:
     """Overlaid histograms, one per label (values outside ``value_range`` are clipped into it)."""
     low, high = value_range
@@ -205,8 +200,93 @@ def plot_histograms(
     if marker is not None:
         ax.axvline(marker, color="black", linestyle="--", label=marker_label)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("responses")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) -> dict[str, Path]:
+    """The figures of ``graftrl analyze`` in ``analysis.out_dir``: name -> PNG path of each made."""
+    out = analysis.out_dir
+    label = analysis.run_dir.name or "run"
+    made: dict[str, Path] = {}
+
+    def path(name: str) -> Path:
+        made[name] = out / f"{name}.png"
+        return made[name]
+
+    plot_training_curves({label: rows}, path("reward"), key="reward_mean")
+    plot_training_curves({label: rows}, path("response_length"), key="response_length")
+    if analysis.complementarity:
+        plot_complementarity({label: rows}, path("complementarity"))
+    if analysis.exchange:
+        panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {
+            "selected prompts": {},
+            "transferred responses": {},
+            "admitted responses": {},
+        }
+        for ex in analysis.exchange:
+            name = f"{ex.source} -> {ex.receiver}"
+            panels["selected prompts"][name] = (ex.steps, ex.selected)
+            for title, values in (
+                ("transferred responses", ex.transferred),
+                ("admitted responses", ex.admitted),
+            ):
+                points = [(s, v) for s, v in zip(ex.steps, values, strict=True) if v is not None]
+                panels[title][name] = ([p[0] for p in points], [float(p[1]) for p in points])
+        plot_step_panels(panels, path("exchange"))
+        scores = {ex.receiver: ex.s for ex in analysis.exchange}
+        if any(scores.values()):
+            plot_compatibility_histogram(scores, path("compatibility_s"), analysis.delta)
+            plot_histograms(
+                {f"{ex.source} -> {ex.receiver}": ex.w for ex in analysis.exchange},
+                path("compatibility_w"),
+                xlabel=f"weight w = 1[s > {analysis.delta}] min(s, 1)",
+            )
+    clip_panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {
+        "own tokens": {},
+        "peer (grafted) tokens, by receiver": {},
+    }
+    for model in analysis.models:
+        for title, key in (
+            ("own tokens", "clip_frac_own"),
+            ("peer (grafted) tokens, by receiver", "clip_frac_peer"),
+        ):
+            points = [
+                (int(r["step"]), float(r[key]))
+                for r in rows
+                if r["model"] == model and r.get(key) is not None
+            ]
+            if points:
+                clip_panels[title][model] = ([p[0] for p in points], [p[1] for p in points])
+    if any(clip_panels.values()):
+        plot_step_panels(
+            {k: v for k, v in clip_panels.items() if v}, path("clipping"), "clipped-token fraction"
+        )
+    hours: dict[str, tuple[list[int], list[float]]] = {}
+    for model in analysis.models:
+        total, steps, values = 0.0, [], []
+        for r in rows:
+            if r["model"] == model:
+                total += analysis.compute.accelerators[model] * step_seconds(r) / 3600
+                steps.append(int(r["step"]))
+                values.append(total)
+        hours[model] = (steps, values)
+    plot_step_panels({"cumulative accelerator-hours": hours}, path("compute"), "accelerator-hours")
+    metrics = validation_metrics(analysis.validation)
+    if metrics:
+        panels = {}
+        for key in metrics[:4]:
+            panels[key] = {}
+            for model in dict.fromkeys(str(r.get("model", "run")) for r in analysis.validation):
+                points = [
+                    (int(r["step"]), float(r[key]))
+                    for r in analysis.validation
+                    if str(r.get("model", "run")) == model and r.get(key) is not None and "step" in r
+                ]
+                if points:
+                    panels[key][model] = ([p[0] for p in points], [p[1] for p in points])
+        plot_step_panels(panels, path("validation"))
+    return made

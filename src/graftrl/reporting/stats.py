@@ -1,5 +1,8 @@
 """Statistics for comparing methods over seeds: mean ± std and paired differences with intervals.
 
+The one home of these numbers in reporting: compare's tables, the demo's and analyze's summaries
+use them (``graftrl.evaluation.evaluate.mean_std``, a layer below, keeps its own dict form).
+
 Methods compared on the same seeds share the warm-start, the prompt stream and the evaluation
 problems, so seed-to-seed variation common to both cancels in the per-seed difference. The
 interval reported beside mean ± std is the paired Student t interval over seeds,
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,3 +122,67 @@ def paired_difference(
     return PairedDifference(
         summary.mean, summary.std, summary.mean - half, summary.mean + half, seeds, confidence
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Result rows: {"variant"/"method", "model", "seed", "pass_at_1", "wall_s", ...}, one per cell
+# --------------------------------------------------------------------------------------------
+
+WARM_START = "warm-start"
+"""Pseudo-variant of the untrained policies: shown beside the others, never compared."""
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """variant -> model -> {"mean", "std", "seeds", "wall_s"} over seeds.
+
+    std is the sample standard deviation (n - 1; 0 for one seed); wall_s the mean training
+    wall-clock per seed.
+    """
+    values: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        values[row["variant"]][row["model"]].append(row)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for variant, models in values.items():
+        for model, cells in models.items():
+            scores = mean_std([float(c["pass_at_1"]) for c in cells])
+            out.setdefault(variant, {})[model] = {
+                "mean": scores.mean,
+                "std": scores.std,
+                "seeds": scores.n,
+                "wall_s": statistics.fmean(float(c["wall_s"]) for c in cells),
+            }
+    return out
+
+
+def deltas(
+    summary: Mapping[str, Mapping[str, Mapping[str, Any]]], reference: str | None
+) -> dict[str, dict[str, float | None]]:
+    """variant -> model -> mean(variant) - mean(reference) (None without a reference score)."""
+    ref = summary.get(reference or "", {})
+    return {
+        variant: {
+            model: (s["mean"] - ref[model]["mean"]) if model in ref else None for model, s in models.items()
+        }
+        for variant, models in summary.items()
+    }
+
+
+def paired_deltas(
+    rows: Sequence[Mapping[str, Any]], reference: str | None, key: str = "variant"
+) -> dict[str, dict[str, PairedDifference]]:
+    """variant -> model -> pass@1(variant) - pass@1(reference), paired by seed (t interval).
+
+    ``key``: the row field that names the variant ("method" in the demo's results.json).
+    """
+    scores: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for row in rows:
+        scores[row[key]][row["model"]][int(row["seed"])] = float(row["pass_at_1"])
+    ref = scores.get(reference or "", {})
+    out: dict[str, dict[str, PairedDifference]] = {}
+    for variant, models in scores.items():
+        if variant in (reference, WARM_START):
+            continue
+        for model, by_seed in models.items():
+            if model in ref and (diff := paired_difference(by_seed, ref[model])) is not None:
+                out.setdefault(variant, {})[model] = diff
+    return out
