@@ -143,12 +143,10 @@ def config_reference_command(
     markdown: Annotated[bool, typer.Option(help="Print a Markdown table (as in the README).")] = False,
 ) -> None:
     """Print every config field with its default and description."""
-    from graftrl.config import config_reference
+    from graftrl.config import config_reference, config_reference_markdown
 
     if markdown:
-        print("| key | default | description |\n|---|---|---|")
-        for key, default, description in config_reference():
-            print(f"| `{key}` | {f'`{default}`' if default else ''} | {description} |")
+        print(config_reference_markdown(), end="")
         return
     table = Table("key", "default", "description", show_lines=False)
     for key, default, description in config_reference():
