@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import yaml
 from typer.testing import CliRunner
 
+from graftrl import cli
 from graftrl.cli import app, available_cpus, contention_note, torch_threads
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_threads_are_an_equal_share_of_the_cpus():
@@ -49,3 +54,23 @@ def test_cli_sets_the_requested_threads(tmp_path, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_note_is_printed_once_the_run_starts(tiny_checkpoints, tmp_path, monkeypatch):
+    """A bad config ends in its one error line; a run that starts prints the contention note first."""
+    monkeypatch.setattr(cli, "contention_note", lambda threads, cpus, load: "the CPUs are busy")
+    result = CliRunner().invoke(app, ["train", _bad_config(tmp_path)])
+    assert result.exit_code == 2 and "busy" not in result.output
+    config = {
+        "method": "grpo",
+        "policies": [{"name": "llama", "path": str(tiny_checkpoints["llama"]), "template": "{problem}="}],
+        "data": {"train": str(FIXTURES / "math_small.parquet")},
+        "rollout": {"n": 2, "max_new_tokens": 4},
+        "train": {"steps": 1, "batch_prompts": 2, "minibatch_prompts": 2},
+        "logging": {"progress": False},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "note: the CPUs are busy"

@@ -109,6 +109,9 @@ def contention_note(threads: int, cpus: int, load: float) -> str | None:
 _TORCH_COMMANDS = frozenset({"train", "demo", "compare", "eval", "import-trajectories"})
 """Subcommands that run models, so their torch thread count matters."""
 
+_thread_notes: list[str] = []
+"""The contention hint of this invocation, printed by the command once its inputs check out."""
+
 
 @app.callback()
 def _setup(
@@ -140,14 +143,14 @@ def _setup(
         chosen = min(chosen, torch.get_num_threads())
     torch.set_num_threads(chosen)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    ctx.obj = None if threads is not None else contention_note(chosen, cpus, load)
+    note = None if threads is not None else contention_note(chosen, cpus, load)
+    _thread_notes[:] = [note] if note else []
 
 
 def _thread_note() -> None:
     """Print the contention hint of ``_setup`` (once the command has passed its input checks)."""
-    note = click.get_current_context().find_root().obj
-    if isinstance(note, str):
-        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
+    while _thread_notes:
+        console.print(f"[yellow]note:[/yellow] {escape(_thread_notes.pop())}", soft_wrap=True)
 
 
 @app.command()
