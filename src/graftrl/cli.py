@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -67,12 +68,89 @@ def _check_task(name: str) -> None:
         raise UserError(f"--task {name!r} is not an embedded task; known: {', '.join(TASKS)}")
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, a container's cpuset), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def torch_threads(cpus: int, processes: int = 1, requested: int | None = None) -> int:
+    """torch intra-op threads for each of ``processes`` torch processes sharing ``cpus`` CPUs.
+
+    ``requested`` (``--threads``) wins; otherwise an equal share of the CPUs, at least 1. The choice
+    depends only on the machine's CPUs, never on its momentary load: the thread count changes the
+    order of float reductions, so a load-dependent choice would make a resumed run differ from an
+    uninterrupted one.
+    """
+    if requested is not None:
+        return max(1, requested)
+    return max(1, cpus // max(1, processes))
+
+
+def contention_note(threads: int, cpus: int, load: float) -> str | None:
+    """A hint when other work already keeps some of the CPUs busy (1-minute load average ``load``).
+
+    torch's OpenMP threads spin at barriers: with 2 threads per process and another busy process on
+    2 cores, a 60-step embedded run took more than 8 minutes instead of ~70 s. None when the run's
+    threads fit on the CPUs left free (or it uses 1 thread).
+    """
+    free = max(1, cpus - round(load))
+    if threads <= free:
+        return None
+    return (
+        f"the CPUs are busy (load average {load:.1f} on {cpus} CPUs) and torch uses {threads} threads, "
+        f"which spin when cores are shared; if this run is slow, give it --threads {free} "
+        f"(or GRAFTRL_THREADS={free}), 1 per process when several graftrl runs share the machine"
+    )
+
+
+_TORCH_COMMANDS = frozenset({"train", "demo", "compare", "eval", "import-trajectories"})
+"""Subcommands that run models, so their torch thread count matters."""
+
+_thread_notes: list[str] = []
+"""The contention hint of this invocation, printed by the command once its inputs check out."""
+
+
 @app.callback()
-def _quiet_hub_progress() -> None:
+def _setup(
+    ctx: typer.Context,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            envvar="GRAFTRL_THREADS",
+            help="torch intra-op threads of this process (default: one per CPU it may use). Give each "
+            "of several graftrl processes sharing the machine cores / processes (e.g. 1): torch's "
+            "threads spin when cores are shared, which can make a run several times slower. Ray "
+            "actors and FSDP ranks set their own (resources.num_cpus, 1).",
+        ),
+    ] = None,
+) -> None:
     """graftrl shows its own progress; silence per-file load/save bars of transformers."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if ctx.invoked_subcommand not in _TORCH_COMMANDS:
+        return
+    import torch
+
+    cpus = available_cpus()
+    # The default never raises torch's own count (already lowered, e.g. by OMP_NUM_THREADS or a test).
+    chosen = torch_threads(cpus, requested=threads)
+    if threads is None:
+        chosen = min(chosen, torch.get_num_threads())
+    torch.set_num_threads(chosen)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    note = None if threads is not None else contention_note(chosen, cpus, load)
+    _thread_notes[:] = [note] if note else []
+
+
+def _thread_note() -> None:
+    """Print the contention hint of ``_setup`` (once the command has passed its input checks)."""
+    while _thread_notes:
+        console.print(f"[yellow]note:[/yellow] {escape(_thread_notes.pop())}", soft_wrap=True)
 
 
 @app.command()
@@ -118,6 +196,7 @@ def train(
             trainer = Trainer(cfg, run_dir)
         except FileNotFoundError as error:  # a model or data path
             raise ConfigError(str(error)) from None
+        _thread_note()
         trainer.train(resume=resume, force=force)
     console.print(f"run written to {run_dir}")
 
@@ -136,6 +215,7 @@ def demo(
     from graftrl.reporting.demo import run_demo
 
     _check_task(task)
+    _thread_note()
     run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task)
 
 
@@ -144,12 +224,10 @@ def config_reference_command(
     markdown: Annotated[bool, typer.Option(help="Print a Markdown table (as in the README).")] = False,
 ) -> None:
     """Print every config field with its default and description."""
-    from graftrl.config import config_reference
+    from graftrl.config import config_reference, config_reference_markdown
 
     if markdown:
-        print("| key | default | description |\n|---|---|---|")
-        for key, default, description in config_reference():
-            print(f"| `{key}` | {f'`{default}`' if default else ''} | {description} |")
+        print(config_reference_markdown(), end="")
         return
     table = Table("key", "default", "description", show_lines=False)
     for key, default, description in config_reference():
@@ -276,8 +354,6 @@ def eval_command(
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
-    import os
-
     from graftrl.config import ConfigError
     from graftrl.evaluation.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.evaluation.evaluate import (
@@ -315,6 +391,7 @@ def eval_command(
         f"{', '.join(f'{b.name} ({len(b.problems)})' for b in benchmarks)}: {runs} run(s) x {samples} "
         f"samples, T={temperature}, top-p={top_p}, max {protocol.max_new_tokens} new tokens"
     )
+    _thread_note()
     try:
         verifier.start()
         report = evaluate_targets(plan.targets, benchmarks, verifier, protocol, engine, progress)
@@ -425,6 +502,7 @@ def compare(
         raise CompareError("give --preset or --matrix, not both")
     spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
     name = matrix.stem if matrix is not None else (preset or "table1")
+    _thread_note()
     run_compare(
         out or Path("runs/compare") / name,
         spec,

@@ -145,6 +145,10 @@ def build_model(
         raise ValueError(f"unknown arch {arch!r}")
     torch.manual_seed(int(size.get("seed", 0)))
     model = cls(config)
+    # The warm-start's `labels=` loss: transformers infers the loss from the class name, which for
+    # GPT2LMHeadModel has no "ForCausalLM", so it warns and falls back to ForCausalLMLoss. Naming
+    # that same loss here changes nothing but the warning.
+    model.loss_type = "ForCausalLM"
     gc = model.generation_config
     gc.eos_token_id = tokenizer.eos_token_id
     gc.pad_token_id = tokenizer.pad_token_id

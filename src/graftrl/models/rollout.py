@@ -8,7 +8,9 @@ vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,6 +67,34 @@ class RolloutBatch:
 
     def content_length(self, row: int) -> int:
         return len(self.response_ids[row]) - int(self.finished[row])
+
+
+_DROPPED_MASK_WARNING = "We strongly recommend passing in an `attention_mask`"
+
+
+class _DroppedMaskWarningFilter(logging.Filter):
+    """Drops transformers' missing-attention-mask warning, and only it.
+
+    ``generate`` discards an all-ones attention mask (a batch without padding) to go faster; once a
+    row has finished, its next input is the pad token, and GPT-2's forward, now without a mask,
+    warns that the input "may be padded". We did pass the mask, and a finished row's pad tokens are
+    cut at its EOS, so in this call the warning is a false alarm.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_DROPPED_MASK_WARNING)
+
+
+@contextlib.contextmanager
+def dropped_mask_warning_silenced() -> Iterator[None]:
+    """Within the block, transformers' modeling logger omits the dropped-mask false alarm."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _DroppedMaskWarningFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 class _BehaviourLogprobRecorder(LogitsProcessor):
@@ -226,7 +256,7 @@ class HFRolloutEngine:
             pad_token_id=int(policy.tokenizer.pad_token_id),
             return_dict_in_generate=False,
         )
-        with policy.autocast():
+        with policy.autocast(), dropped_mask_warning_silenced():
             sequences = policy.model.generate(
                 input_ids=batch.input_ids[:, :width],
                 attention_mask=batch.attention_mask[:, :width],
