@@ -1,6 +1,6 @@
 """Unit and property tests for ``graftrl.core``.
 
-Every expected number below is derived by hand from SPEC.md (sections 1, 2.1, 2.2, 5), not by
+Every expected number below is derived by hand from docs/algorithm.md (sections 1, 2.1, 2.2, 5), not by
 re-running the implementation's formula.
 """
 

@@ -1,4 +1,4 @@
-"""GRPO baselines (SPEC 3): any n with a fixed minibatch, and DAPO dynamic sampling."""
+"""GRPO baselines (algorithm.md §3): any n with a fixed minibatch, and DAPO dynamic sampling."""
 
 from __future__ import annotations
 

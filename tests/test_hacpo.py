@@ -1,4 +1,4 @@
-"""HACPO (SPEC section 3): expectations derived by hand from the spec, and a short real run."""
+"""HACPO (algorithm.md §3): expectations derived by hand from the spec, and a short real run."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The method family: SGT, LUFFY-style peer updates, naive pooling and GRAFT's ablation switches.
 
-Unit tests check each method's and switch's math against numbers derived by hand from SPEC.md
+Unit tests check each method's and switch's math against numbers derived by hand from docs/algorithm.md
 (sections 2.4 and 3) and the paper's Appendix G; end-to-end tests run two real steps of each on
 the tiny checkpoints with scripted rewards and check the method-specific counts in the metrics.
 """
@@ -137,7 +137,7 @@ def replacement_plan(
     receiver: str, outcomes: dict[str, GroupOutcomes], incoming: dict[str, torch.Tensor]
 ) -> ExchangePlan:
     """GRAFT's group replacement written out: the receiver's group at each incoming prompt is swapped
-    for the source's whole group, every response keeping its source-computed advantage (SPEC 2.1).
+    for the source's whole group, every response keeping its source-computed advantage (algorithm.md §2.1).
 
     incoming: source name -> BoolTensor [P] of prompts whose group comes from that source.
     """

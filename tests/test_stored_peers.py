@@ -1,4 +1,4 @@
-"""Recording trajectories, training against a stored peer (SPEC 2.3), K > 2 GRAFT, byte scores."""
+"""Recording trajectories, training against a stored peer (algorithm.md §2.3), K > 2 GRAFT, byte scores."""
 
 from __future__ import annotations
 

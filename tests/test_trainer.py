@@ -47,7 +47,7 @@ def test_graft_step_grafts_the_selected_groups(tiny_checkpoints, tmp_path):
 
 
 def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, tmp_path):
-    """SPEC 2.2: grafted rows are the receiver's tokenization, its old log-probs, the source advantage."""
+    """algorithm.md §2.2: grafted rows are the receiver's tokenization, its old log-probs, the source advantage."""
     config = config_from_dict(make_config(tiny_checkpoints))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(CROSSED))
     captured = {}

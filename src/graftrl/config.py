@@ -1,6 +1,6 @@
 """Run configuration: YAML validated by pydantic, one docstring per field.
 
-Defaults are the paper's (SPEC section 1, Table 3). Unknown keys are rejected with the key named,
+Defaults are the paper's (algorithm.md §1, Table 3). Unknown keys are rejected with the key named,
 so a typo never silently falls back to a default. This module declares the sections every run has
 (``RunConfig``); each method declares its own section, defaults and cross-section rules in its
 module under ``graftrl.methods``, and ``Config`` adds every registered method's section as a
@@ -177,8 +177,8 @@ class TrainConfig(_Section):
     clip_ratio_c: float | None = Field(default=None, gt=1)
     """Dual-clip bound for negative advantages (Ye et al. 2020): a token with a < 0 contributes at
     most -c * a to the loss, however large its ratio. None = off, graftrl's default and the
-    paper's SPEC eq. 10; verl's default is 3.0 (and the paper trained on verl), so set 3.0 to match
-    verl. Applies to the clipped surrogate (grpo, graft, sgt, pooling, luffy's own rows)."""
+    paper's eq. 10 (docs/algorithm.md); verl's default is 3.0 (and the paper trained on verl), so
+    set 3.0 to match verl. Applies to the clipped surrogate (grpo, graft, sgt, pooling, luffy's own rows)."""
     log_ratio_clamp: float | None = Field(default=None, gt=0)
     """Clamp log(pi / pi_old) to [-x, x] before exp in the clipped surrogate, so one extreme token
     cannot overflow the ratio (e.g. 20). None = off (the ratio is exact)."""
@@ -317,7 +317,7 @@ class RunConfig(_Section):
     validation: ValidationConfig = ValidationConfig()
     """Validation during training and best-checkpoint selection (off unless `files` is set)."""
     peers: list[PeerConfig] = []
-    """Stored peers (SPEC 2.3): sources replayed from trajectory stores; never loaded, never
+    """Stored peers (algorithm.md §2.3): sources replayed from trajectory stores; never loaded, never
     trained. Transfer from them is one-way, so GRAFT selects every candidate (no balancing)."""
     store: StoreConfig = StoreConfig()
     """Trajectory recording."""

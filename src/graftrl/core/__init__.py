@@ -1,4 +1,4 @@
-"""Pure tensor functions of GRPO/GRAFT, as SPEC.md states them: no models, no I/O.
+"""Pure tensor functions of GRPO/GRAFT, as docs/algorithm.md states them: no models, no I/O.
 
 P prompts, n rollouts per prompt, B responses, T tokens.
 """

@@ -1,4 +1,4 @@
-"""Pure pieces of GRAFT's ablation switches (SPEC 2.4, paper Appendix G).
+"""Pure pieces of GRAFT's ablation switches (algorithm.md §2.4, paper Appendix G).
 
 P prompts, n rollouts per prompt, B responses, T tokens. Randomness comes only from the
 ``generator`` argument, so a step's draws are reproducible from its seed.

@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC section 1, eq. 1)."""
+"""Group-relative advantages (algorithm.md §1, eq. 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequence-level compatibility of a peer response with the receiver (SPEC 2.2, eqs. 6-8)."""
+"""Sequence-level compatibility of a peer response with the receiver (algorithm.md §2.2, eqs. 6-8)."""
 
 from __future__ import annotations
 

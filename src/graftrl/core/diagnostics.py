@@ -1,4 +1,4 @@
-"""Per-step diagnostics of SPEC section 5 that are pure functions of rewards."""
+"""Per-step diagnostics of algorithm.md §5 that are pure functions of rewards."""
 
 from __future__ import annotations
 

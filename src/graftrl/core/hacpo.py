@@ -1,4 +1,4 @@
-"""HACPO's pure tensor pieces (SPEC section 3, HACPO bullet; review arXiv 2603.02604).
+"""HACPO's pure tensor pieces (algorithm.md §3, HACPO bullet; review arXiv 2603.02604).
 
 K agents, P prompts, n rollouts per prompt per agent, B rows, T response tokens.
 
@@ -28,7 +28,7 @@ OWN_CLIP_HIGH = 4e-4
 """GSPO clip range of own responses' sequence ratio (`hacpo.own_clip_low` / `own_clip_high`)."""
 CLIP_LOWER = 0.8
 CLIP_STEP = 0.025
-"""Stepwise peer clip lower_m = min(1, 0.8 + 0.025 m) of the SPEC (`hacpo.clip_lower` / `clip_step`)."""
+"""Stepwise peer clip lower_m = min(1, 0.8 + 0.025 m) of docs/algorithm.md (`hacpo.clip_lower` / `clip_step`)."""
 ALPHA = 1.0
 """Exponent of the peer reweighting sg(c)^alpha (`hacpo.alpha`)."""
 MAX_LOG_RATIO = 10.0
@@ -150,7 +150,7 @@ def hacpo_peer_terms(
     s = exp(lbar(pi_theta^k, y^k) - lbar(pi_old^j, y^j)): the current receiver's mean token
     log-prob over ``mask`` (its own tokenization, content tokens) against the source's behaviour
     mean ``source_mean_logp`` [B]; c = clip(s, lower, 1) (gradient only inside the bounds).
-    ``exp_ratio`` "clipped" (SPEC) uses sg(c)^alpha; "raw" (the review's eqs. 12 and 53) uses
+    ``exp_ratio`` "clipped" (algorithm.md) uses sg(c)^alpha; "raw" (the review's eqs. 12 and 53) uses
     sg(min(s, 1))^alpha, the unclipped ratio below 1.
     omega: [B] omega^(j,k) = P_hat^(j) / P_hat^(k) (clipped) of each row's source j.
     Returns (term [B] to maximise, s [B] detached, clipped [B] bool: s outside [lower, 1]).

@@ -1,4 +1,4 @@
-"""The clipped surrogate every method trains with (SPEC eqs. 2, 3, 9, 10).
+"""The clipped surrogate every method trains with (algorithm.md eqs. 2, 3, 9, 10).
 
 Masked positions (padding, removed rows) are *selected out* with ``torch.where`` before any
 arithmetic, never multiplied by 0: a NaN or inf in a padded log-prob then reaches neither the loss
@@ -16,7 +16,7 @@ EPS_HIGH = 0.28
 
 
 def clipped_token_mask(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """Tokens where the clipped surrogate is strictly below the unclipped one (SPEC section 5).
+    """Tokens where the clipped surrogate is strictly below the unclipped one (algorithm.md §5).
 
     ratio: [B, T]; advantages: [B] or [B, T]. Returns BoolTensor [B, T]:
     a > 0 with rho > 1 + eps_high, or a < 0 with rho < 1 - eps_low.
@@ -52,7 +52,7 @@ def clipped_policy_loss(
     (``truncated_is_weights``); None = 1.
     ``clip_ratio_c`` (> 1): dual clip for negative advantages, each token's term is at least
     c * a, so an exploding ratio on a bad token cannot dominate (verl's default 3.0; None = off,
-    the SPEC's eq. 10). ``log_ratio_clamp``: log rho is clamped to [-x, x] before exp (None = off).
+    docs/algorithm.md's eq. 10). ``log_ratio_clamp``: log rho is clamped to [-x, x] before exp (None = off).
     Masked tokens are selected out before any arithmetic, so non-finite padding never matters.
     Metrics are detached counts (sum them across calls) plus this call's fractions.
     """

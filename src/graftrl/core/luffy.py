@@ -1,4 +1,4 @@
-"""LUFFY's regularised importance-sampling objective for off-policy tokens (SPEC 2.4, Appendix G)."""
+"""LUFFY's regularised importance-sampling objective for off-policy tokens (algorithm.md §2.4, Appendix G)."""
 
 from __future__ import annotations
 

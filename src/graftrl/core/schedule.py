@@ -1,4 +1,4 @@
-"""Order of groups across optimizer steps (peer-last updates, SPEC 2.2)."""
+"""Order of groups across optimizer steps (peer-last updates, algorithm.md §2.2)."""
 
 from __future__ import annotations
 

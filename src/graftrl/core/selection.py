@@ -1,4 +1,4 @@
-"""Which groups move between models (SPEC section 2.1, eq. 4 and balanced exchange)."""
+"""Which groups move between models (algorithm.md §2.1, eq. 4 and balanced exchange)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SGT's choice of supervised peer responses (SPEC section 3; Liu et al. 2026b)."""
+"""SGT's choice of supervised peer responses (algorithm.md §3; Liu et al. 2026b)."""
 
 from __future__ import annotations
 

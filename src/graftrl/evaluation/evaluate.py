@@ -1,4 +1,4 @@
-"""Evaluation with the paper's protocol (SPEC section 4): pass@1, pass@k, R runs, reports.
+"""Evaluation with the paper's protocol (algorithm.md §4): pass@1, pass@k, R runs, reports.
 
 Protocol: the training prompt format (the data suffix after the policy's template or chat
 template), the training verifier and response length limit; ``samples`` responses per problem

@@ -141,7 +141,7 @@ class LossInputs:
     own rows); None when the trainer does not provide it."""
     finished: Tensor | None = None
     """[B] bool: the response ended with EOS, so its last response token is outside lbar's
-    content tokens (SPEC 2.2); None when not provided."""
+    content tokens (algorithm.md §2.2); None when not provided."""
     token_weights: Tensor | None = None
     """[B, T] truncated importance-sampling weights for the rollout/trainer mismatch
     (``rollout.tis_cap``); None = no correction."""
@@ -162,7 +162,7 @@ class ConfigSection(BaseModel):
 @dataclass(frozen=True)
 class PeerLikelihoods:
     """How likely B transferred responses are under their source and under the receiver, each on its
-    own tokenization with a terminal EOS excluded (SPEC 2.2): what a compatibility score is made of."""
+    own tokenization with a terminal EOS excluded (algorithm.md §2.2): what a compatibility score is made of."""
 
     receiver_mean_logp: Tensor
     """[B] lbar (eq. 6) of the receiver's old policy on its re-tokenization of each response."""
@@ -195,7 +195,7 @@ class Method:
     section_key: ClassVar[str] = ""
     """Top-level YAML key of ``section``: the method's name unless registered otherwise."""
     trains_on_stored_peers: ClassVar[bool] = False
-    """Accepts `peers:` (stored peers, SPEC 2.3) as sources."""
+    """Accepts `peers:` (stored peers, algorithm.md §2.3) as sources."""
     allows_tis: ClassVar[bool] = True
     """`rollout.tis_cap` applies (its loss uses the clipped token ratio of own rows)."""
     allows_dynamic_sampling: ClassVar[bool] = False

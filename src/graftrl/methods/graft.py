@@ -1,7 +1,7 @@
-"""GRAFT: gated replacement of answer-failed groups with peer trajectories (SPEC section 2).
+"""GRAFT: gated replacement of answer-failed groups with peer trajectories (algorithm.md §2).
 
 The paper's method is the default of every switch below; each switch is one ``graft:`` config
-field (SPEC 2.4, paper Table 2 and Appendix G):
+field (algorithm.md §2.4, paper Table 2 and Appendix G):
 
 - ``delta`` (0.8): compatibility floor of eq. 8; the threshold sweep is 0 / 0.7 / 0.8 / 0.9, and
   ``delta: 0`` is "no floor" (w = min(s, 1)).
@@ -88,7 +88,7 @@ class GraftConfig(ConfigSection):
     weighting; ablation "w/o compatibility gate")."""
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio of grafted responses: per token (eq. 9), or the row's geometric mean
-    exp(mean_t log rho) applied to all its tokens, same clip range, still token-mean (SPEC 2.4)."""
+    exp(mean_t log rho) applied to all its tokens, same clip range, still token-mean (algorithm.md §2.4)."""
     selection: Literal["complementary", "random_prompts"] = "complementary"
     """Which prompts transfer: GRAFT's (eq. 4 + balancing), or per direction as many prompts drawn
     uniformly from the whole batch regardless of rewards (compatibility weighting still applies)."""
@@ -144,7 +144,7 @@ class GRAFT(ClippedSurrogate):
     @classmethod
     def from_config(cls, config: Any) -> GRAFT:
         options = cls.options_of(config)
-        if config.peers:  # transfer from a stored peer is one-way: nothing to balance (SPEC 2.3)
+        if config.peers:  # transfer from a stored peer is one-way: nothing to balance (algorithm.md §2.3)
             options = options.model_copy(update={"balance": False})
         return cls(options, adv_eps=config.train.adv_eps, adv_std_unbiased=config.train.adv_std_unbiased)
 

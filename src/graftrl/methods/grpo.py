@@ -1,4 +1,4 @@
-"""GRPO with the DAPO loss: each model learns only from its own groups (SPEC section 1)."""
+"""GRPO with the DAPO loss: each model learns only from its own groups (algorithm.md §1)."""
 
 from __future__ import annotations
 

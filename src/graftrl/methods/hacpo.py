@@ -1,6 +1,6 @@
-"""HACPO: K agents train on every agent's rollouts, with capability-aware corrections (SPEC 3).
+"""HACPO: K agents train on every agent's rollouts, with capability-aware corrections (algorithm.md §3).
 
-Zhang et al. 2026 (arXiv 2603.02604), as SPEC section 3 states it and the review
+Zhang et al. 2026 (arXiv 2603.02604), as algorithm.md §3 states it and the review
 (``papers/hacpo-deep-dive.txt``) describes it:
 
 - **Capability tracker.** P_hat^(k) = mean of agent k's per-step mean reward over the last
@@ -45,10 +45,10 @@ Zhang et al. 2026 (arXiv 2603.02604), as SPEC section 3 states it and the review
   ``train.minibatch_prompts / K`` prompts with all their groups); ``hacpo.minibatch: prompts``
   packs ``train.minibatch_prompts`` whole prompts per step (2 steps), as graftrl did before.
 
-Where the review and the SPEC differ, this follows the SPEC and offers the review as a switch:
-the peer lower bound (SPEC 0.8 + 0.025 m; the review's 1 - delta + m delta_step = 0.2 +
-0.025 m is ``hacpo.clip_lower: 0.2``), the reweighting base (SPEC sg(c)^alpha; the review's
-sg(s)^alpha for s < 1 is ``hacpo.exp_ratio: raw``), and the peer advantage (SPEC and the
+Where the review and docs/algorithm.md differ, this follows docs/algorithm.md and offers the
+review as a switch: the peer lower bound (algorithm.md: 0.8 + 0.025 m; the review's 1 - delta + m delta_step = 0.2 +
+0.025 m is ``hacpo.clip_lower: 0.2``), the reweighting base (algorithm.md: sg(c)^alpha; the review's
+sg(s)^alpha for s < 1 is ``hacpo.exp_ratio: raw``), and the peer advantage (algorithm.md and the
 review's eq. 53 use the learner's A^(k); the review's eq. 10 writes the source's A^(j)).
 """
 
@@ -106,7 +106,7 @@ class HacpoConfig(ConfigSection):
     alpha: float = Field(default=ALPHA, ge=0)
     """Exponent of the stop-gradient reweighting c * sg(c)^alpha of peer responses."""
     exp_ratio: Literal["clipped", "raw"] = "clipped"
-    """Ratio inside sg(.)^alpha: the clipped c (SPEC) or the raw min(s, 1) (the review's eq. 53)."""
+    """Ratio inside sg(.)^alpha: the clipped c (algorithm.md) or the raw min(s, 1) (the review's eq. 53)."""
     loss_agg: Literal["seq-mean", "token-mean"] = "seq-mean"
     """Minibatch average of the sequence-level terms: over rows (GSPO) or weighted by token count."""
     minibatch: Literal["rows", "prompts"] = "rows"

@@ -1,4 +1,4 @@
-"""GRAFT with LUFFY-style peer updates (SPEC 2.4; paper Appendix G, "LUFFY-style peer updates").
+"""GRAFT with LUFFY-style peer updates (algorithm.md §2.4; paper Appendix G, "LUFFY-style peer updates").
 
 Which prompts and groups: exactly GRAFT's defaults — complementary candidates (eq. 4), balanced
 exchange (``graft.balance``), the receiver's failed group replaced by the whole source group with

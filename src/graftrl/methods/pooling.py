@@ -1,4 +1,4 @@
-"""Naive pooling (SPEC 3): every model trains on the pooled group of all models, no corrections.
+"""Naive pooling (algorithm.md §3): every model trains on the pooled group of all models, no corrections.
 
 For every prompt, the groups of all K models (2n responses for a pair) form one pool; a single
 GRPO advantage (eq. 1, ``train.adv_eps`` and ``train.adv_std_unbiased``) is computed over the
@@ -10,7 +10,7 @@ tokens of the minibatch, no balancing, no selection. Every prompt's pool trains 
 step (``order_minibatches``), ``train.minibatch_prompts`` prompts per step, so the number of
 optimizer steps is GRPO's while each step holds K n responses per prompt.
 
-SPEC also names a GSPO variant of the pooled advantage's loss; this is the GRPO one.
+algorithm.md §3 also names a GSPO variant of the pooled advantage's loss; this is the GRPO one.
 """
 
 from __future__ import annotations

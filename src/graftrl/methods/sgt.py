@@ -1,4 +1,4 @@
-"""SGT (Liu et al. 2026b): GRPO plus a supervised NLL term on one verified peer success (SPEC 3).
+"""SGT (Liu et al. 2026b): GRPO plus a supervised NLL term on one verified peer success (algorithm.md §3).
 
 Which: whenever the receiver has no correct rollout on a prompt (k_R = 0) and the peer has at
 least one (k_S >= 1, an all-correct peer group included), one of the peer's correct responses is
@@ -15,7 +15,7 @@ response included, so the model also learns where to stop). Per minibatch the lo
 
     L = -J_GRPO + lambda * (1 / N_nll) * sum_{NLL rows j} sum_t -log pi_theta(o^R_{j,t} | q, o^R_{j,<t})
 
-with J_GRPO the token-mean clipped surrogate over the minibatch's surrogate tokens (SPEC eq. 2;
+with J_GRPO the token-mean clipped surrogate over the minibatch's surrogate tokens (algorithm.md eq. 2;
 NLL rows are outside it: no old log-probs, weight 0), N_nll the minibatch's NLL token count
 (``LossInputs.nll_normalizer``; ``sgt.nll_normalization: minibatch_tokens`` adds the surrogate
 tokens to it) and lambda = ``sgt.nll_coef`` = 0.1. A minibatch without NLL

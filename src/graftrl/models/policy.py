@@ -1,7 +1,7 @@
 """A trainable policy: any Hugging Face causal LM and its tokenizer, loaded by path.
 
 The policy owns its tokenization: prompts go through its own template, peer response texts are
-re-tokenized with its own tokenizer (SPEC 2.2), and every log-prob it reports is on those ids.
+re-tokenized with its own tokenizer (algorithm.md §2.2), and every log-prob it reports is on those ids.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class SamplingParams:
 
 def content_mean_logprob(token_logprobs: Tensor, finished: bool) -> float:
     """lbar (eq. 6, ``core.mean_token_logprob``) over a response's own tokens: a terminal EOS is
-    excluded (SPEC 2.2).
+    excluded (algorithm.md §2.2).
 
     token_logprobs: [L] one response's token log-probs. An empty response has lbar = 0, so two
     empty sides give s = 1.

@@ -7,7 +7,7 @@ analysis.md and ``plots`` draws the figures.
 Inputs (all in the run folder): metrics.jsonl (required), compatibility.jsonl, validation.jsonl,
 config.yaml, best/best.json and a trajectory store (``store/``), each used when present.
 
-Definitions used (SPEC section 5, paper Figure 1, Table 9, Appendix D):
+Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
 
 - complementarity of (receiver R, peer S) at a step: fraction of R's all-fail prompts on which S
   succeeds at least once (metrics key ``complementarity/S`` of R). Steps where R has no all-fail

@@ -4,7 +4,7 @@ A *matrix* is a list of variants, each ``{variant: NAME, method: METHOD, set: {d
 the overrides are applied (``graftrl.config.apply_overrides``) on the task's base config, which
 gives every variant the same prompts, steps and per-model rollout budget unless the row changes
 it (e.g. GRPO ``rollout.n: 16``). Built-in presets: ``table1`` (paper Table 1: GRPO n = 8/16/32,
-SGT, HACPO, GRAFT), ``table2`` (GRAFT and each ablation switch of SPEC 2.4) and ``demo`` (GRPO
+SGT, HACPO, GRAFT), ``table2`` (GRAFT and each ablation switch of algorithm.md §2.4) and ``demo`` (GRPO
 and GRAFT: what ``graftrl demo`` runs, with its own report, ``demo.DemoReport``). A matrix file is
 YAML: either a list of variants or a mapping ``{variants: [...], baseline: NAME, reference: NAME}``.
 
@@ -246,7 +246,8 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
             Variant("grpo-n16", "grpo", {"rollout.n": 16}),
             Variant("grpo-n32", "grpo", {"rollout.n": 32}),
             Variant("sgt", "sgt"),
-            # HACPO's recipe (SPEC 3): KL 1e-3 and half the prompt batch per optimizer step (64/128).
+            # HACPO's recipe (algorithm.md §3): KL 1e-3, minibatch half the prompt batch (64/128) x n
+            # rows of the pooled batch: 4 optimizer steps over own + peer groups (hacpo.minibatch: rows).
             Variant(
                 "hacpo",
                 "hacpo",

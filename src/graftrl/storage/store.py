@@ -646,7 +646,7 @@ class TrajectoryStore:
     ) -> dict[str, list[StoredTrajectory]]:
         """prompt_id -> ``source``'s group for that prompt; prompts never stored are absent.
 
-        For stored-peer training (SPEC 2.3): with ``step`` the group must come from that step;
+        For stored-peer training (algorithm.md §2.3): with ``step`` the group must come from that step;
         with ``step=None`` the latest occurrence wins (highest step, then later position in the
         batch). Per-token log-probs are skipped unless asked for (training needs the means).
         """

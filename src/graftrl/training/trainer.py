@@ -103,7 +103,7 @@ class Trainer:
             # whatever the backend or rank count; the trainer's validator records the scores and
             # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
             self.validator = Validator(config, self.run_dir, verifier)
-        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (SPEC 2.3).
+        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (algorithm.md §2.3).
         self.recorder = None
         if config.store.record:
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
@@ -244,7 +244,7 @@ class Trainer:
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]
     ) -> dict[str, tuple[GroupOutcomes, list[TrajectoryRecord], float]]:
-        """Each stored peer's groups on this step's prompts, rewards re-verified (SPEC 2.3).
+        """Each stored peer's groups on this step's prompts, rewards re-verified (algorithm.md §2.3).
 
         A group whose re-verified rewards equal the stored ones keeps its stored (source-computed)
         advantages; one whose rewards changed gets advantages recomputed on its full group.

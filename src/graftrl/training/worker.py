@@ -344,7 +344,7 @@ class PolicyWorker:
     def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout:
         """Sample, score and compute GRPO advantages on the step's prompts.
 
-        With ``rollout.dynamic_sampling`` (DAPO, SPEC 3) the policy keeps only groups whose rewards
+        With ``rollout.dynamic_sampling`` (DAPO, algorithm.md §3) the policy keeps only groups whose rewards
         are not all equal; round r >= 1 draws ``batch_prompts`` more prompts from the auxiliary
         stream at slot (step, policy, r), which depends only on (seed, step, policy, round) so
         resume stays exact, skipping prompts already drawn at this step. It stops once
