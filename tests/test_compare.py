@@ -239,18 +239,26 @@ def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monke
     monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
     demo = preset_matrix("demo")
-    assert [(v.name, v.method, v.set) for v in demo.variants] == [("grpo", "grpo", {}), ("graft", "graft", {})]
+    assert [(v.name, v.method, v.set) for v in demo.variants] == [
+        ("grpo", "grpo", {}),
+        ("graft", "graft", {}),
+    ]
     assert (demo.baseline_name, demo.reference_name) == ("grpo", "graft")
 
     out = tmp_path / "demo"
     printed = io.StringIO()
-    results = run_demo(out, quick=True, cache_dir=tmp_path / "cache", console=Console(file=printed, width=200))
+    results = run_demo(
+        out, quick=True, cache_dir=tmp_path / "cache", console=Console(file=printed, width=200)
+    )
     assert set(results) == {"rows", "settings", "diagnostics", "paired_vs_grpo", "total_wall_s"}
     assert json.loads((out / "results.json").read_text()) == results
     rows = results["rows"]
     # run order (warm-start, then each method), the demo's keys (no "variant")
     assert [r["method"] for r in rows] == ["warm-start"] * 2 + ["grpo"] * 2 + ["graft"] * 2
-    assert all(list(r) == ["method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s"] for r in rows)
+    assert all(
+        list(r) == ["method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s"]
+        for r in rows
+    )
     assert set(results["diagnostics"]) == {"grpo", "graft"}
     assert set(results["paired_vs_grpo"]) == {"graft"}
     assert results["settings"]["eval_samples"] == tiny_task.settings.eval_samples

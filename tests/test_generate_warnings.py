@@ -38,7 +38,10 @@ def test_only_the_dropped_mask_warning_is_silenced_and_only_inside_the_block():
         logger.warning(MASK_WARNING + " since your input_ids may be padded.")
     finally:
         logger.removeHandler(records)
-    assert records.messages == ["another transformers warning", MASK_WARNING + " since your input_ids may be padded."]
+    assert records.messages == [
+        "another transformers warning",
+        MASK_WARNING + " since your input_ids may be padded.",
+    ]
 
 
 def test_generate_on_unpadded_prompts_prints_no_mask_warning(tiny_checkpoints, monkeypatch):

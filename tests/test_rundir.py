@@ -116,7 +116,9 @@ def test_truncate_logs_cuts_every_log_and_removes_stale_temps(tmp_path):
         assert [r["step"] for r in read_jsonl(log)] == [0, 1]
         discarded = log.with_name(log.stem + ".discarded.jsonl")
         expected = ['{"step": 2, "model": "a"}', '{"step": 3, "model": "a"}']
-        assert discarded.read_text().splitlines() == expected + (['{"step": 4, "mo'] if log == run.samples else [])
+        assert discarded.read_text().splitlines() == expected + (
+            ['{"step": 4, "mo'] if log == run.samples else []
+        )
     assert not stale.exists() and read_jsonl(unrelated) == [{"step": 9}]
     assert run.truncate_logs(1) == {}  # nothing more to move
     assert read_metrics(tmp_path) == [{"step": 0, "model": "a"}, {"step": 1, "model": "a"}]
@@ -137,11 +139,17 @@ def test_declared_keys_match_names_and_patterns():
 
 
 def test_docs_metrics_md_is_generated_from_the_schema():
-    assert DOCS.read_text() == keys_markdown(), "regenerate: graftrl metrics-reference --markdown > docs/metrics.md"
+    assert DOCS.read_text() == keys_markdown(), (
+        "regenerate: graftrl metrics-reference --markdown > docs/metrics.md"
+    )
     result = CliRunner().invoke(app, ["metrics-reference", "--markdown"])
     assert result.exit_code == 0 and result.output == keys_markdown()
     table = CliRunner().invoke(app, ["metrics-reference"], env={"COLUMNS": "200"})
-    assert table.exit_code == 0 and "complementarity/<peer>" in table.output and "validation.jsonl" in table.output
+    assert (
+        table.exit_code == 0
+        and "complementarity/<peer>" in table.output
+        and "validation.jsonl" in table.output
+    )
 
 
 def test_sinks_carry_the_schema(tmp_path, monkeypatch):
@@ -180,7 +188,9 @@ def test_sinks_carry_the_schema(tmp_path, monkeypatch):
 
     logger = MetricsLogger(tmp_path, tensorboard=True, wandb=True)
     logger.log({"step": 2, "model": "a", "method": "graft", "reward_mean": 0.5, "family_reward/add": 1.0})
-    logger.log({"step": 3, "model": "a", "reward_mean": 0.6, "time_step": 2.0, "loss": 0.1, "memory_peak_mb": 9})
+    logger.log(
+        {"step": 3, "model": "a", "reward_mean": 0.6, "time_step": 2.0, "loss": 0.1, "memory_peak_mb": 9}
+    )
     logger.close()
     assert calls["logdir"] == str(RunDir(tmp_path).tensorboard)
     assert calls["text"] == [("graftrl/metric_keys", keys_markdown(), 0)]
@@ -218,7 +228,9 @@ class PatternRewards:
 
 def short_run(paths, tmp_path, method: str, **sections) -> RunDir:
     problems = load_problems(FIXTURES / "math_small.jsonl")
-    families = [p.__class__(p.id, p.problem, p.answer, family=("even", "odd")[i % 2]) for i, p in enumerate(problems)]
+    families = [
+        p.__class__(p.id, p.problem, p.answer, family=("even", "odd")[i % 2]) for i, p in enumerate(problems)
+    ]
     raw = {
         "method": method,
         "seed": 5,
@@ -247,7 +259,11 @@ def test_every_logged_key_is_declared(tiny_checkpoints, tmp_path, method):
     if method == "graft":
         sections = {
             "rollout": {"tis_cap": 2.0},
-            "validation": {"files": {"small": str(FIXTURES / "math_small.jsonl")}, "samples": 1, "max_problems": 2},
+            "validation": {
+                "files": {"small": str(FIXTURES / "math_small.jsonl")},
+                "samples": 1,
+                "max_problems": 2,
+            },
         }
     if method == "grpo":
         sections = {"rollout": {"dynamic_sampling": True, "max_sampling_rounds": 2}}

@@ -238,7 +238,9 @@ def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
 # ------------------------------------------------------------------------------------------
 
 
-def complementarity_by_step(rows: Sequence[Mapping[str, Any]], models: Sequence[str]) -> list[Complementarity]:
+def complementarity_by_step(
+    rows: Sequence[Mapping[str, Any]], models: Sequence[str]
+) -> list[Complementarity]:
     """Each (receiver, peer) pair's logged complementarity, at the steps where it is defined.
 
     A step where the receiver had no all-fail prompt (``all_fail_frac == 0``) is left out.

@@ -74,7 +74,9 @@ class DemoReport(CompareReport):
         plot_complementarity(curves, out_dir / "complementarity.png")
         scores: dict[str, list[float]] = {}
         for seed in range(run.seeds):
-            for receiver, values in read_compatibility(ExperimentDir(out_dir).run("graft", seed).root).items():
+            for receiver, values in read_compatibility(
+                ExperimentDir(out_dir).run("graft", seed).root
+            ).items():
                 scores.setdefault(receiver, []).extend(values)
         plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png")
         plot_pass_at_1(rows, out_dir / "pass_at_1.png")

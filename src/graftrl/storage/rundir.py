@@ -237,7 +237,9 @@ def read_jsonl(path: Path, on_torn: Callable[[str], None] | None = None) -> list
                     on_torn(f"{path.name} line {number}: incomplete last line skipped (interrupted write)")
                 continue
             raise RunLogError(
-                f"{path} line {number}: not valid JSON ({error.msg}); repair or delete the line", line, error.pos
+                f"{path} line {number}: not valid JSON ({error.msg}); repair or delete the line",
+                line,
+                error.pos,
             ) from None
         if not isinstance(row, dict):
             raise RunLogError(f"{path} line {number}: expected a JSON object", line)
@@ -340,14 +342,22 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             FRACTION,
         ),
         ("family_reward/<family>", "mean reward on the step's problems of <family>", REWARD, "max"),
-        ("family_all_fail/<family>", "share of the step's <family> prompts where every response failed", FRACTION),
+        (
+            "family_all_fail/<family>",
+            "share of the step's <family> prompts where every response failed",
+            FRACTION,
+        ),
         (
             "stored_reward_changes/<peer>",
             "stored <peer> groups whose re-verified rewards differ from the stored ones (advantages recomputed)",
             "groups",
         ),
         ("response_length", "mean response length without the EOS token", "tokens"),
-        ("verifier_timeouts", "responses the verifier gave up on (timeout or deadline; reward 0)", "responses"),
+        (
+            "verifier_timeouts",
+            "responses the verifier gave up on (timeout or deadline; reward 0)",
+            "responses",
+        ),
         ("verifier_restarts", "verifier worker processes restarted", "count"),
     )
     + _keys(
@@ -367,12 +377,28 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             "prompts",
         ),
         ("selected/<source>", "candidates selected for transfer from <source> (GRAFT eq. 5)", "prompts"),
-        ("transferred/<source>", "responses of <source> planned into the policy's batch (GRAFT)", "responses"),
+        (
+            "transferred/<source>",
+            "responses of <source> planned into the policy's batch (GRAFT)",
+            "responses",
+        ),
         ("eligible/<source>", "prompts the policy failed entirely that <source> solved (SGT)", "prompts"),
-        ("nll_responses/<source>", "correct <source> responses trained on with the NLL term (SGT)", "responses"),
-        ("omega/<source>", "capability ratio on <source>'s term, clip(P_hat(self) / P_hat(source)) (HACPO)", "ratio"),
+        (
+            "nll_responses/<source>",
+            "correct <source> responses trained on with the NLL term (SGT)",
+            "responses",
+        ),
+        (
+            "omega/<source>",
+            "capability ratio on <source>'s term, clip(P_hat(self) / P_hat(source)) (HACPO)",
+            "ratio",
+        ),
         ("capability", "P_hat: the policy's mean reward over the capability window (HACPO)", REWARD),
-        ("baseline_fallbacks", "prompts whose capability baseline fell back to the own group mean (HACPO)", "prompts"),
+        (
+            "baseline_fallbacks",
+            "prompts whose capability baseline fell back to the own group mean (HACPO)",
+            "prompts",
+        ),
         ("pooled_prompts", "prompts trained on as pooled groups of all policies (pooling)", "prompts"),
         ("pooled/<source>", "prompts on which <source>'s group joined the pool (pooling)", "prompts"),
         ("mixed_pools", "pools whose rewards are not all equal (pooling)", "prompts"),
@@ -391,13 +417,26 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         ("loss", "mean minibatch loss over the step's optimizer steps (-J, eq. 10)", "loss"),
         ("grad_norm", "mean gradient L2 norm before clipping over the step's optimizer steps", "norm"),
         ("optimizer_steps", "optimizer steps taken", "count"),
-        ("nonfinite_skips", "minibatches whose loss or gradient norm was NaN/inf (no optimizer step)", "count"),
+        (
+            "nonfinite_skips",
+            "minibatches whose loss or gradient norm was NaN/inf (no optimizer step)",
+            "count",
+        ),
         ("clip_frac_own", "share of the policy's own trained tokens whose ratio was clipped", FRACTION),
-        ("clip_frac_peer", "share of peer trained tokens whose ratio was clipped (null: no peer tokens)", FRACTION),
+        (
+            "clip_frac_peer",
+            "share of peer trained tokens whose ratio was clipped (null: no peer tokens)",
+            FRACTION,
+        ),
         ("train_tokens", "response tokens trained on, own and peer, over all epochs", "tokens"),
         ("tis_weight_mean", "mean truncated importance weight of own tokens (rollout.tis_cap)", "ratio"),
         ("tis_truncated_frac", "share of own tokens whose importance weight hit rollout.tis_cap", FRACTION),
-        ("memory_peak_mb", "peak memory: the CUDA allocator's, or the process's peak RSS on CPU", "MiB", "max"),
+        (
+            "memory_peak_mb",
+            "peak memory: the CUDA allocator's, or the process's peak RSS on CPU",
+            "MiB",
+            "max",
+        ),
     )
     + _keys(
         "time",
@@ -423,7 +462,12 @@ VALIDATION_KEYS: tuple[LogKey, ...] = tuple(
         ("step", "training step just completed, 0-based (as in metrics.jsonl)", "step"),
         ("model", "the policy", "name"),
         ("aggregate", "unweighted mean of the benchmarks' pass@1 (selects best/)", FRACTION, "max"),
-        ("pass_at_1/<benchmark>", "pass@1 on <benchmark> (validation.samples samples per problem)", FRACTION, "max"),
+        (
+            "pass_at_1/<benchmark>",
+            "pass@1 on <benchmark> (validation.samples samples per problem)",
+            FRACTION,
+            "max",
+        ),
         ("best", "the aggregate is the policy's best so far (its weights went to best/<policy>/)", "bool"),
         ("time_validation", "seconds the policy's validation took", "seconds"),
     )
