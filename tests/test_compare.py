@@ -198,6 +198,9 @@ def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch)
     assert "Table 1: pass@1 per model, Δ vs grpo-n4" in report
     assert "Table 2: ablations, Δ vs full GRAFT (graft)" in report
     assert "train wall-clock (s/seed)" in report and "rollouts/model" in report
+    assert "rows trained/model" in report and "optimizer steps/model" in report
+    cell = json.loads((out / "runs" / "grpo-n4-seed0" / "done.json").read_text())
+    assert cell["optimizer_steps_per_model"] >= 1 and cell["rows_trained_per_model"] >= 1
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000, name
 
@@ -303,3 +306,20 @@ def test_quick_compare_on_the_embedded_task(tmp_path):
     assert {r["model"] for r in rows} == {"llama-char", "gpt2-bpe"}
     for name in ("report.md", "results.csv", *PLOTS):
         assert (out / name).exists(), name
+
+
+def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp_path):
+    """HACPO trains twice GRPO's rows at equal rollouts: the report shows both, per model."""
+    rows = [
+        {"step": 0, "model": "a", "train_rows": 64, "optimizer_steps": 4},
+        {"step": 0, "model": "b", "train_rows": 32, "optimizer_steps": 2, "prompts_sampled": 6},
+        {"step": 1, "model": "a", "train_rows": 64, "optimizer_steps": 4},
+        {"step": 1, "model": "b", "train_rows": 32, "optimizer_steps": 2},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    totals = compare._compute_per_model(tmp_path, batch_prompts=4, n=8)
+    assert totals == {
+        "rollouts_per_model": ((4 + 4) * 8 + (6 + 4) * 8) / 2,
+        "rows_trained_per_model": (128 + 64) / 2,
+        "optimizer_steps_per_model": (8 + 4) / 2,
+    }

@@ -444,12 +444,17 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     staging.replace(path)
 
 
-def _rollouts_per_model(run_dir: Path, batch_prompts: int, n: int) -> float:
-    """Responses sampled per model over the run (dynamic sampling logs its prompts per step)."""
-    per_model: dict[str, int] = defaultdict(int)
+def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, float]:
+    """Mean over the models of each one's run totals: responses sampled (dynamic sampling logs its
+    prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles)."""
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for row in read_metrics(run_dir):
-        per_model[row["model"]] += int(row.get("prompts_sampled") or batch_prompts) * n
-    return statistics.fmean(per_model.values()) if per_model else 0.0
+        model = totals[row["model"]]
+        model["rollouts_per_model"] += int(row.get("prompts_sampled") or batch_prompts) * n
+        model["rows_trained_per_model"] += int(row.get("train_rows") or 0)
+        model["optimizer_steps_per_model"] += int(row.get("optimizer_steps") or 0)
+    keys = ("rollouts_per_model", "rows_trained_per_model", "optimizer_steps_per_model")
+    return {k: statistics.fmean(m[k] for m in totals.values()) if totals else 0.0 for k in keys}
 
 
 def run_cell(
@@ -503,7 +508,7 @@ def run_cell(
         "digest": digest,
         "rows": rows,
         "set": variant.set,
-        "rollouts_per_model": _rollouts_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
+        **_compute_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
     }
     if resume:
         _write_json_atomic(RunDir(run_dir).done, done)
@@ -599,6 +604,12 @@ def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
         writer.writerows({**row, "per_family": json.dumps(row.get("per_family") or {})} for row in rows)
 
 
+def _mean_of(done: Sequence[Mapping[str, Any]], key: str) -> str:
+    """A compute column: the mean over seeds, blank for cells finished before it was recorded."""
+    values = [d[key] for d in done if key in d]
+    return f"{statistics.fmean(values):,.0f}" if values else ""
+
+
 def write_report(
     out_dir: Path,
     matrix: Matrix,
@@ -622,9 +633,9 @@ def write_report(
             "method": variant.method,
             "overrides": ", ".join(f"`{k}={_yaml_value(v)}`" for k, v in variant.set.items()) or "",
             "n": str(done[0]["rows"][0]["n"]) if done else "",
-            "rollouts/model": f"{statistics.fmean(d['rollouts_per_model'] for d in done):,.0f}"
-            if done
-            else "",
+            "rollouts/model": _mean_of(done, "rollouts_per_model"),
+            "rows trained/model": _mean_of(done, "rows_trained_per_model"),
+            "optimizer steps/model": _mean_of(done, "optimizer_steps_per_model"),
             "seeds": str(len(done)),
             "train wall-clock (s/seed)": f"{statistics.fmean(walls):.1f}" if walls else "",
             "total (s)": f"{sum(walls):.1f}" if walls else "",

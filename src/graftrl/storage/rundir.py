@@ -429,6 +429,7 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             FRACTION,
         ),
         ("train_tokens", "response tokens trained on, own and peer, over all epochs", "tokens"),
+        ("train_rows", "rows (responses) trained on, own, peer and NLL, over all epochs", "responses"),
         ("tis_weight_mean", "mean truncated importance weight of own tokens (rollout.tis_cap)", "ratio"),
         ("tis_truncated_frac", "share of own tokens whose importance weight hit rollout.tis_cap", FRACTION),
         (

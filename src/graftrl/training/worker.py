@@ -646,6 +646,7 @@ class PolicyWorker:
                 nll_rows = [r for r in members if rows.is_nll[r]]
                 normalizer = sum(len(rows.response_ids[r]) for r in kept)
                 nll_normalizer = sum(len(rows.response_ids[r]) for r in nll_rows)
+                totals["rows"] += len(kept) + len(nll_rows)
                 # Rows with zero advantage add only to the denominator: their gradient is exactly
                 # zero, so skipping their forward pass changes nothing but the cost — except own
                 # rows under a KL penalty, whose KL term still has a gradient.
@@ -709,6 +710,7 @@ class PolicyWorker:
             if totals["peer_tokens"]
             else None,
             "train_tokens": totals["own_tokens"] + totals["peer_tokens"],
+            "train_rows": int(totals["rows"]),
         }
 
     def _skip_nonfinite(self, loss: float, grad_norm: float) -> None:
