@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import graftrl.reporting.compare as compare
 from graftrl.cli import app
 from graftrl.config import apply_overrides
+from graftrl.evaluation.stats import deltas, summarize
 from graftrl.methods import METHODS
 from graftrl.reporting.compare import (
     ROW_KEYS,
@@ -27,7 +28,6 @@ from graftrl.reporting.compare import (
     preset_matrix,
 )
 from graftrl.reporting.render import table_markdown
-from graftrl.reporting.stats import deltas, summarize
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from graftrl.evaluation.stats import family_rows, mean_std, paired_deltas, paired_difference
 from graftrl.reporting.demo import paired_vs_grpo
 from graftrl.reporting.render import paired_markdown, results_table
-from graftrl.reporting.stats import family_rows, mean_std, paired_deltas, paired_difference
 
 # Two-sided 95% Student t quantiles from a printed table: df 2 -> 4.303, df 4 -> 2.776.
 T_975 = {2: 4.302653, 4: 2.776445}

@@ -1,6 +1,7 @@
 """Evaluation: held-out pass@k of a policy, as the paper measures it.
 
-Owns the benchmark suites (``benchmarks``) and the sampling protocol and its summaries
-(``evaluate``). May import ``models``, ``storage``, ``config`` and below; the trainer's periodic
+Owns the benchmark suites (``benchmarks``), the sampling protocol and its summaries
+(``evaluate``) and the statistics over seeds and runs (``stats``: mean ± std, paired
+intervals). May import ``models``, ``storage``, ``config`` and below; the trainer's periodic
 validation (``graftrl.training.validation``) and the reports build on it.
 """

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from graftrl.evaluation import stats
 from graftrl.models.policy import Policy
 from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
@@ -89,13 +90,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def mean_std(values: Sequence[float]) -> dict[str, Any]:
-    """{"mean", "std", "runs"}: std is the sample standard deviation (n - 1), 0 for one value."""
+    """{"mean", "std", "runs"} of ``stats.mean_std``: sample std (n - 1), 0 for one value; mean NaN
+    for no values."""
     values = [float(v) for v in values]
-    return {
-        "mean": statistics.fmean(values) if values else float("nan"),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "runs": values,
-    }
+    if not values:
+        return {"mean": float("nan"), "std": 0.0, "runs": values}
+    summary = stats.mean_std(values)
+    return {"mean": summary.mean, "std": summary.std, "runs": values}
 
 
 def summarize_benchmark(correct: Sequence[Sequence[float]]) -> dict[str, Any]:

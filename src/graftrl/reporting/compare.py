@@ -45,8 +45,8 @@ from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
+from graftrl.evaluation.stats import WARM_START, family_rows, summarize
 from graftrl.reporting.render import paired_markdown, table_markdown
-from graftrl.reporting.stats import WARM_START, family_rows, summarize
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
 

@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK
+from graftrl.evaluation.stats import PairedDifference, family_rows, paired_deltas
 from graftrl.reporting.analyze import summarize_exchange
 from graftrl.reporting.compare import CompareReport, CompareRun, run_compare
 from graftrl.reporting.plots import (
@@ -30,7 +31,6 @@ from graftrl.reporting.plots import (
     read_compatibility,
 )
 from graftrl.reporting.render import diagnostics_table, results_table
-from graftrl.reporting.stats import PairedDifference, family_rows, paired_deltas
 from graftrl.storage.rundir import ExperimentDir, read_metrics
 
 PRESET = "demo"

@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.table import Table
 
+from graftrl.evaluation.stats import MeanStd, deltas, mean_std, paired_deltas
 from graftrl.reporting.analyze import RunAnalysis, validation_metrics
-from graftrl.reporting.stats import MeanStd, deltas, mean_std, paired_deltas
 
 # --------------------------------------------------------------------------------------------
 # Comparisons (compare's report.md, the demo's console tables)

@@ -1,7 +1,7 @@
 """Statistics for comparing methods over seeds: mean ± std and paired differences with intervals.
 
-The one home of these numbers in reporting: compare's tables, the demo's and analyze's summaries
-use them (``graftrl.evaluation.evaluate.mean_std``, a layer below, keeps its own dict form).
+The one home of these numbers: evaluation's summaries over R runs (``evaluate.mean_std`` is this
+``mean_std`` in its dict form), compare's tables and the demo's and analyze's summaries.
 
 Methods compared on the same seeds share the warm-start, the prompt stream and the evaluation
 problems, so seed-to-seed variation common to both cancels in the per-seed difference. The
