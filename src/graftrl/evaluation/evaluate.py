@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from graftrl.console import progress_bar
 from graftrl.evaluation import stats
 from graftrl.models.policy import Policy
 from graftrl.models.rewards import MathVerifier
@@ -248,33 +249,6 @@ class _VerifierMeter:
         }
 
 
-def _open_progress(enabled: bool):
-    from rich.errors import LiveError
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    progress = Progress(*columns, disable=not enabled)
-    try:
-        progress.start()
-    except LiveError:  # another live display is active (older rich cannot nest them)
-        progress = Progress(*columns, disable=True)
-        progress.start()
-    return progress
-
-
 def evaluate_policy(
     policy: Policy,
     benchmarks: Sequence[Any],
@@ -364,7 +338,7 @@ def evaluate_targets(
         "ids": {b.name: [p.id for p in b.problems] for b in benchmarks},
         "models": {},
     }
-    bar = _open_progress(progress)
+    bar = progress_bar(progress)
     try:
         overall = bar.add_task(
             "evaluation", total=len(targets) * protocol.runs * sum(len(b.problems) for b in benchmarks)

@@ -46,6 +46,7 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
+from graftrl.reporting.provenance import results_provenance
 from graftrl.reporting.render import paired_markdown, table_markdown
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
@@ -371,6 +372,9 @@ class CompareTask:
     """Held-out problems for pass@1."""
     settings: DemoSettings
     """Evaluation samples and response limit (``eval_samples``, ``max_new_tokens``), for the report."""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Code commit and each starting model's weights hash and warm-start fingerprint
+    (``reporting.provenance``), recorded in results.json."""
 
 
 def embedded_task(
@@ -398,7 +402,8 @@ def embedded_task(
     base = demo_config(paths, out.train_data, "grpo", 0, settings)
     # "embedded" stays the arith task's name so earlier reports read the same.
     label = "embedded" if name == "arith" else f"embedded-{name}"
-    return CompareTask(label, base, load_problems(out.heldout_data), settings)
+    provenance = results_provenance(paths)
+    return CompareTask(label, base, load_problems(out.heldout_data), settings, provenance)
 
 
 def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
@@ -738,6 +743,7 @@ class CompareRun:
             "steps": self.steps,
             "ran": self.ran,
             "total_wall_s": self.wall_s,
+            "provenance": self.task.provenance,
         }
 
 

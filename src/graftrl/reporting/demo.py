@@ -68,6 +68,7 @@ class DemoReport(CompareReport):
                 for method, models in paired_vs_grpo(rows + family_rows(rows)).items()
             },
             "total_wall_s": run.wall_s,
+            "provenance": run.task.provenance,
         }
         ExperimentDir(out_dir).results.write_text(json.dumps(results, indent=2))
         plot_training_curves(curves, out_dir / "training_curves.png")

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from graftrl.config import Config, ConfigError, dump_config
+from graftrl.console import progress_bar
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.errors import CheckpointError
 from graftrl.files import atomic_write
@@ -160,24 +161,7 @@ class Trainer:
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            with Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[status]}"),
-                disable=not logging.progress,
-            ) as progress:
+            with progress_bar(logging.progress, status=True) as progress:
                 task = progress.add_task(
                     f"{self.config.method} train", total=total, completed=self.start_step, status=""
                 )

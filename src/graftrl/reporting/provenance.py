@@ -1,0 +1,80 @@
+"""Where a reported number came from: the code's commit and the exact weights it started from.
+
+Every results.json of `graftrl compare` and `graftrl demo` carries ``provenance``: the git commit
+of the graftrl source that ran (and whether that source had uncommitted changes), the package
+version, and per policy the SHA-256 of its starting weights plus, for an embedded warm-start, the
+fingerprint of the settings that made it. A documented figure can then be checked against the
+current code: the same fingerprint must warm-start to the same weights (``tests`` do that for
+the fingerprints in ``docs/``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import graftrl
+from graftrl.embedded.warmstart import REPORT_NAME
+from graftrl.files import sha256_bytes, sha256_file
+
+SOURCE_ROOT = Path(graftrl.__file__).resolve().parents[2]
+"""The checkout graftrl runs from (``src/graftrl`` two levels up), when it is one."""
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(SOURCE_ROOT), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def code_commit() -> dict[str, Any]:
+    """{"commit", "dirty"}: HEAD of the checkout graftrl runs from and whether its ``src/`` differs
+    from it; both None for an installed wheel (no checkout)."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _git("status", "--porcelain", "--", "src")
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """SHA-256 of a checkpoint's weights: of its one ``*.safetensors`` (else ``*.bin``) file, or
+    for several shards, of their names and digests in name order."""
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors or *.bin weight files")
+    digests = [sha256_file(f)[0] for f in files]
+    if len(files) == 1:
+        return digests[0]
+    return sha256_bytes("".join(f"{f.name}:{d}\n" for f, d in zip(files, digests, strict=True)).encode())
+
+
+def model_provenance(folder: str | Path) -> dict[str, Any]:
+    """{"weights_sha256", "warm_start_fingerprint"} of one starting checkpoint (the fingerprint is
+    None for a model that is not an embedded warm-start)."""
+    folder = Path(folder)
+    fingerprint = None
+    report = folder / REPORT_NAME
+    if report.is_file():
+        try:
+            fingerprint = json.loads(report.read_text()).get("fingerprint")
+        except (OSError, json.JSONDecodeError):
+            fingerprint = None
+    return {"weights_sha256": weights_sha256(folder), "warm_start_fingerprint": fingerprint}
+
+
+def results_provenance(policies: Mapping[str, str | Path]) -> dict[str, Any]:
+    """The ``provenance`` block of a results.json: code commit, version, each policy's start."""
+    return {
+        **code_commit(),
+        "graftrl_version": graftrl.__version__,
+        "models": {name: model_provenance(path) for name, path in policies.items()},
+    }

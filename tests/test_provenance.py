@@ -1,0 +1,86 @@
+"""Documented results belong to the current code: results record where they came from, and the
+warm-start fingerprints documented in docs/ are the ones the code computes (the slow tier also
+re-runs those warm-starts and compares the weights byte for byte)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from graftrl.embedded.models import MODEL_SPECS
+from graftrl.embedded.warmstart import (
+    REPORT_NAME,
+    TASK_MIXES,
+    TASK_WARMSTART_SETTINGS,
+    fingerprint,
+    prepare_embedded_models,
+)
+from graftrl.reporting.provenance import code_commit, model_provenance, results_provenance, weights_sha256
+
+DOCS = Path(__file__).parents[1] / "docs"
+DOCUMENTED = sorted(DOCS.rglob("provenance.json"))
+
+
+def documented_fingerprint(doc: dict, name: str) -> str:
+    settings = TASK_WARMSTART_SETTINGS[doc["task"]][doc["warm_start"]]
+    return fingerprint(
+        name,
+        TASK_MIXES[doc["task"]][name],
+        doc["seed"],
+        doc["task"],
+        target_accuracy=settings["target_accuracy"],
+        max_steps=settings["max_steps"],
+    )
+
+
+def test_there_is_documented_provenance():
+    assert DOCUMENTED, "docs/ should document where its demo results came from"
+
+
+@pytest.mark.parametrize("path", DOCUMENTED, ids=lambda p: str(p.relative_to(DOCS)))
+def test_documented_fingerprints_are_what_the_code_computes(path):
+    """A change to a task, its mixes or its warm-start settings changes the fingerprint: the
+    documented results would then no longer be reproduced by their command."""
+    doc = json.loads(path.read_text())
+    assert set(doc["models"]) == set(MODEL_SPECS)
+    for name, model in doc["models"].items():
+        assert model["warm_start_fingerprint"] == documented_fingerprint(doc, name), name
+        assert len(model["weights_sha256"]) == 64
+
+
+def test_results_provenance_hashes_the_weights_and_reads_the_fingerprint(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / REPORT_NAME).write_text(json.dumps({"fingerprint": "abc123"}))
+    assert weights_sha256(folder) == hashlib.sha256(b"weights").hexdigest()
+    assert model_provenance(folder) == {
+        "weights_sha256": hashlib.sha256(b"weights").hexdigest(),
+        "warm_start_fingerprint": "abc123",
+    }
+    (folder / "model-2.safetensors").write_bytes(b"more")
+    assert weights_sha256(folder) != hashlib.sha256(b"weights").hexdigest()  # both shards count
+    block = results_provenance({"m": folder})
+    assert block["models"]["m"]["warm_start_fingerprint"] == "abc123"
+    commit = code_commit()
+    assert commit == {k: block[k] for k in ("commit", "dirty")}
+    # from a git checkout (the tests' case) the commit is a full hash; from a wheel it is None
+    assert commit["commit"] is None or len(commit["commit"]) == 40
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        weights_sha256(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOCUMENTED, ids=lambda p: str(p.relative_to(DOCS)))
+def test_documented_warm_start_reproduces_its_weights(path, tmp_path):
+    """The warm-start is deterministic: the documented fingerprint, trained afresh by the current
+    code, gives the documented weights to the byte (~5 minutes on 2 cores)."""
+    doc = json.loads(path.read_text())
+    paths = prepare_embedded_models(
+        tmp_path, quick=doc["warm_start"] == "quick", seed=doc["seed"], task=doc["task"]
+    )
+    for name, model in doc["models"].items():
+        assert model_provenance(paths[name]) == model, name
