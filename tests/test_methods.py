@@ -464,10 +464,9 @@ def test_sgt_balanced_is_graft_selection():
     assert not none.any()
 
 
-def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
-    # own row: ratio 1, a = 1, 2 tokens -> GRPO loss -2/2 = -1; NLL rows: -log p = 1, 2 | 3 -> 6/3.
-    logp = torch.tensor([[-0.5, -0.5], [-1.0, -2.0], [-3.0, 0.0]]).requires_grad_(True)
-    batch = loss_inputs(
+def sgt_batch(logp: torch.Tensor, **fields) -> LossInputs:
+    """One own row (ratio 1, a = 1, 2 tokens) and two NLL rows (-log p = 1, 2 | 3: 3 NLL tokens)."""
+    return loss_inputs(
         logp=logp,
         old_logp=torch.tensor([[-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]),
         advantages=torch.tensor([1.0, 0.0, 0.0]),
@@ -477,7 +476,17 @@ def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
         is_nll=_bool([0, 1, 1]),
         normalizer=2,
         nll_normalizer=3,
+        **fields,
     )
+
+
+SGT_LOGP = [[-0.5, -0.5], [-1.0, -2.0], [-3.0, 0.0]]
+
+
+def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
+    # own row: ratio 1, a = 1, 2 tokens -> GRPO loss -2/2 = -1; NLL rows: -log p = 1, 2 | 3 -> 6/3.
+    logp = torch.tensor(SGT_LOGP).requires_grad_(True)
+    batch = sgt_batch(logp)
     loss, metrics = SGT().loss(batch)
     grpo, _ = clipped_policy_loss(
         logp, batch.old_logp, batch.advantages, batch.weights, batch.mask, normalizer=2
@@ -493,22 +502,10 @@ def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
 
 
 def test_sgt_nll_normalization_over_nll_tokens_or_the_whole_minibatch():
-    # NLL rows: -log p = 1, 2 | 3 over 3 NLL tokens; the own row adds 2 surrogate tokens (5 in all).
-    logp = torch.tensor([[-0.5, -0.5], [-1.0, -2.0], [-3.0, 0.0]])
-    fields = dict(
-        logp=logp,
-        old_logp=torch.tensor([[-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]),
-        advantages=torch.tensor([1.0, 0.0, 0.0]),
-        weights=torch.tensor([1.0, 0.0, 0.0]),
-        mask=torch.tensor([[True, True], [True, True], [True, False]]),
-        is_peer=_bool([0, 1, 1]),
-        is_nll=_bool([0, 1, 1]),
-        normalizer=2,
-        nll_normalizer=3,
-        minibatch_tokens=5,
-    )
-    assert float(SGT().loss(loss_inputs(**fields))[1]["nll"]) == pytest.approx(6 / 3)
-    whole = SGT(nll_normalization="minibatch_tokens").loss(loss_inputs(**fields))
+    # the NLL rows' 6 nats over their 3 tokens, or over all 5 tokens (the own row adds 2)
+    batch = sgt_batch(torch.tensor(SGT_LOGP), minibatch_tokens=5)
+    assert float(SGT().loss(batch)[1]["nll"]) == pytest.approx(6 / 3)
+    whole = SGT(nll_normalization="minibatch_tokens").loss(batch)
     assert float(whole[1]["nll"]) == pytest.approx(6 / 5)
     assert float(whole[0]) == pytest.approx(-1.0 + 0.1 * 6 / 5)
 
