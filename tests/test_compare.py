@@ -27,6 +27,7 @@ from graftrl.reporting.compare import (
     parse_matrix,
     preset_matrix,
 )
+from graftrl.reporting.provenance import results_provenance
 from graftrl.reporting.render import table_markdown
 from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
@@ -42,7 +43,8 @@ def tiny_task(tiny_checkpoints) -> CompareTask:
     settings = DemoSettings(
         steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
     )
-    return CompareTask("tiny", base, load_problems(FIXTURES / "math_small.jsonl")[:3], settings)
+    problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
+    return CompareTask("tiny", base, problems, settings, results_provenance(tiny_checkpoints))
 
 
 # ----- tables --------------------------------------------------------------------------------
@@ -180,6 +182,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch)
     assert sorted(calls) == ["graft-seed0", "grpo-n4-seed0"]
 
     results = json.loads((out / "results.json").read_text())
+    assert results["provenance"] == tiny_task.provenance  # the code's commit and starting weights
     rows = results["rows"]
     assert all(set(row) == set(ROW_KEYS) for row in rows)
     assert {(r["variant"], r["method"], r["model"]) for r in rows} == {
@@ -253,7 +256,10 @@ def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monke
     results = run_demo(
         out, quick=True, cache_dir=tmp_path / "cache", console=Console(file=printed, width=200)
     )
-    assert set(results) == {"rows", "settings", "diagnostics", "paired_vs_grpo", "total_wall_s"}
+    assert set(results) == {"rows", "settings", "diagnostics", "paired_vs_grpo", "total_wall_s", "provenance"}
+    # where the numbers came from: the code's commit and each starting model's weights
+    assert results["provenance"]["models"].keys() == {"llama", "gpt2"}
+    assert all(len(m["weights_sha256"]) == 64 for m in results["provenance"]["models"].values())
     assert json.loads((out / "results.json").read_text()) == results
     rows = results["rows"]
     # run order (warm-start, then each method), the demo's keys (no "variant")
