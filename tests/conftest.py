@@ -220,3 +220,18 @@ def _logged_metric_keys_are_declared(monkeypatch: pytest.MonkeyPatch):
         f"metrics keys logged but not declared in graftrl.storage.rundir.METRIC_KEYS: {sorted(undeclared)}; "
         "declare them and regenerate docs/metrics.md (graftrl metrics-reference --markdown)"
     )
+
+
+@pytest.fixture
+def ray_ships_test_helpers():
+    """Ray actors cannot import the test modules: ship conftest's classes (verifiers) by value for
+    one test. Only for that test: by value, a class cannot be pickled again by reference, which the
+    FSDP rank processes an actor spawns need (tests/test_data_parallel.py)."""
+    import sys
+
+    import ray
+
+    module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(module)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(module)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import conftest
 import pytest
 import ray
 import torch
@@ -23,9 +22,9 @@ from graftrl.training.parallel import DataParallelWorker
 from graftrl.training.trainer import Trainer
 from graftrl.training.worker import PolicyWorker
 
-# Actors cannot import the test modules: ship the verifier classes by value.
+# Actors cannot import the test modules: ship this module's and conftest's classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(conftest)
+pytestmark = pytest.mark.usefixtures("ray_ships_test_helpers")
 
 
 def checkpoint_weights(trainer: Trainer) -> dict[str, torch.Tensor]:

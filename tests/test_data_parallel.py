@@ -178,6 +178,9 @@ def test_two_ranks_match_one_rank_for_every_loss(tiny_checkpoints, tmp_path, met
     for ranks in (1, 2):
         raw = data_parallel_config(tiny_checkpoints, method, ranks, steps=2)
         raw["checkpoint"] = {"every": 0}
+        # 2 optimizer steps per batch, as this check was calibrated (the recipe's 4 let Adam's
+        # update of gpt2's near-zero-gradient position embeddings drift past WEIGHT_ATOL)
+        raw["hacpo"] = {"minibatch": "prompts"}
         Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
     assert_runs_match(tmp_path / "2", tmp_path / "1", 2)
 

@@ -87,7 +87,7 @@ def validated_run(checkpoints: dict[str, Path], out: Path, backend: str) -> list
 
 
 def test_validation_samples_with_each_policys_vllm_engine_under_both_backends(
-    vllm_checkpoints, tmp_path, monkeypatch
+    vllm_checkpoints, tmp_path, monkeypatch, ray_ships_test_helpers
 ):
     """Validation goes through the same engine protocol as training: each policy's own vLLM engine
     (an engine serves one policy and refuses another), in the trainer's process or in its actor."""
