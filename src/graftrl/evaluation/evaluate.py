@@ -522,6 +522,21 @@ def resolve_targets(
         given = {"template": template, "chat_template": chat_template, "dtype": dtype, "device": device}
         return {**values, **{k: v for k, v in given.items() if v is not None}}
 
+    def policy_target(name: str, spec: Any, folder: Path, label: str, completed: int) -> ModelTarget:
+        """One policy's checkpoint, with the run's template/dtype/device unless overridden."""
+        return ModelTarget(
+            **override(
+                label=label,
+                path=str(folder),
+                policy=name,
+                template=spec.template,
+                chat_template=spec.chat_template,
+                dtype=spec.dtype,
+                device=spec.device,
+                completed_steps=completed,
+            )
+        )
+
     files = RunDir(root)
     if files.is_run():
         config = load_config(files.config)
@@ -541,17 +556,8 @@ def resolve_targets(
                 entry = chosen[name]
                 completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
                 targets.append(
-                    ModelTarget(
-                        **override(
-                            label=f"{name} (best, {completed} steps)",
-                            path=str(files.best / name),
-                            policy=name,
-                            template=spec.template,
-                            chat_template=spec.chat_template,
-                            dtype=spec.dtype,
-                            device=spec.device,
-                            completed_steps=completed,
-                        )
+                    policy_target(
+                        name, spec, files.best / name, f"{name} (best, {completed} steps)", completed
                     )
                 )
             return EvalPlan(targets, config, files.evaluation(best=True))
@@ -564,20 +570,7 @@ def resolve_targets(
         latest = done[-1]
         completed = checkpoint_step(latest) or 0
         for name, spec in specs.items():
-            targets.append(
-                ModelTarget(
-                    **override(
-                        label=f"{name} ({completed} steps)",
-                        path=str(latest / name),
-                        policy=name,
-                        template=spec.template,
-                        chat_template=spec.chat_template,
-                        dtype=spec.dtype,
-                        device=spec.device,
-                        completed_steps=completed,
-                    )
-                )
-            )
+            targets.append(policy_target(name, spec, latest / name, f"{name} ({completed} steps)", completed))
         return EvalPlan(targets, config, files.evaluation(best=False))
 
     folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
