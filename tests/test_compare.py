@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import yaml
@@ -149,7 +150,7 @@ def test_unknown_methods_and_keys_name_the_variant(tiny_task, tmp_path):
 # ----- the harness ---------------------------------------------------------------------------
 
 
-def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch):
+def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_path, monkeypatch):
     calls: list[str] = []
     quick_flags: list[bool] = []
     original_train = Trainer.train
@@ -225,6 +226,27 @@ def test_compare_writes_everything_and_resumes(tiny_task, tmp_path, monkeypatch)
     assert [r for r in rerun["rows"] if r["variant"] == "grpo-n4"] == [
         r for r in rows if r["variant"] == "grpo-n4"
     ]
+
+    # the finished matrix, copied with its models to other folders (a fresh clone, another cache),
+    # is recognised there: cells are keyed by the models' and data's content, not their paths
+    moved = {
+        name: shutil.copytree(path, tmp_path / "moved" / name) for name, path in tiny_checkpoints.items()
+    }
+    base = make_config(moved, steps=1)
+    del base["method"], base["seed"]
+    moved_task = CompareTask("tiny", base, tiny_task.heldout, tiny_task.settings, results_provenance(moved))
+    monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: moved_task)
+    shutil.copytree(out, tmp_path / "cmp-moved")
+    calls.clear()
+    moved_args = [
+        *args[: args.index("--out")],
+        "--out",
+        str(tmp_path / "cmp-moved"),
+        *args[args.index("--out") + 2 :],
+    ]
+    result = CliRunner().invoke(app, moved_args)
+    assert result.exit_code == 0, result.output
+    assert calls == []
 
 
 def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from graftrl.config import ConfigError, apply_overrides, config_from_dict, dump_config
+from graftrl.config import ConfigError, apply_overrides, config_from_dict
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
@@ -430,6 +430,23 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
+    """The cell's config with its files named by content, not location: each policy's path by its
+    starting weights' hash, the training file by its hash. A finished cell committed from one
+    checkout (or cache folder) is then recognised in another."""
+    from graftrl.files import sha256_file
+
+    raw = config.model_dump(mode="json")
+    models = task.provenance.get("models", {})
+    for policy in raw["policies"]:
+        if policy["name"] in models:
+            policy["path"] = models[policy["name"]]["weights_sha256"]
+    train = Path(raw["data"]["train"])
+    if train.is_file():
+        raw["data"]["train"] = sha256_file(train)[0]
+    return raw
+
+
 def _eval_key(task: CompareTask) -> list[Any]:
     s = task.settings
     return [s.eval_samples, s.max_new_tokens, [p.id for p in task.heldout]]
@@ -480,7 +497,7 @@ def run_cell(
 
     config = cell_config(task, variant, seed, steps)
     run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
-    digest = _digest(dump_config(config), _eval_key(task))
+    digest = _digest(_cell_key(task, config), _eval_key(task))
     done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
@@ -531,7 +548,7 @@ def warm_start_cell(
 
     config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
-    digest = _digest([p.model_dump(mode="json") for p in config.policies], _eval_key(task))
+    digest = _digest(_cell_key(task, config)["policies"], _eval_key(task))
     done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         return done
