@@ -16,6 +16,7 @@ import torch
 from graftrl.storage.store import StoredTrajectory
 
 if TYPE_CHECKING:
+    from graftrl.reporting.compare import CompareTask
     from graftrl.training.trainer import Trainer
 
 # Every model in the tests is built here: never wait on a hub that this machine cannot reach.
@@ -192,6 +193,22 @@ def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tiny heterogeneous checkpoints (hidden 32, 2 heads), loaded by path as real ones are."""
     return build_checkpoints(tmp_path_factory.mktemp("checkpoints"), hidden=32, heads=2)
+
+
+@pytest.fixture
+def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
+    """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""
+    from graftrl.reporting.compare import CompareTask, DemoSettings
+    from graftrl.reporting.provenance import results_provenance
+    from graftrl.storage.data import load_problems
+
+    base = make_config(tiny_checkpoints, steps=1)
+    del base["method"], base["seed"]
+    settings = DemoSettings(
+        steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
+    )
+    problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
+    return CompareTask("tiny", base, problems, settings, results_provenance(tiny_checkpoints))
 
 
 @pytest.fixture(scope="session")

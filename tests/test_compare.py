@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import FIXTURES, make_config
+from conftest import make_config
 from typer.testing import CliRunner
 
 import graftrl.reporting.compare as compare
@@ -20,7 +20,6 @@ from graftrl.reporting.compare import (
     ROW_KEYS,
     CompareError,
     CompareTask,
-    DemoSettings,
     Matrix,
     Variant,
     cell_config,
@@ -30,22 +29,9 @@ from graftrl.reporting.compare import (
 )
 from graftrl.reporting.provenance import results_provenance
 from graftrl.reporting.render import table_markdown
-from graftrl.storage.data import load_problems
 from graftrl.training.trainer import Trainer
 
 PLOTS = ("training_curves.png", "pass_at_1.png")
-
-
-@pytest.fixture
-def tiny_task(tiny_checkpoints) -> CompareTask:
-    """The tiny random checkpoints on the fixture problems: cells take seconds, not minutes."""
-    base = make_config(tiny_checkpoints, steps=1)
-    del base["method"], base["seed"]
-    settings = DemoSettings(
-        steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
-    )
-    problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
-    return CompareTask("tiny", base, problems, settings, results_provenance(tiny_checkpoints))
 
 
 # ----- tables --------------------------------------------------------------------------------
@@ -203,6 +189,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert "Table 2: ablations, Δ vs full GRAFT (graft)" in report
     assert "train wall-clock (s/seed)" in report and "rollouts/model" in report
     assert "rows trained/model" in report and "optimizer steps/model" in report
+    assert "## Regime and exchange diagnostics" in report and "| graft | llama |" in report
     cell = json.loads((out / "runs" / "grpo-n4-seed0" / "done.json").read_text())
     assert cell["optimizer_steps_per_model"] >= 1 and cell["rows_trained_per_model"] >= 1
     for name in PLOTS:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from graftrl.embedded.task import DEFAULT_TASK, TASKS
+from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS, TASKS
 from graftrl.errors import UserError
 
 console = Console()
@@ -513,6 +513,38 @@ def compare(
         console=console,
         embedded=task,
     )
+
+
+@app.command()
+def sweep(
+    overlaps: Annotated[
+        str,
+        typer.Option(
+            help="Skill-overlap points in [0, 1], comma-separated: the GPT-2's warm-start mix is "
+            "(1 - o) x its own + o x the Llama's (0: complementary deficits, 1: same skills)."
+        ),
+    ] = ",".join(f"{o:g}" for o in SKILL_OVERLAPS),
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
+    steps: Annotated[int | None, typer.Option(min=1, help="Override train.steps for every cell.")] = None,
+    quick: Annotated[bool, typer.Option(help="Smoke-test sizes (the demo's --quick).")] = False,
+    out: Annotated[Path, typer.Option(help="Output folder (a compare per point inside).")] = Path(
+        "runs/sweep"
+    ),
+    cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
+    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
+) -> None:
+    """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair; resumable."""
+    from graftrl.reporting.sweep import SweepError, run_sweep
+
+    _check_task(task)
+    try:
+        points = [float(part) for part in overlaps.split(",") if part.strip()]
+    except ValueError:
+        raise SweepError(
+            f"--overlaps: numbers separated by commas, e.g. 0,0.33,0.67,1; got {overlaps!r}"
+        ) from None
+    _thread_note()
+    run_sweep(out, points, seeds=seeds, steps=steps, quick=quick, cache_dir=cache, console=console, task=task)
 
 
 def main() -> None:  # pragma: no cover - console entry

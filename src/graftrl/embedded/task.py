@@ -198,6 +198,10 @@ TASKS: dict[str, EmbeddedTask] = {
 #: meets the regime targets of issue 11 on the warm-started pair (docs/task_design.md).
 DEFAULT_TASK = "worked"
 
+#: ``graftrl sweep``'s default points of skill overlap (``warmstart.overlap_mixes``): from the
+#: task's complementary pair (0) to a pair taught the same families (1).
+SKILL_OVERLAPS = (0.0, 0.33, 0.67, 1.0)
+
 #: The default of the generator and warm-start functions: the task they served before tasks had
 #: names, so library callers that name no task keep their problems and models.
 ORIGINAL_TASK = "arith"

@@ -44,6 +44,7 @@ __all__ = [
     "WARMSTART_SETTINGS",
     "encode_pair",
     "fingerprint",
+    "overlap_mixes",
     "prepare_embedded_models",
     "sampled_accuracy",
     "warm_start",
@@ -72,6 +73,25 @@ TASK_MIXES: dict[str, dict[str, dict[str, float]]] = {
     },
 }
 EMBEDDED_MIXES = TASK_MIXES["arith"]
+
+
+def overlap_mixes(task: str, overlap: float) -> dict[str, dict[str, float]]:
+    """The task's warm-start mixes at skill overlap ``overlap`` in [0, 1] (``graftrl sweep``'s knob).
+
+    The first model (the Llama) keeps its mix; the second's (the GPT-2's) moves linearly towards
+    the first's: ``(1 - overlap) * own + overlap * first``. At 0 the pair has the task's
+    complementary deficits; at 1 both were taught the same families, so they lack the same step
+    and a peer rarely solves the receiver's all-fail prompts.
+    """
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"skill overlap must be in [0, 1], got {overlap}")
+    first, second = (dict(TASK_MIXES[task][name]) for name in MODEL_SPECS)
+    families = sorted(set(first) | set(second))
+    moved = {f: round((1 - overlap) * second.get(f, 0.0) + overlap * first.get(f, 0.0), 6) for f in families}
+    names = list(MODEL_SPECS)
+    # overlap 0 is the task's own pair, mix for mix, so its cached models (fingerprints) are reused
+    return {names[0]: first, names[1]: second if overlap == 0 else {f: w for f, w in moved.items() if w > 0}}
+
 
 #: Stop settings per task: full (demo) and quick (smoke tests). ``WARMSTART_SETTINGS`` is the
 #: ``arith`` task's. Stopping is counted in optimizer steps and checks, never in seconds, so a
@@ -313,8 +333,12 @@ def prepare_embedded_models(
     parallel: bool = True,
     task: str = ORIGINAL_TASK,
     progress: bool = False,
+    mixes: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Path]:
     """Warm-start both embedded models for ``task`` (or reuse the cache); their folders by spec name.
+
+    ``mixes``: family mix per spec name, default the task's (``TASK_MIXES``; ``overlap_mixes``
+    gives the sweep's).
 
     A model is reused when ``cache_dir/<spec>-<fingerprint>/`` holds a report with the same
     fingerprint (spec, mix, task, seed, stop settings). Missing models are trained in parallel
@@ -326,7 +350,7 @@ def prepare_embedded_models(
     jobs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
     for name in MODEL_SPECS:
-        mix = TASK_MIXES[task][name]
+        mix = dict((mixes or TASK_MIXES[task])[name])
         fp = fingerprint(
             name,
             mix,
@@ -354,8 +378,10 @@ def prepare_embedded_models(
                 for f in futures:
                     f.result()
         else:
-            for kw in jobs.values():
-                warm_start(threads=2, **kw)
+            import torch
+
+            for kw in jobs.values():  # in this process, on the threads it was given (--threads)
+                warm_start(threads=torch.get_num_threads(), **kw)
     return paths
 
 

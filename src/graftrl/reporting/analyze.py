@@ -549,8 +549,9 @@ def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dic
     """The regime statistics of docs/task_design.md over runs labelled "<method> seed <s>".
 
     method -> receiver -> mean per-step all-fail share and complementarity (any peer), GRAFT's
-    selected prompts per step, and the transferred / admitted response totals of the receiver
-    (all sources together; ``Exchange`` splits them per direction for one run).
+    selected prompts per step, the transferred / admitted response totals of the receiver (all
+    sources together; ``Exchange`` splits them per direction for one run) and the mean share of
+    clipped token ratios on its own and on peer rows.
     """
     out: dict[str, Any] = {}
     for label, rows in curves.items():
@@ -558,8 +559,19 @@ def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dic
         for row in rows:
             entry = out.setdefault(method, {}).setdefault(
                 row["model"],
-                {"all_fail": [], "complementarity": [], "selected": [], "peer_responses": [], "admitted": []},
+                {
+                    "all_fail": [],
+                    "complementarity": [],
+                    "selected": [],
+                    "peer_responses": [],
+                    "admitted": [],
+                    "clip_frac_own": [],
+                    "clip_frac_peer": [],
+                },
             )
+            for key in ("clip_frac_own", "clip_frac_peer"):
+                if row.get(key) is not None:
+                    entry[key].append(row[key])
             if row.get("all_fail_frac") is not None:
                 entry["all_fail"].append(row["all_fail_frac"])
             entry["complementarity"] += [
@@ -583,5 +595,9 @@ def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dic
                 "transferred_responses": transferred,
                 "admitted_responses": sum(entry["admitted"]),
                 "admit_rate": sum(entry["admitted"]) / transferred if transferred else None,
+                "clip_frac_own": statistics.fmean(entry["clip_frac_own"]) if entry["clip_frac_own"] else None,
+                "clip_frac_peer": statistics.fmean(entry["clip_frac_peer"])
+                if entry["clip_frac_peer"]
+                else None,
             }
     return summary

@@ -46,8 +46,9 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
+from graftrl.reporting.analyze import summarize_exchange
 from graftrl.reporting.provenance import results_provenance
-from graftrl.reporting.render import paired_markdown, table_markdown
+from graftrl.reporting.render import diagnostics_markdown, paired_markdown, table_markdown
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
 
@@ -378,10 +379,15 @@ class CompareTask:
 
 
 def embedded_task(
-    out_dir: Path, cache_dir: Path | None, quick: bool, console: Console, name: str = DEFAULT_TASK
+    out_dir: Path,
+    cache_dir: Path | None,
+    quick: bool,
+    console: Console,
+    name: str = DEFAULT_TASK,
+    mixes: Mapping[str, Mapping[str, float]] | None = None,
 ) -> CompareTask:
     """The demo's task ``name``: warm-started (cached) embedded models and a procedural
-    train/held-out split."""
+    train/held-out split. ``mixes``: the models' warm-start family mixes, default the task's."""
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
     from graftrl.storage.data import load_problems
@@ -390,7 +396,7 @@ def embedded_task(
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
     started = time.perf_counter()
-    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=name)
+    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=name, mixes=mixes)
     console.print(
         f"models ready in {time.perf_counter() - started:.0f}s: "
         + ", ".join(f"{k} -> {v}" for k, v in paths.items())
@@ -608,7 +614,7 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
 
 
 def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
-    """Metrics rows per "<variant> seed <s>", for the per-family training curves."""
+    """Metrics rows per "<variant> seed <s>" (the per-family curves and the exchange diagnostics)."""
     out = ExperimentDir(out_dir)
     return {
         f"{name} seed {seed}": read_metrics(out.run(name, seed).root)
@@ -707,6 +713,20 @@ def write_report(
         lines += [table_markdown(summarize(by_family), baseline or reference, [WARM_START, *names]), ""]
         if baseline or reference:
             lines += [paired_markdown(by_family, baseline or reference, names), ""]
+    metrics = _family_runs(out_dir, names, seeds)
+    if diagnostics := summarize_exchange(metrics):
+        lines += [
+            "## Regime and exchange diagnostics (training prompts; mean per step over the seeds run)",
+            "",
+            "All-fail share: the receiver's prompts on which all n of its rollouts failed. Complementarity: "
+            "of those, the share on which a peer's group is mixed. Groups moved: prompt groups replaced by a "
+            "peer's per step; peer responses: their total; admitted: the share with compatibility weight "
+            "w > 0 (the gate). Clipped own / peer: trained tokens whose ratio was clipped, on own and on "
+            "peer rows (percent).",
+            "",
+            diagnostics_markdown(diagnostics, names),
+            "",
+        ]
     missing = [n for n in names if n not in summary]
     if missing:
         lines += [f"Not run yet: {', '.join(missing)}.", ""]
@@ -722,7 +742,7 @@ def write_report(
         plot_training_curves(curves, out_dir / "training_curves.png")
     if rows:
         plot_pass_at_1([{**r, "method": r["variant"]} for r in rows], out_dir / "pass_at_1.png")
-    plot_family_curves(_family_runs(out_dir, names, seeds), out_dir / "family_curves.png")
+    plot_family_curves(metrics, out_dir / "family_curves.png")
     return report
 
 
@@ -766,7 +786,13 @@ class CompareRun:
 
 class CompareReport:
     """How a comparison is written: results.json (after every cell, so progress survives a crash),
-    then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``)."""
+    then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``).
+
+    ``echo``: print report.md when done (``graftrl sweep`` prints its own summary instead).
+    """
+
+    def __init__(self, echo: bool = True) -> None:
+        self.echo = echo
 
     def progress(self, run: CompareRun) -> None:
         _write_json_atomic(ExperimentDir(run.out_dir).results, run.results())
@@ -781,7 +807,8 @@ class CompareReport:
         report = write_report(
             out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"]
         )
-        run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+        if self.echo:
+            run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
         run.console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
         return final
 

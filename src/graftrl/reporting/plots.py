@@ -1,5 +1,5 @@
 """Every figure graftrl draws (PNG via matplotlib): training curves, complementarity, compatibility
-scores, pass@1 bars, per-family curves, and the panels of ``graftrl analyze``."""
+scores, pass@1 bars, per-family curves, the sweep, and the panels of ``graftrl analyze``."""
 
 from __future__ import annotations
 
@@ -290,3 +290,50 @@ def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) 
                     panels[key][model] = ([p[0] for p in points], [p[1] for p in points])
         plot_step_panels(panels, path("validation"))
     return made
+
+
+def plot_sweep(points: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """``graftrl sweep``: top, GRAFT − GRPO held-out pass@1 per model with its 95% paired interval;
+    bottom, the regime at each point (all-fail share solid, complementarity dashed), against the
+    skill overlap of the pair."""
+    models = sorted({m for p in points for m in p["models"]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
+    for i, model in enumerate(models):
+        color = f"C{i}"
+        shift = (i - (len(models) - 1) / 2) * 0.012  # side by side, so the intervals stay readable
+        xs, means, lows, highs = [], [], [], []
+        for p in points:
+            diff = p["models"].get(model, {}).get("graft_minus_grpo")
+            if diff is None:
+                continue
+            xs.append(p["overlap"] + shift)
+            means.append(100 * diff["mean"])
+            low, high = diff["low"], diff["high"]
+            lows.append(100 * (diff["mean"] - low) if low is not None else 0.0)
+            highs.append(100 * (high - diff["mean"]) if high is not None else 0.0)
+        if xs:
+            top.errorbar(xs, means, yerr=[lows, highs], fmt="o-", color=color, capsize=4, label=model)
+        for key, style, name in (
+            ("all_fail_share", "-", "all-fail share"),
+            ("complementarity", "--", "complementarity"),
+        ):
+            pts = [
+                (p["overlap"], p["models"][model][key])
+                for p in points
+                if p["models"].get(model, {}).get(key) is not None
+            ]
+            if pts:
+                bottom.plot(*zip(*pts, strict=True), style, marker="o", color=color, label=f"{model}: {name}")
+    top.axhline(0.0, color="grey", linewidth=0.8)
+    top.set_ylabel("GRAFT − GRPO pass@1 (points)")
+    top.set_title("held-out pass@1 difference, paired by seed (95% t interval)", fontsize=9)
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    bottom.set_ylim(-0.03, 1.03)
+    bottom.set_xlabel("skill overlap of the pair (0: complementary deficits, 1: same skills)")
+    bottom.set_ylabel("share of prompts (GRPO runs)")
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -123,6 +123,27 @@ def diagnostics_table(diagnostics: Mapping[str, Any]) -> Table:
     return table
 
 
+def diagnostics_markdown(diagnostics: Mapping[str, Any], order: Sequence[str] = ()) -> str:
+    """compare's report: the regime and exchange statistics per (variant, receiver), in percent."""
+
+    def pct(value: float | None) -> str:
+        return "—" if value is None else f"{100 * value:.1f}"
+
+    rows = []
+    for variant in [*order, *(v for v in diagnostics if v not in order)]:
+        for model, d in sorted(diagnostics.get(variant, {}).items()):
+            rows.append(
+                f"| {variant} | {model} | {pct(d.get('all_fail_mean'))} | {pct(d['complementarity_mean'])} "
+                f"| {d['selected_prompts_per_step']:.2f} | {d['transferred_responses']:,} "
+                f"| {pct(d['admit_rate'])} | {pct(d.get('clip_frac_own'))} | {pct(d.get('clip_frac_peer'))} |"
+            )
+    header = (
+        "| variant | receiver | all-fail share | complementarity | groups moved/step | peer responses "
+        "| admitted | clipped own | clipped peer |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([header, *rows])
+
+
 # --------------------------------------------------------------------------------------------
 # One run (analysis.md)
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""`graftrl sweep`: where does exchange help? GRAFT − GRPO (n = 8) over the skill overlap of the pair.
+
+The knob is the *skill overlap* o of the warm-start (``embedded.warmstart.overlap_mixes``): the
+GPT-2's warm-start family mix is ``(1 - o) x its own + o x the Llama's``. At o = 0 the pair has the
+task's complementary deficits (the demo's pair); at o = 1 both were taught the same families, so
+they lack the same step and a peer rarely solves the receiver's all-fail prompts. Moving o moves
+both regime statistics of the paper's argument: the GPT-2's all-fail share and the
+complementarity in both directions.
+
+Each point is a compare of the ``demo`` preset (GRPO and GRAFT on the same seeds, prompts and
+evaluation problems) in ``OUT/overlap-<o>/``, resumable cell by cell. Cells run seed-major (seed
+0 at every point, then seed 1, ...), so a partial sweep already has a curve. Per point the sweep
+reports the paired GRAFT − GRPO difference of held-out pass@1 with its 95% t interval, beside
+the regime measured on the training prompts: all-fail share and complementarity from the GRPO
+runs (no exchange disturbs them), groups moved per step and the gate's admitted share from the
+GRAFT runs. Outputs: ``results.json``, ``report.md`` and ``sweep.png`` in OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
+from graftrl.embedded.warmstart import overlap_mixes
+from graftrl.errors import UserError
+from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
+from graftrl.reporting.analyze import summarize_exchange
+from graftrl.reporting.compare import PAIRED_NOTE, CompareReport, CompareTask, embedded_task, run_compare
+from graftrl.storage.rundir import ExperimentDir, read_metrics
+
+PRESET = "demo"
+BASELINE, TREATMENT = "grpo", "graft"
+
+
+class SweepError(UserError):
+    """A sweep argument problem; the message names the flag and what to fix."""
+
+
+def point_dir(out_dir: Path, overlap: float) -> Path:
+    return out_dir / f"overlap-{overlap:g}"
+
+
+def check_overlaps(overlaps: Sequence[float]) -> list[float]:
+    points = [float(o) for o in overlaps]
+    if not points:
+        raise SweepError("--overlaps: give at least one point, e.g. --overlaps 0,0.33,0.67,1")
+    if bad := [o for o in points if not 0.0 <= o <= 1.0]:
+        raise SweepError(f"--overlaps: every point must be in [0, 1], got {bad}")
+    if len(set(points)) != len(points):
+        raise SweepError(f"--overlaps: each point once, got {points}")
+    return sorted(points)
+
+
+def point_summary(
+    overlap: float, out_dir: Path, rows: Sequence[dict[str, Any]], seeds: int
+) -> dict[str, Any]:
+    """One point of the sweep: per model, pass@1 (warm-start, GRPO, GRAFT), the paired difference
+    and the regime statistics of its runs (seeds that finished)."""
+    runs = ExperimentDir(out_dir)
+    curves = {
+        f"{variant} seed {seed}": read_metrics(runs.run(variant, seed).root)
+        for variant in (BASELINE, TREATMENT)
+        for seed in range(seeds)
+        if runs.run(variant, seed).holds_run()
+    }
+    regime = summarize_exchange(curves)
+    paired = paired_deltas(rows, BASELINE).get(TREATMENT, {})
+    models = sorted({r["model"] for r in rows})
+    per_model = {}
+    for model in models:
+
+        def scores(variant: str, model: str = model) -> list[float]:
+            return [r["pass_at_1"] for r in rows if r["variant"] == variant and r["model"] == model]
+
+        own, exchange = regime.get(BASELINE, {}).get(model, {}), regime.get(TREATMENT, {}).get(model, {})
+        diff = paired.get(model)
+        per_model[model] = {
+            "warm_start_pass_at_1": next(iter(scores(WARM_START)), None),
+            "grpo_pass_at_1": asdict(mean_std(scores(BASELINE))) if scores(BASELINE) else None,
+            "graft_pass_at_1": asdict(mean_std(scores(TREATMENT))) if scores(TREATMENT) else None,
+            "graft_minus_grpo": diff.as_dict() if diff is not None else None,
+            "all_fail_share": own.get("all_fail_mean"),
+            "complementarity": own.get("complementarity_mean"),
+            "groups_moved_per_step": exchange.get("selected_prompts_per_step"),
+            "admitted_share": exchange.get("admit_rate"),
+        }
+    return {"overlap": overlap, "models": per_model}
+
+
+def _fmt(value: float | None, scale: float = 100.0, digits: int = 1) -> str:
+    return "—" if value is None else f"{value * scale:.{digits}f}"
+
+
+def report_markdown(points: Sequence[dict[str, Any]], seeds: int, task: CompareTask) -> str:
+    settings = task.settings
+    lines = [
+        "# graftrl sweep: GRAFT − GRPO over the skill overlap of the pair",
+        "",
+        f"Task {task.name}; at skill overlap o the GPT-2's warm-start mix is (1 − o) x its own + o x the "
+        f"Llama's. Per point: GRPO (n = {settings.n}) and GRAFT, seeds 0-{seeds - 1}, {settings.steps} steps "
+        f"x {settings.batch_prompts} prompts per model; held-out pass@1 on {settings.n_eval} problems x "
+        f"{settings.eval_samples} samples, in percent. All-fail share and complementarity are measured on "
+        "the GRPO runs' training prompts (mean per step); groups moved and the admitted share on GRAFT's.",
+        "",
+        f"GRAFT − GRPO: {PAIRED_NOTE}.",
+        "",
+        "| overlap | model | warm-start | all-fail share | complementarity | groups moved/step | admitted "
+        "| GRPO | GRAFT | GRAFT − GRPO [95% CI] | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        for model, m in point["models"].items():
+            diff = m["graft_minus_grpo"]
+            if diff is None:
+                delta = "—"
+            elif diff["low"] is None:
+                delta = f"{diff['mean'] * 100:+.2f}"
+            else:
+                star = " *" if diff["resolved"] else ""
+                delta = (
+                    f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
+                )
+            grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
+            lines.append(
+                f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "
+                f"| {_fmt(m['all_fail_share'])} | {_fmt(m['complementarity'])} "
+                f"| {_fmt(m['groups_moved_per_step'], 1.0, 2)} | {_fmt(m['admitted_share'])} "
+                f"| {_fmt(grpo and grpo['mean'])} ± {_fmt(grpo and grpo['std'])} "
+                f"| {_fmt(graft and graft['mean'])} ± {_fmt(graft and graft['std'])} "
+                f"| {delta} | {diff['n'] if diff else 0} |"
+            )
+    lines += ["", "Figure: `sweep.png`; every point's own report in `overlap-<o>/report.md`.", ""]
+    return "\n".join(lines)
+
+
+def run_sweep(
+    out_dir: Path,
+    overlaps: Sequence[float] = SKILL_OVERLAPS,
+    seeds: int = 5,
+    steps: int | None = None,
+    quick: bool = False,
+    cache_dir: Path | None = None,
+    console: Console | None = None,
+    task: str = DEFAULT_TASK,
+) -> dict[str, Any]:
+    """Run (or continue) the sweep; returns what it wrote as results.json."""
+    from graftrl.reporting.plots import plot_sweep
+    from graftrl.reporting.provenance import results_provenance
+
+    console = console or Console()
+    points = check_overlaps(overlaps)
+    if seeds < 1:
+        raise SweepError(f"--seeds must be >= 1, got {seeds}")
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # every point's models first: a warm-start that fails does so before any cell trains
+    tasks = {
+        o: embedded_task(point_dir(out_dir, o), cache_dir, quick, console, task, mixes=overlap_mixes(task, o))
+        for o in points
+    }
+    results: dict[float, dict[str, Any]] = {}
+    for seed in range(seeds):  # seed-major: a partial sweep already has every point
+        for o in points:
+            console.print(f"[bold]sweep[/bold]: overlap {o:g}, seed {seed}")
+            results[o] = run_compare(
+                point_dir(out_dir, o),
+                PRESET,
+                seeds=seed + 1,
+                steps=steps,
+                console=console,
+                task=tasks[o],
+                report=CompareReport(echo=False),
+            )
+    summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds) for o in points]
+    first = tasks[points[0]]
+    final = {
+        "task": task,
+        "knob": "skill overlap: the GPT-2's warm-start mix is (1 - o) x its own + o x the Llama's",
+        "overlaps": points,
+        "seeds": seeds,
+        "steps": steps,
+        "settings": results[points[0]]["settings"],
+        "points": summaries,
+        "mixes": {f"{o:g}": overlap_mixes(task, o) for o in points},
+        "total_wall_s": round(time.perf_counter() - started, 1),
+        "provenance": {
+            **results_provenance({}),
+            "models": {f"{o:g}": tasks[o].provenance.get("models", {}) for o in points},
+        },
+    }
+    out = ExperimentDir(out_dir)
+    out.results.write_text(json.dumps(final, indent=2))
+    out.report.write_text(report_markdown(summaries, seeds, first))
+    plot_sweep(summaries, out_dir / "sweep.png")
+    console.print(out.report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out_dir}/report.md, results.json and sweep.png")
+    return final
