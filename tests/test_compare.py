@@ -338,3 +338,36 @@ def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp
         "rows_trained_per_model": (128 + 64) / 2,
         "optimizer_steps_per_model": (8 + 4) / 2,
     }
+
+
+def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path):
+    """--jobs 2 trains cells in two spawned processes: the same rows as one after the other at
+    the same thread count, every cell marked done, and a rerun reuses them without a process."""
+    import io
+
+    import torch
+    from rich.console import Console
+
+    from graftrl.reporting.compare import run_compare
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the children get 1 // 2 -> 1 thread: the same reductions
+    try:
+        matrix = Matrix([Variant("grpo", "grpo"), Variant("graft", "graft")])
+        quiet = Console(file=io.StringIO())
+        one = run_compare(tmp_path / "one", matrix, seeds=2, task=tiny_task, console=quiet)
+        two = run_compare(tmp_path / "two", matrix, seeds=2, task=tiny_task, console=quiet, jobs=2)
+        again = run_compare(tmp_path / "two", matrix, seeds=2, task=tiny_task, console=quiet, jobs=2)
+    finally:
+        torch.set_num_threads(threads)
+
+    def results(run):
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in run["rows"]]
+
+    assert results(two) == results(one) and len(results(one)) == 2 + 2 * 2 * 2
+    assert (
+        sorted(two["ran"]) == sorted(one["ran"]) == ["graft-seed0", "graft-seed1", "grpo-seed0", "grpo-seed1"]
+    )
+    assert again["ran"] == [] and results(again) == results(one)
+    with pytest.raises(CompareError, match="--jobs"):
+        run_compare(tmp_path / "three", matrix, task=tiny_task, console=quiet, jobs=0)

@@ -106,7 +106,7 @@ def contention_note(threads: int, cpus: int, load: float) -> str | None:
     )
 
 
-_TORCH_COMMANDS = frozenset({"train", "demo", "compare", "eval", "import-trajectories"})
+_TORCH_COMMANDS = frozenset({"train", "demo", "compare", "sweep", "eval", "import-trajectories"})
 """Subcommands that run models, so their torch thread count matters."""
 
 _thread_notes: list[str] = []
@@ -201,6 +201,12 @@ def train(
     console.print(f"run written to {run_dir}")
 
 
+_JOBS_HELP = (
+    "Cells trained side by side, each in its own process with an equal share of this process's torch "
+    "threads (on 2 cores, 2 jobs of 1 thread beat 1 job of 2 threads: the models are tiny)."
+)
+
+
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option(help="Output folder for runs, plots and results.json.")] = Path(
@@ -210,13 +216,17 @@ def demo(
     seeds: Annotated[int, typer.Option(min=1, help="Repeat the comparison with this many seeds.")] = 1,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
+    jobs: Annotated[
+        int | None, typer.Option(min=1, help=_JOBS_HELP + " Default: 2 where 2 CPUs are free to use, else 1.")
+    ] = None,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
     from graftrl.reporting.demo import run_demo
 
     _check_task(task)
     _thread_note()
-    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task)
+    jobs = jobs or min(2, available_cpus())
+    run_demo(out_dir=out, quick=quick, seeds=seeds, cache_dir=cache, console=console, task=task, jobs=jobs)
 
 
 @app.command("config-reference")
@@ -493,6 +503,7 @@ def compare(
     ] = None,
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
+    jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.reporting.compare import CompareError, load_matrix, run_compare
@@ -512,6 +523,7 @@ def compare(
         cache_dir=cache,
         console=console,
         embedded=task,
+        jobs=jobs,
     )
 
 
@@ -532,6 +544,7 @@ def sweep(
     ),
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
+    jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair; resumable."""
     from graftrl.reporting.sweep import SweepError, run_sweep
@@ -544,7 +557,17 @@ def sweep(
             f"--overlaps: numbers separated by commas, e.g. 0,0.33,0.67,1; got {overlaps!r}"
         ) from None
     _thread_note()
-    run_sweep(out, points, seeds=seeds, steps=steps, quick=quick, cache_dir=cache, console=console, task=task)
+    run_sweep(
+        out,
+        points,
+        seeds=seeds,
+        steps=steps,
+        quick=quick,
+        cache_dir=cache,
+        console=console,
+        task=task,
+        jobs=jobs,
+    )
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -453,6 +453,11 @@ def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
     return raw
 
 
+def _cell_digest(task: CompareTask, config: Any) -> str:
+    """What a cell's done marker must match: its config (files by content) and the evaluation."""
+    return _digest(_cell_key(task, config), _eval_key(task))
+
+
 def _eval_key(task: CompareTask) -> list[Any]:
     s = task.settings
     return [s.eval_samples, s.max_new_tokens, [p.id for p in task.heldout]]
@@ -494,17 +499,21 @@ def run_cell(
     verifier: Any,
     console: Console,
     resume: bool = True,
+    progress: bool = True,
 ) -> tuple[dict[str, Any], bool]:
     """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran).
 
-    ``resume`` False: the cell trains afresh and writes no marker (the demo's way).
+    ``resume`` False: the cell trains afresh and writes no marker (the demo's way). ``progress``
+    False: no live progress bar (cells running side by side would draw over each other).
     """
     from graftrl.training.trainer import Trainer
 
     config = cell_config(task, variant, seed, steps)
     run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
-    digest = _digest(_cell_key(task, config), _eval_key(task))
+    digest = _cell_digest(task, config)
     done = _read_done(RunDir(run_dir).done, digest) if resume else None
+    if not progress:  # after the digest: how a run is displayed does not change its result
+        config = config.model_copy(update={"logging": config.logging.model_copy(update={"progress": False})})
     if done is not None:
         console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
         return done, False
@@ -825,8 +834,13 @@ def run_compare(
     embedded: str = DEFAULT_TASK,
     resume: bool = True,
     report: CompareReport | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
+
+    ``jobs``: cells trained side by side, each in its own process with an equal share of this
+    process's torch threads (on 2 cores, two 1-thread cells finish sooner than one after the other
+    on 2 threads: the models are too small for 2 threads to pay).
 
     ``matrix``: a Matrix or a preset name (sized on the task's batch). ``task``: default the
     embedded task called ``embedded`` (``quick``: its smoke-test sizes, ``cache_dir``: where
@@ -840,6 +854,8 @@ def run_compare(
     report = report or CompareReport()
     if seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {seeds}")
+    if jobs < 1:
+        raise CompareError(f"--jobs must be >= 1, got {jobs}")
     spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
     check_methods(spec)  # before the warm-start
     started = time.perf_counter()
@@ -857,14 +873,103 @@ def run_compare(
         cell_config(task, variant, 0, steps)
     run = CompareRun(out_dir, spec, task, seeds, steps, console, started)
 
+    cells = [(seed, variant) for seed in range(seeds) for variant in spec.variants]
+    finished: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def record(seed: int, variant: Variant, done: dict[str, Any], did_run: bool) -> None:
+        finished[(seed, variant.name)] = done
+        run.cells[variant.name].append(done)
+        run.rows += done["rows"]
+        if did_run:
+            run.ran.append(f"{variant.name}-seed{seed}")
+        report.progress(run)
+
     with MathVerifier() as verifier:
         run.rows += warm_start_cell(task, out_dir, verifier, console, resume)["rows"]
-        for seed in range(seeds):
-            for variant in spec.variants:
-                done, did_run = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume)
-                run.cells[variant.name].append(done)
-                run.rows += done["rows"]
-                if did_run:
-                    run.ran.append(f"{variant.name}-seed{seed}")
-                report.progress(run)
+        if jobs <= 1:
+            for seed, variant in cells:
+                record(
+                    seed, variant, *run_cell(task, variant, seed, steps, out_dir, verifier, console, resume)
+                )
+        else:
+            _run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record)
+    # each variant's cells in seed order, whatever order they finished in
+    run.cells = defaultdict(list)
+    for seed, variant in cells:
+        run.cells[variant.name].append(finished[(seed, variant.name)])
     return report.finish(run)
+
+
+def _cell_job(
+    task: CompareTask,
+    variant: Variant,
+    seed: int,
+    steps: int | None,
+    out_dir: Path,
+    resume: bool,
+    threads: int,
+) -> tuple[dict[str, Any], bool]:
+    """One cell in a worker process of ``run_compare(jobs > 1)``: its own torch threads and
+    verifier, no live progress bar."""
+    import torch
+
+    from graftrl.models.rewards import MathVerifier
+
+    torch.set_num_threads(threads)
+    with MathVerifier() as verifier:
+        return run_cell(task, variant, seed, steps, out_dir, verifier, Console(), resume, progress=False)
+
+
+def _run_cells_in_parallel(
+    cells: Sequence[tuple[int, Variant]],
+    jobs: int,
+    task: CompareTask,
+    steps: int | None,
+    out_dir: Path,
+    console: Console,
+    resume: bool,
+    record: Any,
+) -> None:
+    """Train ``cells`` in ``jobs`` spawned processes sharing this process's torch threads; cells
+    finished earlier are reused here without a process. ``record(seed, variant, done, ran)`` is
+    called as each cell ends."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import torch
+
+    pending = []
+    for seed, variant in cells:
+        done = finished_cell(task, variant, seed, steps, out_dir) if resume else None
+        if done is not None:
+            console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
+            record(seed, variant, done, False)
+        else:
+            pending.append((seed, variant))
+    if not pending:
+        return
+    threads = max(1, torch.get_num_threads() // jobs)
+    console.print(f"training {len(pending)} cells, {jobs} at a time ({threads} torch thread(s) each)")
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {
+            pool.submit(_cell_job, task, variant, seed, steps, out_dir, resume, threads): (seed, variant)
+            for seed, variant in pending
+        }
+        try:
+            for future in as_completed(futures):
+                seed, variant = futures[future]
+                done, did_run = future.result()
+                console.print(f"{variant.name} seed {seed}: done")
+                record(seed, variant, done, did_run)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+
+
+def finished_cell(
+    task: CompareTask, variant: Variant, seed: int, steps: int | None, out_dir: Path
+) -> dict[str, Any] | None:
+    """The cell's done marker when it finished under the same config and evaluation, else None."""
+    config = cell_config(task, variant, seed, steps)
+    run_dir = ExperimentDir(out_dir).run(variant.name, seed)
+    return _read_done(run_dir.done, _cell_digest(task, config))

@@ -97,8 +97,10 @@ def run_demo(
     cache_dir: Path | None = None,
     console: Console | None = None,
     task: str = DEFAULT_TASK,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """`graftrl demo`: compare's demo preset on the embedded task ``task``, every cell afresh."""
+    """`graftrl demo`: compare's demo preset on the embedded task ``task``, every cell afresh
+    (``jobs`` side by side)."""
     return run_compare(
         out_dir,
         PRESET,
@@ -109,4 +111,5 @@ def run_demo(
         embedded=task,
         resume=False,
         report=DemoReport(),
+        jobs=jobs,
     )

@@ -149,8 +149,9 @@ def run_sweep(
     cache_dir: Path | None = None,
     console: Console | None = None,
     task: str = DEFAULT_TASK,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run (or continue) the sweep; returns what it wrote as results.json."""
+    """Run (or continue) the sweep (``jobs``: cells side by side); returns its results.json."""
     from graftrl.reporting.plots import plot_sweep
     from graftrl.reporting.provenance import results_provenance
 
@@ -177,6 +178,7 @@ def run_sweep(
                 console=console,
                 task=tasks[o],
                 report=CompareReport(echo=False),
+                jobs=jobs,
             )
     summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds) for o in points]
     first = tasks[points[0]]
