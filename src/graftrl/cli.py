@@ -554,7 +554,7 @@ def sweep(
         points = [float(part) for part in overlaps.split(",") if part.strip()]
     except ValueError:
         raise SweepError(
-            f"--overlaps: numbers separated by commas, e.g. 0,0.33,0.67,1; got {overlaps!r}"
+            f"--overlaps: numbers separated by commas, e.g. 0,0.1,0.33,1; got {overlaps!r}"
         ) from None
     _thread_note()
     run_sweep(

@@ -50,7 +50,7 @@ def point_dir(out_dir: Path, overlap: float) -> Path:
 def check_overlaps(overlaps: Sequence[float]) -> list[float]:
     points = [float(o) for o in overlaps]
     if not points:
-        raise SweepError("--overlaps: give at least one point, e.g. --overlaps 0,0.33,0.67,1")
+        raise SweepError("--overlaps: give at least one point, e.g. --overlaps 0,0.1,0.33,1")
     if bad := [o for o in points if not 0.0 <= o <= 1.0]:
         raise SweepError(f"--overlaps: every point must be in [0, 1], got {bad}")
     if len(set(points)) != len(points):
