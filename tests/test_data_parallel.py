@@ -20,7 +20,7 @@ from conftest import FIXTURES, TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
 
 from graftrl.config import ConfigError, config_from_dict
-from graftrl.training.parallel import RankFailure, split_rows
+from graftrl.training.parallel import RankFailure, rank_bundles, rank_device, split_rows
 from graftrl.training.trainer import Trainer
 
 # Float tolerance of a 2-rank run against a 1-rank run. The samples, rewards, plans and row sets
@@ -79,6 +79,26 @@ def test_parallel_data_config_limits(tiny_checkpoints):
     assert config_from_dict({**raw, "validation": {"files": ["x.jsonl"]}}).validation.files  # validates too
     with pytest.raises(ConfigError, match=r"rollout.engine: hf"):
         config_from_dict({**raw, "rollout": {**raw["rollout"], "engine": "vllm"}})
+
+
+def test_ray_ranks_share_the_policys_resources_and_see_their_own_gpu(tiny_checkpoints, monkeypatch):
+    raw = make_config(tiny_checkpoints)
+    raw["policies"][0]["parallel"] = {"data": 4, "placement": "SPREAD"}
+    raw["policies"][0]["resources"] = {"num_gpus": 4, "num_cpus": 8}
+    spec = config_from_dict(raw).policies[0]
+    assert spec.parallel.placement == "SPREAD"
+    assert rank_bundles(spec) == [{"CPU": 2.0, "GPU": 1.0}] * 4
+    spec = config_from_dict(make_config(tiny_checkpoints)).policies[0]
+    assert rank_bundles(spec) == [{"CPU": 1.0}]  # no GPU key on a CPU-only policy
+    with pytest.raises(ConfigError, match="placement"):
+        config_from_dict(
+            {**raw, "policies": [{**raw["policies"][0], "parallel": {"data": 2, "placement": "RING"}}]}
+        )
+    # spawned ranks share the node's GPUs (cuda:rank); a Ray rank sees only its bundle's (LOCAL_RANK 0)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rank_device("cuda", 3) == "cuda:3" and rank_device("cpu", 3) == "cpu"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert rank_device("cuda", 3) == "cuda:0"
 
 
 # ----- distributed tier ----------------------------------------------------------------------
@@ -207,15 +227,45 @@ def test_resume_on_a_different_rank_count(tiny_checkpoints, tmp_path, one_rank_r
 
 @pytest.mark.distributed
 def test_ray_backend_hosts_the_ranks(tiny_checkpoints, tmp_path, one_rank_runs, monkeypatch):
-    """backend: ray, one actor per policy spawning its 2 ranks: the one-rank run's results."""
+    """backend: ray, each policy's 2 ranks as actors of its placement group: the one-rank run's results."""
     import ray
 
-    # The actors unpickle TextRewards by reference: they import conftest from tests/.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), *sys.path]))
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    raw = {**data_parallel_config(tiny_checkpoints, "graft", 2), "backend": "ray", "ray": {"num_cpus": 2}}
+    raw = ray_config(data_parallel_config(tiny_checkpoints, "graft", 2), monkeypatch)
     Trainer(config_from_dict(raw), tmp_path, verifier=TextRewards()).train()
     assert_runs_match(tmp_path, one_rank_runs["graft"], 3)
+    assert not ray.is_initialized()
+
+
+def ray_config(raw: dict, monkeypatch) -> dict:
+    # The actors unpickle the test verifiers by reference: they import conftest from tests/.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    return {**raw, "backend": "ray", "ray": {"num_cpus": 2}}
+
+
+@pytest.mark.distributed
+def test_a_failing_ray_rank_stops_the_run_with_its_error(tiny_checkpoints, tmp_path, monkeypatch):
+    """backend: ray, a rank actor raises while the other waits in a collective: no hang, named."""
+    import ray
+
+    raw = ray_config(one_policy_config(tiny_checkpoints), monkeypatch)
+    with pytest.raises(RankFailure, match=r"rank 0 failed during `rollout`.*forced verifier failure"):
+        Trainer(config_from_dict(raw), tmp_path, verifier=FailingRewards()).train()
+    assert not ray.is_initialized()
+
+
+@pytest.mark.distributed
+def test_ray_ranks_that_cannot_be_placed_fail_with_the_resources(tiny_checkpoints, tmp_path, monkeypatch):
+    import ray
+
+    raw = ray_config(one_policy_config(tiny_checkpoints), monkeypatch)
+    policy = raw["policies"][0]
+    policy["resources"] = {"num_cpus": 8}  # 2 ranks x 4 CPUs on a 2-CPU Ray
+    policy["parallel"] = {**policy["parallel"], "timeout_s": 5}
+    with pytest.raises(
+        RankFailure, match=r"could not place its 2 ranks \(\{'CPU': 4\.0\} each, strategy PACK\)"
+    ):
+        Trainer(config_from_dict(raw), tmp_path, verifier=TextRewards()).train()
     assert not ray.is_initialized()
 
 

@@ -32,9 +32,11 @@ class _Section(BaseModel):
 class ResourcesConfig(_Section):
     num_gpus: float = Field(default=0, ge=0)
     """GPUs of the policy's Ray actor (trainer and its colocated rollout engine); fractions share a
-    GPU. Ray sets CUDA_VISIBLE_DEVICES for the actor, so `device: auto` picks its own GPU."""
+    GPU. Ray sets CUDA_VISIBLE_DEVICES for the actor, so `device: auto` picks its own GPU. With
+    `parallel.data: N`, the total over the policy's N rank actors (each gets num_gpus / N)."""
     num_cpus: float = Field(default=1, gt=0)
-    """CPUs of the policy's Ray actor; also its torch intra-op threads (rounded down, at least 1)."""
+    """CPUs of the policy's Ray actor; also its torch intra-op threads (rounded down, at least 1).
+    With `parallel.data: N`, the total over its N rank actors, as `num_gpus`."""
 
 
 class ParallelConfig(_Section):
@@ -42,10 +44,16 @@ class ParallelConfig(_Section):
     """Data-parallel ranks of this policy's trainer (FSDP2 `fully_shard`: parameters, gradients and
     AdamW state sharded over N processes of one process group; each minibatch's rows split over
     them; same objective as one device). Set explicitly; it is never derived from `resources`.
-    On GPUs rank r uses cuda:r (`backend: ray`: of the GPUs its actor reserves, so set
-    `resources.num_gpus: N`; the ranks run on the actor's node). `rollout.engine: hf` only for now."""
+    On GPUs rank r uses cuda:r of its node (`backend: ray`: each rank is an actor in the policy's
+    placement group, `parallel.placement`, with `resources` / N, e.g. `resources.num_gpus: N` for
+    one GPU per rank, and may run on another node). `rollout.engine: hf` only for now."""
     timeout_s: float = Field(default=600, gt=0)
-    """Timeout of the ranks' collectives (gloo/NCCL): a rank stuck this long raises."""
+    """Timeout of the ranks' collectives (gloo/NCCL): a rank stuck this long raises. With
+    `backend: ray`, also how long to wait for the cluster to place the ranks."""
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """`backend: ray`: strategy of the policy's placement group (one bundle per rank, the
+    policy's `resources` shared equally): PACK keeps the ranks on as few nodes as possible
+    (fast collectives), SPREAD / STRICT_SPREAD put them on different nodes."""
 
 
 class PolicyConfig(_Section):

@@ -24,7 +24,7 @@ from graftrl.methods import ExchangePlan, Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
-from graftrl.training.parallel import DataParallelWorker
+from graftrl.training.parallel import DataParallelWorker, RayDataParallelWorker
 from graftrl.training.worker import PolicyRollout, PolicyWorker
 
 Records = dict[str, list[TrajectoryRecord]]
@@ -240,8 +240,10 @@ class LocalBackend(WorkerGroup):
 class RayBackend(WorkerGroup):
     """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
 
-    A policy with ``parallel.data: N > 1`` is one actor hosting a ``DataParallelWorker``: its N
-    ranks run on that actor's node and GPUs (give it ``resources.num_gpus: N``)."""
+    A policy with ``parallel.data: N > 1`` is one actor hosting a ``RayDataParallelWorker``: its N
+    ranks are actors of a placement group (``parallel.placement``), each with ``resources`` / N,
+    on one node or several (then the run folder must be on a filesystem every node mounts: the
+    ranks write their checkpoint shards there)."""
 
     name = "ray"
 
@@ -279,16 +281,17 @@ class RayBackend(WorkerGroup):
             )
             self._started = True
         actor_class = ray.remote(PolicyWorker)
-        ranks_class = ray.remote(DataParallelWorker)
+        ranks_class = ray.remote(RayDataParallelWorker)
         shared_problems = ray.put(list(problems))
         self.actors: list[Any] = []
         for index, spec in enumerate(config.policies):
             resources = spec.resources
             options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "name": None}
             if spec.parallel.data > 1:
-                # The actor spawns the policy's N ranks on its node, on the GPUs it reserved.
+                # A coordinating actor without resources of its own: the policy's resources go to
+                # its N rank actors, one placement-group bundle each (possibly on several nodes).
                 self.actors.append(
-                    ranks_class.options(**options).remote(
+                    ranks_class.options(num_cpus=0, num_gpus=0, name=None).remote(
                         config, index, str(run_dir), shared_problems, verifier
                     )
                 )
@@ -303,8 +306,18 @@ class RayBackend(WorkerGroup):
                     threads=int(resources.num_cpus),
                 )
             )
-        # Fail here, not at the first step, when an actor cannot start (bad path, no GPU, ...).
-        ray.get([actor.__ray_ready__.remote() for actor in self.actors])
+        # Fail here, not at the first step, when an actor cannot start (bad path, no GPU, ranks
+        # that cannot be placed, ...), and leave no actor or private Ray behind.
+        try:
+            ray.get(
+                [
+                    actor.start.remote() if spec.parallel.data > 1 else actor.__ray_ready__.remote()
+                    for actor, spec in zip(self.actors, config.policies, strict=True)
+                ]
+            )
+        except BaseException:
+            self.close()
+            raise
 
     # Each call starts on every actor before waiting on any: the policies run concurrently.
     def reset_peak_memory(self) -> None:

@@ -21,6 +21,7 @@ Inside the ranks:
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import traceback
 from collections.abc import Iterator, Sequence
@@ -54,11 +55,14 @@ def split_rows(lengths: Sequence[int], ranks: int) -> list[list[int]]:
 
 # ----- inside a rank ---------------------------------------------------------------------------
 def rank_device(device: str, rank: int) -> str:
-    """Rank r of a policy on GPUs uses cuda:r (the policies of a local run share the GPUs)."""
+    """The GPU of rank r: cuda:LOCAL_RANK, the index among the GPUs its process sees (torchrun's
+    convention). Spawned ranks of a local run set it to r (they share the node's GPUs); a Ray rank
+    sees only the GPU of its placement-group bundle, so it sets 0."""
+    local = int(os.environ.get("LOCAL_RANK", rank))
     if device == "auto":
-        return f"cuda:{rank}" if torch.cuda.is_available() else "cpu"
+        return f"cuda:{local}" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
-        return f"cuda:{rank}"
+        return f"cuda:{local}"
     return device
 
 
@@ -154,10 +158,25 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 # ----- the proxy the backend holds -------------------------------------------------------------
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _join_group(rank: int, world: int, init_method: str, config: Config, index: int) -> None:
+    """Join the policy's process group: NCCL on its GPU, else gloo; the collectives' timeout."""
+    spec = config.policies[index]
+    backend = "nccl" if torch.cuda.is_available() and spec.device != "cpu" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank_device(spec.device, rank))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=spec.parallel.timeout_s),
+    )
 
 
 def _rank_main(
@@ -173,18 +192,9 @@ def _rank_main(
 ) -> None:
     """One rank: join the group, build the worker, run calls until told to stop."""
     torch.set_num_threads(1)  # ranks share the CPUs (PITFALLS: spinning OpenMP threads)
-    spec = config.policies[index]
+    os.environ["LOCAL_RANK"] = str(rank)  # the ranks of a local run share the node's GPUs
     try:
-        backend = "nccl" if torch.cuda.is_available() and spec.device != "cpu" else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(rank_device(spec.device, rank))
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=spec.parallel.timeout_s),
-        )
+        _join_group(rank, world, f"tcp://127.0.0.1:{port}", config, index)
         from graftrl.training.worker import PolicyWorker
 
         worker = PolicyWorker(config, index, run_dir, problems, verifier=verifier if rank == 0 else None)
@@ -231,42 +241,16 @@ class RankFailure(RuntimeError):
     """A rank of a data-parallel policy raised or died; every rank of it has been stopped."""
 
 
-class DataParallelWorker:
-    """The trainer's handle on a policy trained by N ranks (``policies[].parallel.data``).
+class _RankCalls:
+    """The PolicyWorker calls the trainer makes, each sent to every rank (``_call``): explicit
+    methods, so Ray can host the proxies as actors."""
 
-    Calls go to every rank; rank 0's result comes back. When any rank raises or dies, the others
-    (possibly waiting in a collective) are terminated at once and the call raises ``RankFailure``
-    naming the rank and its error: no hang until the collective's timeout.
-    """
+    name: str
+    world: int
 
-    def __init__(
-        self, config: Config, index: int, run_dir: str | Path, problems: Sequence[Any], verifier: Any = None
-    ) -> None:
-        import multiprocessing
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+        raise NotImplementedError
 
-        spec = config.policies[index]
-        self.name = spec.name
-        self.world = spec.parallel.data
-        self.verifier = verifier
-        context = multiprocessing.get_context("spawn")
-        port = _free_port()
-        self.connections: list[Connection] = []
-        self.processes: list[Any] = []
-        for rank in range(self.world):
-            parent, child = context.Pipe()
-            process = context.Process(
-                target=_rank_main,
-                args=(rank, self.world, port, child, config, index, str(run_dir), list(problems), verifier),
-                name=f"graftrl-{spec.name}-rank{rank}",
-                daemon=True,
-            )
-            process.start()
-            child.close()
-            self.connections.append(parent)
-            self.processes.append(process)
-        self._collect("start")
-
-    # ----- the PolicyWorker calls the trainer makes (explicit, so Ray can host this class) -------
     def reset_peak_memory(self) -> None:
         self._call("reset_peak_memory", ())
 
@@ -300,6 +284,42 @@ class DataParallelWorker:
             f"policy {self.name!r} runs in {self.world} data-parallel ranks (parallel.data); load it "
             "from the run's checkpoints (each holds a plain save_pretrained folder)"
         )
+
+
+class DataParallelWorker(_RankCalls):
+    """The trainer's handle on a policy trained by N ranks (``policies[].parallel.data``).
+
+    Calls go to every rank; rank 0's result comes back. When any rank raises or dies, the others
+    (possibly waiting in a collective) are terminated at once and the call raises ``RankFailure``
+    naming the rank and its error: no hang until the collective's timeout.
+    """
+
+    def __init__(
+        self, config: Config, index: int, run_dir: str | Path, problems: Sequence[Any], verifier: Any = None
+    ) -> None:
+        import multiprocessing
+
+        spec = config.policies[index]
+        self.name = spec.name
+        self.world = spec.parallel.data
+        self.verifier = verifier
+        context = multiprocessing.get_context("spawn")
+        port = _free_port()
+        self.connections: list[Connection] = []
+        self.processes: list[Any] = []
+        for rank in range(self.world):
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_rank_main,
+                args=(rank, self.world, port, child, config, index, str(run_dir), list(problems), verifier),
+                name=f"graftrl-{spec.name}-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            self.connections.append(parent)
+            self.processes.append(process)
+        self._collect("start")
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         if not self.processes:
@@ -368,4 +388,171 @@ class DataParallelWorker:
                     connection.send(None)
             for process in self.processes:
                 process.join(timeout=30)
+            self._stop()
+
+
+# ----- Ray: one actor per rank, in a placement group per policy ---------------------------------
+class RankActor:
+    """One rank of a data-parallel policy as a Ray actor, in a bundle of the policy's placement
+    group (``RayDataParallelWorker``); the same worker and replies as a spawned rank."""
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's node address and a free port there: the process group's rendezvous."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, _free_port("")
+
+    def start(
+        self,
+        rank: int,
+        world: int,
+        init_method: str,
+        config: Config,
+        index: int,
+        run_dir: str,
+        problems: Sequence[Any],
+        verifier: Any,
+        threads: int,
+    ) -> None:
+        from graftrl.training.worker import PolicyWorker
+
+        torch.set_num_threads(threads)
+        os.environ["LOCAL_RANK"] = "0"  # Ray shows the rank only its bundle's GPU
+        self.rank = rank
+        _join_group(rank, world, init_method, config, index)
+        self.worker = PolicyWorker(config, index, run_dir, problems, verifier=verifier if rank == 0 else None)
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        result = getattr(self.worker, name)(*args)
+        return result if self.rank == 0 else None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.worker.close()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def rank_bundles(spec: Any) -> list[dict[str, float]]:
+    """The placement group of a policy: one bundle per rank, the policy's ``resources`` shared
+    equally (``num_gpus: 4`` over 4 ranks: one GPU each)."""
+    world = spec.parallel.data
+    bundle = {"CPU": spec.resources.num_cpus / world}
+    if spec.resources.num_gpus:
+        bundle["GPU"] = spec.resources.num_gpus / world
+    return [dict(bundle) for _ in range(world)]
+
+
+class RayDataParallelWorker(_RankCalls):
+    """``backend: ray``'s handle on a policy trained by N ranks: a placement group with one bundle
+    per rank (``parallel.placement``: PACK keeps the ranks on as few nodes as possible, SPREAD
+    across nodes), a ``RankActor`` in each, joined in one process group at rank 0's node.
+
+    Hosted by a Ray actor itself (the backend's per-policy actor, no resources of its own); its
+    rank actors and placement group go with it. As with spawned ranks, a rank that raises or dies
+    stops them all and the call raises ``RankFailure`` naming it.
+    """
+
+    def __init__(
+        self, config: Config, index: int, run_dir: str | Path, problems: Sequence[Any], verifier: Any = None
+    ) -> None:
+        spec = config.policies[index]
+        self.name = spec.name
+        self.world = spec.parallel.data
+        self.ranks: list[Any] = []
+        self._start_args = (config, index, str(run_dir), list(problems), verifier)
+
+    def start(self) -> None:
+        """Place the ranks and join them in one group (a method, not ``__init__``, so that its
+        ``RankFailure`` reaches the driver as itself, not as a dead actor)."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        config, index, run_dir, problems, verifier = self._start_args
+        spec = config.policies[index]
+        bundles = rank_bundles(spec)
+        self.group = placement_group(bundles, strategy=spec.parallel.placement, name=f"graftrl-{spec.name}")
+        ready, _ = ray.wait([self.group.ready()], timeout=spec.parallel.timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(self.group)
+            raise RankFailure(
+                f"policy {self.name!r}: Ray could not place its {self.world} ranks ({bundles[0]} each, "
+                f"strategy {spec.parallel.placement}) within parallel.timeout_s = {spec.parallel.timeout_s:g} s; "
+                f"the cluster has {ray.available_resources()} free: lower resources or parallel.data, or add nodes"
+            )
+        actor = ray.remote(RankActor)
+        threads = max(1, int(bundles[0]["CPU"]))
+        self.ranks = [
+            actor.options(
+                num_cpus=bundles[rank]["CPU"],
+                num_gpus=bundles[rank].get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.group, placement_group_bundle_index=rank
+                ),
+            ).remote()
+            for rank in range(self.world)
+        ]
+        host, port = self._gather("address", [self.ranks[0].address.remote()])
+        self._gather(
+            "start",
+            [
+                rank_actor.start.remote(
+                    rank,
+                    self.world,
+                    f"tcp://{host}:{port}",
+                    config,
+                    index,
+                    run_dir,
+                    problems,
+                    verifier,
+                    threads,
+                )
+                for rank, rank_actor in enumerate(self.ranks)
+            ],
+        )
+
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+        if not self.ranks:
+            raise RankFailure(f"policy {self.name!r}: its ranks were stopped after an earlier failure")
+        return self._gather(name, [rank_actor.call.remote(name, args) for rank_actor in self.ranks])
+
+    def _gather(self, name: str, refs: list[Any]) -> Any:
+        """Rank 0's reply; on the first rank that raises or dies, stop every rank and raise."""
+        import ray
+
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as error:  # the rank's own error, or RayActorError when it died
+                rank = refs.index(done[0])
+                self._stop()
+                cause = getattr(error, "cause", None) or error
+                raise RankFailure(
+                    f"policy {self.name!r}: rank {rank} failed during `{name}`: {type(cause).__name__}: {cause}"
+                ) from None
+        return ray.get(refs[0])
+
+    def _stop(self) -> None:
+        import ray
+
+        for rank_actor in self.ranks:
+            with contextlib.suppress(Exception):
+                ray.kill(rank_actor)
+        self.ranks = []
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self.group)
+
+    def close(self) -> None:
+        """Close every rank's worker, then end the actors and free the placement group."""
+        if not self.ranks:
+            return
+        import ray
+
+        try:
+            ray.get([rank_actor.close.remote() for rank_actor in self.ranks])
+        finally:
             self._stop()
