@@ -371,3 +371,37 @@ def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path)
     assert again["ran"] == [] and results(again) == results(one)
     with pytest.raises(CompareError, match="--jobs"):
         run_compare(tmp_path / "three", matrix, task=tiny_task, console=quiet, jobs=0)
+
+
+def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(tiny_task, tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from graftrl.reporting.compare import run_compare
+
+    trained: list[str] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        trained.append(self.run_dir.name)
+        return original_train(self, resume)
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    quiet = Console(file=io.StringIO())
+    first = run_compare(tmp_path / "a", Matrix([Variant("grpo-n8", "grpo")]), task=tiny_task, console=quiet)
+    trained.clear()
+    # the same cell under another name, and one whose config differs (it must train)
+    matrix = Matrix([Variant("grpo", "grpo"), Variant("graft", "graft")])
+    second = run_compare(tmp_path / "b", matrix, task=tiny_task, console=quiet, reuse=[tmp_path / "a"])
+    assert trained == ["graft-seed0"]
+    reused = [r for r in second["rows"] if r["variant"] == "grpo"]
+    original = [r for r in first["rows"] if r["variant"] == "grpo-n8"]
+    assert reused == [{**r, "variant": "grpo"} for r in original] and len(reused) == 2
+    copied = tmp_path / "b" / "runs" / "grpo-seed0"
+    assert (copied / "metrics.jsonl").read_bytes() == (
+        tmp_path / "a" / "runs" / "grpo-n8-seed0" / "metrics.jsonl"
+    ).read_bytes()
+    assert not (copied / "checkpoints").exists()
+    with pytest.raises(CompareError, match="--reuse"):
+        run_compare(tmp_path / "c", matrix, task=tiny_task, console=quiet, reuse=[tmp_path / "missing"])

@@ -201,6 +201,11 @@ def train(
     console.print(f"run written to {run_dir}")
 
 
+_REUSE_HELP = (
+    "A compare or sweep output folder (repeatable) whose finished cells stand in for this run's: a "
+    "cell with the same digest (the same models, data, config and evaluation, under any variant "
+    "name) is copied, logs and marker, instead of trained."
+)
 _JOBS_HELP = (
     "Cells trained side by side, each in its own process with an equal share of this process's torch "
     "threads (on 2 cores, 2 jobs of 1 thread beat 1 job of 2 threads: the models are tiny)."
@@ -504,6 +509,7 @@ def compare(
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
     jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
+    reuse: Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)] = None,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.reporting.compare import CompareError, load_matrix, run_compare
@@ -524,6 +530,7 @@ def compare(
         console=console,
         embedded=task,
         jobs=jobs,
+        reuse=reuse or [],
     )
 
 
@@ -545,6 +552,7 @@ def sweep(
     cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
     task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
     jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
+    reuse: Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)] = None,
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair; resumable."""
     from graftrl.reporting.sweep import SweepError, run_sweep
@@ -567,6 +575,7 @@ def sweep(
         console=console,
         task=task,
         jobs=jobs,
+        reuse=reuse or [],
     )
 
 

@@ -500,22 +500,23 @@ def run_cell(
     console: Console,
     resume: bool = True,
     progress: bool = True,
+    donors: Mapping[str, Path] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran).
 
     ``resume`` False: the cell trains afresh and writes no marker (the demo's way). ``progress``
     False: no live progress bar (cells running side by side would draw over each other).
+    ``donors``: finished cells elsewhere by digest (``donor_cells``), copied instead of trained.
     """
     from graftrl.training.trainer import Trainer
 
     config = cell_config(task, variant, seed, steps)
     run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
     digest = _cell_digest(task, config)
-    done = _read_done(RunDir(run_dir).done, digest) if resume else None
+    done = _finished(run_dir, digest, variant, seed, console, donors or {}) if resume else None
     if not progress:  # after the digest: how a run is displayed does not change its result
         config = config.model_copy(update={"logging": config.logging.model_copy(update={"progress": False})})
     if done is not None:
-        console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
         return done, False
     if run_dir.exists():  # unfinished, or finished under another config: start it over
         if resume:
@@ -835,12 +836,15 @@ def run_compare(
     resume: bool = True,
     report: CompareReport | None = None,
     jobs: int = 1,
+    reuse: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
 
     ``jobs``: cells trained side by side, each in its own process with an equal share of this
     process's torch threads (on 2 cores, two 1-thread cells finish sooner than one after the other
-    on 2 threads: the models are too small for 2 threads to pay).
+    on 2 threads: the models are too small for 2 threads to pay). ``reuse``: other output folders
+    whose finished cells with the same digest (models, data, config and evaluation, under any
+    variant name) are copied instead of trained.
 
     ``matrix``: a Matrix or a preset name (sized on the task's batch). ``task``: default the
     embedded task called ``embedded`` (``quick``: its smoke-test sizes, ``cache_dir``: where
@@ -858,6 +862,7 @@ def run_compare(
         raise CompareError(f"--jobs must be >= 1, got {jobs}")
     spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
     check_methods(spec)  # before the warm-start
+    donors = donor_cells(reuse) if resume else {}
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     if task is None:
@@ -888,11 +893,10 @@ def run_compare(
         run.rows += warm_start_cell(task, out_dir, verifier, console, resume)["rows"]
         if jobs <= 1:
             for seed, variant in cells:
-                record(
-                    seed, variant, *run_cell(task, variant, seed, steps, out_dir, verifier, console, resume)
-                )
+                ran = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume, donors=donors)
+                record(seed, variant, *ran)
         else:
-            _run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record)
+            _run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record, donors)
     # each variant's cells in seed order, whatever order they finished in
     run.cells = defaultdict(list)
     for seed, variant in cells:
@@ -929,6 +933,7 @@ def _run_cells_in_parallel(
     console: Console,
     resume: bool,
     record: Any,
+    donors: Mapping[str, Path],
 ) -> None:
     """Train ``cells`` in ``jobs`` spawned processes sharing this process's torch threads; cells
     finished earlier are reused here without a process. ``record(seed, variant, done, ran)`` is
@@ -940,9 +945,8 @@ def _run_cells_in_parallel(
 
     pending = []
     for seed, variant in cells:
-        done = finished_cell(task, variant, seed, steps, out_dir) if resume else None
+        done = finished_cell(task, variant, seed, steps, out_dir, console, donors) if resume else None
         if done is not None:
-            console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
             record(seed, variant, done, False)
         else:
             pending.append((seed, variant))
@@ -967,9 +971,53 @@ def _run_cells_in_parallel(
 
 
 def finished_cell(
-    task: CompareTask, variant: Variant, seed: int, steps: int | None, out_dir: Path
+    task: CompareTask,
+    variant: Variant,
+    seed: int,
+    steps: int | None,
+    out_dir: Path,
+    console: Console,
+    donors: Mapping[str, Path] | None = None,
 ) -> dict[str, Any] | None:
-    """The cell's done marker when it finished under the same config and evaluation, else None."""
+    """The cell's done marker when it finished under the same config and evaluation (here, or in
+    a donor folder: then copied here), else None."""
     config = cell_config(task, variant, seed, steps)
-    run_dir = ExperimentDir(out_dir).run(variant.name, seed)
-    return _read_done(run_dir.done, _cell_digest(task, config))
+    run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
+    return _finished(run_dir, _cell_digest(task, config), variant, seed, console, donors or {})
+
+
+def donor_cells(folders: Sequence[Path]) -> dict[str, Path]:
+    """Finished cells under ``folders`` (compare, demo-preset or sweep outputs), by digest."""
+    cells: dict[str, Path] = {}
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise CompareError(f"--reuse: {folder} is not a folder (give compare or sweep output folders)")
+        for marker in sorted(Path(folder).rglob(RunDir(Path()).done.name)):
+            try:
+                digest = json.loads(marker.read_text()).get("digest")
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(digest, str) and marker.parent.parent.name == "runs":
+                cells.setdefault(digest, marker.parent)
+    return cells
+
+
+def _finished(
+    run_dir: Path, digest: str, variant: Variant, seed: int, console: Console, donors: Mapping[str, Path]
+) -> dict[str, Any] | None:
+    done = _read_done(RunDir(run_dir).done, digest)
+    if done is not None:
+        console.print(f"[dim]{variant.name} seed {seed}: finished earlier, skipped[/dim]")
+        return done
+    source = donors.get(digest)
+    if source is None or source.resolve() == run_dir.resolve():
+        return None
+    # The same models, data, config and evaluation: the cell is the donor's, under this row's name.
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    shutil.copytree(source, run_dir, ignore=shutil.ignore_patterns("checkpoints", "store", "*.lock"))
+    done = json.loads(RunDir(run_dir).done.read_text())
+    done["rows"] = [{**row, "variant": variant.name} for row in done["rows"]]
+    _write_json_atomic(RunDir(run_dir).done, done)
+    console.print(f"[dim]{variant.name} seed {seed}: the same cell finished in {source}, reused[/dim]")
+    return done

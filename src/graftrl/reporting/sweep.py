@@ -150,8 +150,10 @@ def run_sweep(
     console: Console | None = None,
     task: str = DEFAULT_TASK,
     jobs: int = 1,
+    reuse: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Run (or continue) the sweep (``jobs``: cells side by side); returns its results.json."""
+    """Run (or continue) the sweep (``jobs``: cells side by side; ``reuse``: folders whose
+    finished cells with the same digest are copied, not trained); returns its results.json."""
     from graftrl.reporting.plots import plot_sweep
     from graftrl.reporting.provenance import results_provenance
 
@@ -179,6 +181,7 @@ def run_sweep(
                 task=tasks[o],
                 report=CompareReport(echo=False),
                 jobs=jobs,
+                reuse=reuse,
             )
     summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds) for o in points]
     first = tasks[points[0]]
