@@ -51,8 +51,16 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
         mixes_asked.append(mixes)
         return tiny_task
 
+    written: list[int] = []
+    original_write = sweep.write_sweep
+
+    def recording_write(out_dir, task, tasks, results, seeds_done, *args):
+        written.append(seeds_done)
+        return original_write(out_dir, task, tasks, results, seeds_done, *args)
+
     monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(sweep, "embedded_task", fake_embedded_task)
+    monkeypatch.setattr(sweep, "write_sweep", recording_write)
     out = tmp_path / "sweep"
     args = ["sweep", "--overlaps", "1,0", "--seeds", "2", "--out", str(out), "--quick"]
     result = CliRunner().invoke(app, args)
@@ -69,8 +77,9 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
         "overlap-1/grpo-seed1",
         "overlap-1/graft-seed1",
     ]
+    assert written == [1, 2]  # the figure after every round of seeds, not only at the end
     results = json.loads((out / "results.json").read_text())
-    assert results["overlaps"] == [0.0, 1.0] and results["seeds"] == 2
+    assert results["overlaps"] == [0.0, 1.0] and results["seeds"] == results["seeds_planned"] == 2
     assert [p["overlap"] for p in results["points"]] == [0.0, 1.0]
     for point in results["points"]:
         rows = json.loads((out / f"overlap-{point['overlap']:g}" / "results.json").read_text())["rows"]

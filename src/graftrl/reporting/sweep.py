@@ -140,6 +140,45 @@ def report_markdown(points: Sequence[dict[str, Any]], seeds: int, task: CompareT
     return "\n".join(lines)
 
 
+def write_sweep(
+    out_dir: Path,
+    task: str,
+    tasks: dict[float, CompareTask],
+    results: dict[float, dict[str, Any]],
+    seeds_done: int,
+    seeds: int,
+    steps: int | None,
+    started: float,
+) -> dict[str, Any]:
+    """results.json, report.md and sweep.png over the ``seeds_done`` seeds run at every point."""
+    from graftrl.reporting.plots import plot_sweep
+    from graftrl.reporting.provenance import results_provenance
+
+    points = sorted(results)
+    summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds_done) for o in points]
+    final = {
+        "task": task,
+        "knob": "skill overlap: the GPT-2's warm-start mix is (1 - o) x its own + o x the Llama's",
+        "overlaps": points,
+        "seeds": seeds_done,
+        "seeds_planned": seeds,
+        "steps": steps,
+        "settings": results[points[0]]["settings"],
+        "points": summaries,
+        "mixes": {f"{o:g}": overlap_mixes(task, o) for o in points},
+        "total_wall_s": round(time.perf_counter() - started, 1),
+        "provenance": {
+            **results_provenance({}),
+            "models": {f"{o:g}": tasks[o].provenance.get("models", {}) for o in points},
+        },
+    }
+    out = ExperimentDir(out_dir)
+    out.results.write_text(json.dumps(final, indent=2))
+    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]]))
+    plot_sweep(summaries, out_dir / "sweep.png")
+    return final
+
+
 def run_sweep(
     out_dir: Path,
     overlaps: Sequence[float] = SKILL_OVERLAPS,
@@ -154,9 +193,6 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run (or continue) the sweep (``jobs``: cells side by side; ``reuse``: folders whose
     finished cells with the same digest are copied, not trained); returns its results.json."""
-    from graftrl.reporting.plots import plot_sweep
-    from graftrl.reporting.provenance import results_provenance
-
     console = console or Console()
     points = check_overlaps(overlaps)
     if seeds < 1:
@@ -169,6 +205,7 @@ def run_sweep(
         for o in points
     }
     results: dict[float, dict[str, Any]] = {}
+    final: dict[str, Any] = {}
     for seed in range(seeds):  # seed-major: a partial sweep already has every point
         for o in points:
             console.print(f"[bold]sweep[/bold]: overlap {o:g}, seed {seed}")
@@ -183,27 +220,9 @@ def run_sweep(
                 jobs=jobs,
                 reuse=reuse,
             )
-    summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds) for o in points]
-    first = tasks[points[0]]
-    final = {
-        "task": task,
-        "knob": "skill overlap: the GPT-2's warm-start mix is (1 - o) x its own + o x the Llama's",
-        "overlaps": points,
-        "seeds": seeds,
-        "steps": steps,
-        "settings": results[points[0]]["settings"],
-        "points": summaries,
-        "mixes": {f"{o:g}": overlap_mixes(task, o) for o in points},
-        "total_wall_s": round(time.perf_counter() - started, 1),
-        "provenance": {
-            **results_provenance({}),
-            "models": {f"{o:g}": tasks[o].provenance.get("models", {}) for o in points},
-        },
-    }
+        # after every round of seeds, so an interrupted sweep has its figure so far
+        final = write_sweep(out_dir, task, tasks, results, seed + 1, seeds, steps, started)
     out = ExperimentDir(out_dir)
-    out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(report_markdown(summaries, seeds, first))
-    plot_sweep(summaries, out_dir / "sweep.png")
     console.print(out.report.read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {out_dir}/report.md, results.json and sweep.png")
     return final
