@@ -997,7 +997,7 @@ def donor_cells(folders: Sequence[Path]) -> dict[str, Path]:
                 digest = json.loads(marker.read_text()).get("digest")
             except (OSError, json.JSONDecodeError, AttributeError):
                 continue
-            if isinstance(digest, str) and marker.parent.parent.name == "runs":
+            if isinstance(digest, str) and marker.parent.parent.name == ExperimentDir(Path()).runs.name:
                 cells.setdefault(digest, marker.parent)
     return cells
 
@@ -1015,7 +1015,8 @@ def _finished(
     # The same models, data, config and evaluation: the cell is the donor's, under this row's name.
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    shutil.copytree(source, run_dir, ignore=shutil.ignore_patterns("checkpoints", "store", "*.lock"))
+    bulky = [path.name for path in RunDir(source).bulky()]
+    shutil.copytree(source, run_dir, ignore=lambda folder, names: bulky if Path(folder) == source else [])
     done = json.loads(RunDir(run_dir).done.read_text())
     done["rows"] = [{**row, "variant": variant.name} for row in done["rows"]]
     _write_json_atomic(RunDir(run_dir).done, done)

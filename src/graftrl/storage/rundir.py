@@ -136,6 +136,11 @@ class RunDir:
     def lock(self) -> Path:
         return self.root / "run.lock"
 
+    def bulky(self) -> tuple[Path, ...]:
+        """What a finished run's results do not need: weights, trajectories and the lock (a
+        finished compare cell copied to another folder leaves them out)."""
+        return (self.checkpoints, self.best, self.store, self.tensorboard, self.lock)
+
     @property
     def done(self) -> Path:
         """``graftrl compare``'s record that this (variant, seed) cell finished, with its scores."""
@@ -181,9 +186,13 @@ class ExperimentDir:
     def heldout_data(self) -> Path:
         return self.root / "data" / "heldout.jsonl"
 
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
     def run(self, name: str, seed: int | None = None) -> RunDir:
         """``runs/<name>-seed<seed>`` (``runs/<name>`` without a seed, e.g. the warm-start cell)."""
-        return RunDir(self.root / "runs" / (name if seed is None else f"{name}-seed{seed}"))
+        return RunDir(self.runs / (name if seed is None else f"{name}-seed{seed}"))
 
     @property
     def results(self) -> Path:
