@@ -26,6 +26,12 @@ from graftrl.training.trainer import Trainer
 pytestmark = pytest.mark.vllm
 
 STEPS = 2
+# tensor_parallel_size 2 splits each of the engine's matmuls over the ranks and all-reduces the
+# halves: behaviour log-probs differ from one engine's in the last float bits (~1e-7), which
+# enter the loss (TIS weights); AdamW at lr 1e-2 turns that into a visible update of the odd
+# parameter whose gradient is near zero (measured: 1 of llama's 6,464 embedding weights moved
+# 2.6e-4 more over 2 steps, every other weight within WEIGHT_ATOL). Still 1/40 of what 2 steps move a weight.
+TP_WEIGHT_ATOL = 5e-4
 
 
 def vllm_config(paths: dict[str, Path], method: str, ranks: int, tp: int = 1) -> dict:
@@ -53,17 +59,20 @@ def train(raw: dict, out: Path) -> Path:
     return out
 
 
-def samples(run: Path) -> list[tuple]:
-    """Every recorded trajectory: who sampled what for which prompt, its reward and behaviour lbar."""
+def samples(run: Path) -> tuple[list[tuple], list[float]]:
+    """Every recorded trajectory (who sampled what for which prompt, its reward), and its
+    behaviour lbar (the engine's log-probs)."""
     store = TrajectoryStore(run / "store")
-    return [
-        (step, r.source, r.prompt_id, r.index, r.response, r.reward, r.finished, round(r.mean_logprob, 4))
-        for step in store.steps()
-        for r in (row.to_record() for row in store.read_step(step, token_logprobs=False))
+    records = [
+        row.to_record() for step in store.steps() for row in store.read_step(step, token_logprobs=False)
     ]
+    return (
+        [(r.step, r.source, r.prompt_id, r.index, r.response, r.reward, r.finished) for r in records],
+        [r.mean_logprob for r in records],
+    )
 
 
-def assert_runs_match(run: Path, reference: Path, names: list[str]) -> None:
+def assert_runs_match(run: Path, reference: Path, names: list[str], atol: float = WEIGHT_ATOL) -> None:
     """Metrics within test_data_parallel's METRIC_REL, final weights within its WEIGHT_ATOL (same
     reasons: identical samples and rows, only the reduction order of gradients differs)."""
     rows, expected = comparable_metrics(run), comparable_metrics(reference)
@@ -81,7 +90,9 @@ def assert_runs_match(run: Path, reference: Path, names: list[str]) -> None:
         )
         assert weights.keys() == want.keys()
         for key, value in want.items():
-            torch.testing.assert_close(weights[key], value, atol=WEIGHT_ATOL, rtol=0, msg=f"{name}.{key}")
+            torch.testing.assert_close(
+                weights[key], value, atol=atol, rtol=0, msg=lambda m, k=f"{name}.{key}": f"{k}: {m}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -96,17 +107,21 @@ def one_rank(vllm_checkpoints, tmp_path_factory) -> dict[str, Path]:
 def test_two_ranks_with_vllm_engines_match_one_rank(vllm_checkpoints, tmp_path, one_rank, method, tp):
     run = train(vllm_config(vllm_checkpoints, method, 2, tp), tmp_path / "two")
     reference = one_rank[method]
-    # The same requests with the same seeds: identical samples, rewards and behaviour log-probs
-    # (to 4 decimals: an engine's batch holds half the prompts, which may move the last bits).
-    assert samples(run) == samples(reference)
-    assert len(samples(run)) == STEPS * 4 * 4 * (2 if method == "graft" else 1)
+    # The same requests with the same seeds: identical samples and rewards. Behaviour log-probs
+    # agree to float tolerance: after an update the weights differ in the last bits (gradient
+    # reduction order), and an engine's batch (half the prompts) or tp=2's all-reduce sums differently.
+    (trajectories, lbar), (expected, expected_lbar) = samples(run), samples(reference)
+    assert trajectories == expected
+    assert len(trajectories) == STEPS * 4 * 4 * (2 if method == "graft" else 1)
+    assert lbar == pytest.approx(expected_lbar, abs=1e-4)
     rows = read_metrics(run)
     if method == "graft":
         assert sum(r["peer_responses"] for r in rows) > 0, "the run should exchange"
     for row in rows:  # engine log-probs = the trainer's after every weight sync
         assert row["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3), (row["step"], row["model"])
         assert row["tis_truncated_frac"] == 0.0
-    assert_runs_match(run, reference, ["llama", "gpt2"] if method == "graft" else ["llama"])
+    names = ["llama", "gpt2"] if method == "graft" else ["llama"]
+    assert_runs_match(run, reference, names, WEIGHT_ATOL if tp == 1 else TP_WEIGHT_ATOL)
 
 
 def test_tensor_parallel_size_must_divide_the_ranks(vllm_checkpoints):
