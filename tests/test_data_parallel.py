@@ -77,8 +77,12 @@ def test_parallel_data_config_limits(tiny_checkpoints):
     raw["policies"][0]["parallel"] = {"data": 2}
     assert config_from_dict(raw).policies[0].parallel.data == 2
     assert config_from_dict({**raw, "validation": {"files": ["x.jsonl"]}}).validation.files  # validates too
-    with pytest.raises(ConfigError, match=r"rollout.engine: hf"):
-        config_from_dict({**raw, "rollout": {**raw["rollout"], "engine": "vllm"}})
+    # rollout.engine: vllm runs an engine per rank; its tensor parallelism must divide the ranks
+    vllm = {**raw["rollout"], "engine": "vllm"}
+    assert config_from_dict({**raw, "rollout": vllm}).rollout.vllm.tensor_parallel_size == 1
+    vllm["vllm"] = {"tensor_parallel_size": 2}  # llama has 2 ranks, gpt2 one
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size \(2\) must divide policies\[gpt2\]"):
+        config_from_dict({**raw, "rollout": vllm})
 
 
 def test_ray_ranks_share_the_policys_resources_and_see_their_own_gpu(tiny_checkpoints, monkeypatch):

@@ -46,7 +46,8 @@ class ParallelConfig(_Section):
     them; same objective as one device). Set explicitly; it is never derived from `resources`.
     On GPUs rank r uses cuda:r of its node (`backend: ray`: each rank is an actor in the policy's
     placement group, `parallel.placement`, with `resources` / N, e.g. `resources.num_gpus: N` for
-    one GPU per rank, and may run on another node). `rollout.engine: hf` only for now."""
+    one GPU per rank, and may run on another node). With `rollout.engine: vllm` each rank runs a
+    vLLM engine (`rollout.vllm.tensor_parallel_size`)."""
     timeout_s: float = Field(default=600, gt=0)
     """Timeout of the ranks' collectives (gloo/NCCL): a rank stuck this long raises. With
     `backend: ray`, also how long to wait for the cluster to place the ranks."""
@@ -100,6 +101,11 @@ class VLLMConfig(_Section):
     (vLLM's own `auto` would run a float32 checkpoint in half precision)."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Sequences decoded together per engine step (None: vLLM's default)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Ranks that shard one vLLM engine (tensor parallelism). With `policies[].parallel.data: N`
+    every rank of the policy runs an engine in vLLM's external-launcher mode, in the ranks'
+    process group: N / tp data-parallel engines, each sampling its share of the prompts. Must
+    divide every policy's `parallel.data` (so 1 for a one-rank policy)."""
 
 
 class RolloutConfig(_Section):
@@ -345,12 +351,15 @@ class RunConfig(_Section):
                 f"rollout.n: {self.rollout.n} response per prompt; method {self.method!r} computes "
                 "advantages within each group of n, so n = 1 learns nothing: set rollout.n >= 2"
             )
-        sharded = [p.name for p in self.policies if p.parallel.data > 1]
-        if sharded and self.rollout.engine != "hf":
-            raise ValueError(
-                f"policies[{sharded[0]}].parallel.data > 1 samples with rollout.engine: hf for now "
-                "(set rollout.engine: hf or parallel.data: 1)"
-            )
+        tp = self.rollout.vllm.tensor_parallel_size
+        if self.rollout.engine == "vllm":
+            for policy in self.policies:
+                if policy.parallel.data % tp:
+                    raise ValueError(
+                        f"rollout.vllm.tensor_parallel_size ({tp}) must divide policies[{policy.name}]."
+                        f"parallel.data ({policy.parallel.data}): each of its ranks runs one shard of an "
+                        "engine; set a divisor of parallel.data"
+                    )
         if self.train.minibatch_prompts > self.train.batch_prompts:
             raise ValueError(
                 f"train.minibatch_prompts ({self.train.minibatch_prompts}) exceeds train.batch_prompts "

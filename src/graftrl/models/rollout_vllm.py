@@ -27,6 +27,16 @@ Design, and why (checked against vLLM 0.32):
   already divided by T), samples with vLLM temperature 1 and the requested top_p, and reads
   ``raw_logprobs``: the sampling distribution is unchanged and the value reported is exactly
   log softmax(logits / T).
+- **Data-parallel ranks** (``policies[].parallel.data: N``): each rank of the trainer's
+  ``torch.distributed`` world builds its own engine in vLLM's external-launcher mode
+  (``distributed_executor_backend="external_launcher"``), which reuses that world instead of
+  creating a group of its own: ``tensor_parallel_size`` = ``VLLMOptions.tensor_parallel_size``
+  (dividing N), data-parallel size N / tp. Each data-parallel group samples its share of the
+  prompts (prompt p goes to group p mod dp); requests keep their (seed, prompt, sample) seeds,
+  so the samples are those of one engine whatever N and tp. vLLM's data-parallel groups step in
+  lockstep (an all-reduce per step), so every rank calls ``generate`` together, even with no
+  prompts of its own. Weights arrive gathered from the FSDP shards (``sync_weights(weights=)``),
+  and closing an engine leaves the trainer's world alone.
 - **Sleep mode** (CUDA/ROCm; vLLM has none on CPU): after ``generate`` the engine sleeps at level 1
   (weights offloaded to CPU RAM, KV cache released), so the trainer's update gets the memory;
   ``generate``, ``sync_weights`` and ``close`` wake it first. vLLM's sleep allocator is one per
@@ -45,8 +55,9 @@ import random
 import struct
 import tempfile
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +70,10 @@ if TYPE_CHECKING:
     from vllm import LLM
 
 _GIB = 1 << 30
+
+PromptSamples = dict[int, list[tuple[list[int], list[float], bool]]]
+"""Prompt index -> its n samples (response ids, behaviour log-probs, finished), for gathering the
+shares of data-parallel engines."""
 
 _OPEN_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
 """Engines of this process not yet closed; they share vLLM's process-global state. Weak, so that an
@@ -91,6 +106,10 @@ class VLLMOptions:
     "auto" would run a float32 checkpoint in half precision."""
     max_num_seqs: int | None = None
     """Sequences decoded together per step. None: vLLM's default."""
+    tensor_parallel_size: int = 1
+    """Ranks that shard one engine (tensor parallelism) when the engine is built inside a
+    ``torch.distributed`` world of N ranks (external-launcher mode); it must divide N, and the
+    world holds N / tp data-parallel engines. Outside such a world only 1."""
 
 
 def _request_seed(seed: int, prompt: int, sample: int) -> int:
@@ -117,6 +136,26 @@ def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
         seen.add(key)
         out.append((name, tensor.detach()))
     return out
+
+
+def _save_for_engine(policy: Policy, folder: str) -> None:
+    """A checkpoint vLLM can start from: config and weights (the engine reads no tokenizer).
+
+    In a torch.distributed world, transformers' ``save_pretrained`` writes on rank 0 only, and
+    every rank's engine needs its own copy (ranks may sit on different nodes): written directly.
+    """
+    if not torch.distributed.is_initialized():
+        policy.save(folder)
+        return
+    import json
+
+    from safetensors.torch import save_file
+
+    config = policy.model.config.to_dict()
+    config["architectures"] = [type(policy.model).__name__]
+    Path(folder, "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tensors = {name: tensor.contiguous() for name, tensor in _unique_tensors(policy.model)}
+    save_file(tensors, str(Path(folder, "model.safetensors")), metadata={"format": "pt"})
 
 
 # ----- functions run on the vLLM worker (an object of this process) ------------------------------
@@ -273,6 +312,23 @@ class VLLMRolloutEngine:
         self._closed = True  # until the engine exists
 
         extra: dict[str, Any] = {}
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        tp = options.tensor_parallel_size
+        if world % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} must divide the {world} rank(s) of this torch.distributed world"
+            )
+        self.external_launcher = world > 1
+        """Built inside the trainer's torch.distributed world: one engine per rank (module docstring)."""
+        if self.external_launcher:
+            # vLLM reads the rank from the environment (torchrun's variables); spawned ranks set none.
+            os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+            os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+            extra.update(
+                distributed_executor_backend="external_launcher",
+                tensor_parallel_size=tp,
+                data_parallel_size=world // tp,
+            )
         if options.max_model_len is not None:
             extra["max_model_len"] = options.max_model_len
         if options.max_num_seqs is not None:
@@ -287,7 +343,7 @@ class VLLMRolloutEngine:
         # Start from a checkpoint of the policy as it is now (built in memory, resumed, ...);
         # vLLM reads the config and weights from it once, then the folder can go.
         with tempfile.TemporaryDirectory(prefix="graftrl-vllm-") as folder:
-            policy.save(folder)
+            _save_for_engine(policy, folder)
             with _in_process_vllm():
                 self.llm: LLM = LLM(
                     model=folder,
@@ -308,28 +364,43 @@ class VLLMRolloutEngine:
         if not hasattr(self.llm.llm_engine, "model_executor"):
             self.close()
             raise RuntimeError("vLLM started a separate engine process; this engine needs it in-process")
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        self.data_parallel_rank: int = parallel.data_parallel_rank if self.external_launcher else 0
+        self.data_parallel_size: int = parallel.data_parallel_size if self.external_launcher else 1
+        """Engines that sample disjoint shares of a ``generate(gather=...)`` call's prompts."""
         self._base_scales: list[float] = self._rpc(_worker_logit_scales)
         self.sync_weights(policy)
         self._warm_up(policy, on_cpu)
 
     # ----- the RolloutEngine contract ------------------------------------------------------------
     @torch.no_grad()
-    def sync_weights(self, policy: Policy) -> None:
+    def sync_weights(self, policy: Policy, weights: Sequence[tuple[str, Tensor]] | None = None) -> None:
         """Load the trainer's current weights into the running engine, then drop its prefix cache.
 
         vLLM copies the tensors (passed by reference) into its own parameters, in its dtype and
         fused layout. Cached prefixes hold KV computed with the old weights, hence the reset.
+        ``weights``: (checkpoint name, full tensor) pairs, each tied tensor once, when the policy's
+        own model cannot give them (FSDP shards: the caller gathers them on every rank); None: the
+        policy's model as it is.
         """
         self._check(policy)
+        if weights is None:
+            weights = _unique_tensors(policy.model)
         self._wake()
         with _quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
             # layerwise: "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync,
             # expected (no weights / tied to the embedding); block_pool: "reset prefix cache".
-            self._rpc(_worker_reload_weights, _unique_tensors(policy.model))
+            self._rpc(_worker_reload_weights, list(weights))
             self.llm.reset_prefix_cache()
 
     def generate(
-        self, policy: Policy, problems: Sequence[str], params: SamplingParams, seed: int | None = None
+        self,
+        policy: Policy,
+        problems: Sequence[str],
+        params: SamplingParams,
+        seed: int | None = None,
+        *,
+        gather: Callable[[PromptSamples], PromptSamples] | None = None,
     ) -> RolloutBatch:
         """n samples per problem, in ``HFRolloutEngine``'s format (prompt-major rows).
 
@@ -337,6 +408,11 @@ class VLLMRolloutEngine:
         seeded call is reproducible and a prompt's samples do not depend on the other prompts.
         A call without a seed takes the next one of a stream started from the engine seed: runs
         are reproducible, and the trainer's global RNG is neither used nor advanced.
+
+        ``gather`` (data-parallel engines, every rank calling): this engine samples only the
+        prompts p with p mod ``data_parallel_size`` = ``data_parallel_rank`` and ``gather`` merges
+        every rank's share; the samples are those of one engine sampling all prompts. Without it,
+        each engine samples every prompt.
         """
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
@@ -350,9 +426,13 @@ class VLLMRolloutEngine:
             seed = self._call_seeds.getrandbits(62)
         prompt_ids = policy.encode_prompts(problems)
         eos = policy.eos_token_id
+        mine = list(range(len(prompt_ids)))
+        if gather is not None:
+            mine = mine[self.data_parallel_rank :: self.data_parallel_size]
         prompts: list[TokensPrompt] = []
         sampling: list[VLLMSamplingParams] = []
-        for p, ids in enumerate(prompt_ids):
+        for p in mine:
+            ids = prompt_ids[p]
             for i in range(params.n):
                 prompts.append(TokensPrompt(prompt_token_ids=list(ids)))
                 sampling.append(
@@ -371,20 +451,24 @@ class VLLMRolloutEngine:
                 )
         with _preserved_rng():
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
-        response_ids: list[list[int]] = []
-        logprobs: list[Tensor] = []
-        finished: list[bool] = []
-        for output in outputs:
+        samples: PromptSamples = {p: [] for p in mine}
+        for k, output in enumerate(outputs):
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             steps = completion.logprobs or []
-            response_ids.append(ids)
-            logprobs.append(
-                torch.tensor(
-                    [step[t].logprob for step, t in zip(steps, ids, strict=True)], dtype=torch.float32
+            samples[mine[k // params.n]].append(
+                (
+                    ids,
+                    [step[t].logprob for step, t in zip(steps, ids, strict=True)],
+                    completion.finish_reason == "stop" and bool(ids) and ids[-1] == eos,
                 )
             )
-            finished.append(completion.finish_reason == "stop" and bool(ids) and ids[-1] == eos)
+        if gather is not None:
+            samples = gather(samples)
+        rows = [sample for p in range(len(prompt_ids)) for sample in samples[p]]
+        response_ids = [ids for ids, _, _ in rows]
+        logprobs = [torch.tensor(lps, dtype=torch.float32) for _, lps, _ in rows]
+        finished = [done for _, _, done in rows]
         texts = [
             policy.decode_response(ids[:-1] if done else ids)
             for ids, done in zip(response_ids, finished, strict=True)
@@ -406,7 +490,9 @@ class VLLMRolloutEngine:
         self._closed = True
         _OPEN_ENGINES.discard(self)
         llm = self.__dict__.pop("llm")
-        keep = _keep_distributed_state() if _OPEN_ENGINES else contextlib.nullcontext()
+        # The trainer owns an external launcher's world; other open engines share vLLM's state.
+        shared = _OPEN_ENGINES or self.external_launcher
+        keep = _keep_distributed_state() if shared else contextlib.nullcontext()
         with keep:
             llm.llm_engine.engine_core.shutdown()
         del llm

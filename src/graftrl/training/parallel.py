@@ -11,7 +11,9 @@ Inside the ranks:
   and verl do), with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` when the
   policy computes in bf16, float32 master weights and AdamW state sharded across the ranks;
 - sampling and scoring (no gradient) run on the unsharded module (``gathered``): one all-gather
-  per block, then every rank generates independently without collectives;
+  per block, then every rank generates independently without collectives; with
+  ``rollout.engine: vllm`` each rank holds a vLLM engine instead (external-launcher mode,
+  ``rollout_vllm``), which takes the full weights gathered on every rank after each update;
 - each minibatch's rows are dealt to the ranks by ``split_rows`` (token-balanced), every rank
   computes the loss of its rows over the *whole* minibatch's denominators (which every rank
   knows: each holds all rows), and the gradient is the sum over ranks — FSDP's reduce-scatter
@@ -139,14 +141,16 @@ def sum_across_ranks(values: Sequence[float]) -> list[float]:
     return tensor.tolist()
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor]:
     """The full (unsharded) weights on CPU: on rank 0 of a sharded model (other ranks get {}),
-    else the model's own state."""
+    else the model's own state. ``every_rank``: on every rank of a sharded model, on the model's
+    device (a rollout engine per rank takes them); a collective either way."""
     if not is_sharded(model):
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+    full = get_model_state_dict(model, options=options)
     # The gathered copies no longer share storage: drop the aliases of tied parameters (a tied LM
     # head), as save_pretrained does for the unsharded model (named_parameters lists each once).
     aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {

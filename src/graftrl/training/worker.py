@@ -300,6 +300,9 @@ class PolicyWorker:
         # A frozen copy of the initial policy, for a KL penalty (off unless train.kl_coef > 0);
         # unsharded under data parallelism (a full copy per rank).
         self.reference = self.policy.frozen_copy() if config.train.kl_coef > 0 else None
+        # Built from the unsharded model in its compute dtype (sharding clears it); a vLLM engine
+        # of a sharded policy is one of the world's external-launcher engines.
+        self.engine: RolloutEngine = make_engine(config, self.policy)
         if self.world > 1:
             # FSDP2's mixed precision replaces autocast: bf16 all-gathered parameters, fp32 gradient
             # reduction, fp32 master weights and AdamW state (the shards).
@@ -319,7 +322,6 @@ class PolicyWorker:
             top_p=config.rollout.top_p,
             max_new_tokens=config.rollout.max_new_tokens,
         )
-        self.engine: RolloutEngine = make_engine(config, self.policy)
         self._owns_verifier = verifier is None
         if verifier is None and self.rank == 0:  # rank 0 scores for every rank
             from graftrl.models.rewards import MathVerifier
@@ -442,15 +444,17 @@ class PolicyWorker:
         return PolicyRollout(kept_problems, outcomes, records, shared, info, timings, store_rows)
 
     def _generate(self, prompts: list[str], seed: int) -> RolloutBatch:
-        """The engine's samples; under data parallelism each rank samples its share of the
-        generate-call chunks on the gathered weights, and every rank receives all of them."""
+        """The engine's samples; under data parallelism each rank samples its share (HF: of the
+        generate-call chunks, on the gathered weights; vLLM: its engine group's prompts), and every
+        rank receives all of them."""
         if self.world == 1:
             return self.engine.generate(self.policy, prompts, self.sampling, seed)
-        assert isinstance(self.engine, HFRolloutEngine)
 
         def gather(chunks: dict) -> dict:
             return {k: v for part in all_gather_objects(chunks) for k, v in part.items()}
 
+        if not isinstance(self.engine, HFRolloutEngine):  # vLLM: each data-parallel engine its prompts
+            return self.engine.generate(self.policy, prompts, self.sampling, seed, gather=gather)  # type: ignore[call-arg]
         with gathered(self.policy.model):
             return self.engine.generate(
                 self.policy, prompts, self.sampling, seed, rank=self.rank, world=self.world, gather=gather
@@ -493,7 +497,7 @@ class PolicyWorker:
         info.update(self._optimize(rows, plan, timings, generator))
         self._rollout = None
         start = time.perf_counter()
-        self.engine.sync_weights(self.policy)
+        self._sync_engine()
         timings["time_weight_sync"] = time.perf_counter() - start
         info.update(timings)
         info["memory_peak_mb"] = peak_memory_mb(self.policy.device)
@@ -853,7 +857,16 @@ class PolicyWorker:
             self._load_plain(folder)
         else:
             self._load_plain_into_shards(folder)
-        self.engine.sync_weights(self.policy)
+        self._sync_engine()
+
+    def _sync_engine(self) -> None:
+        """The engine takes the current weights; a sharded policy's vLLM engines take the full
+        weights, gathered on every rank (a collective: every rank calls it)."""
+        if self.world == 1 or isinstance(self.engine, HFRolloutEngine):
+            self.engine.sync_weights(self.policy)
+            return
+        weights = full_state_dict(self.policy.model, every_rank=True)
+        self.engine.sync_weights(self.policy, list(weights.items()))  # type: ignore[call-arg]
 
     def _plain_weights(self, folder: Path) -> dict[str, Tensor]:
         from safetensors.torch import load_file
