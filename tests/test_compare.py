@@ -405,3 +405,22 @@ def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(tiny
     assert not (copied / "checkpoints").exists()
     with pytest.raises(CompareError, match="--reuse"):
         run_compare(tmp_path / "c", matrix, task=tiny_task, console=quiet, reuse=[tmp_path / "missing"])
+
+
+def test_a_cells_digest_ignores_fields_at_their_defaults(tiny_task):
+    """A config field added later, at a default that keeps today's behaviour, leaves finished cells
+    valid; a value that changes the cell, or CELL_VERSION, changes the digest."""
+    from graftrl.reporting.compare import _cell_digest
+
+    plain = Variant("graft", "graft")
+    digest = _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None))
+    spelled_out = Variant("graft", "graft", {"rollout.vllm.tensor_parallel_size": 1, "graft.delta": 0.8})
+    assert _cell_digest(tiny_task, cell_config(tiny_task, spelled_out, 0, None)) == digest
+    changed = Variant("graft", "graft", {"graft.delta": 0.9})
+    assert _cell_digest(tiny_task, cell_config(tiny_task, changed, 0, None)) != digest
+    assert _cell_digest(tiny_task, cell_config(tiny_task, plain, 1, None)) != digest
+    compare.CELL_VERSION += 1
+    try:
+        assert _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None)) != digest
+    finally:
+        compare.CELL_VERSION -= 1

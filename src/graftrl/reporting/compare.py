@@ -436,13 +436,20 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+CELL_VERSION = 1
+"""Part of every cell's digest. Bump it with any change that alters what a cell computes — a
+changed default, a fix in training or evaluation — so that finished cells are retrained rather
+than reused. (The key leaves out fields at their defaults, so a new config field, whose default
+keeps today's behaviour, does not invalidate the cells already run.)"""
+
+
 def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
-    """The cell's config with its files named by content, not location: each policy's path by its
-    starting weights' hash, the training file by its hash. A finished cell committed from one
-    checkout (or cache folder) is then recognised in another."""
+    """The cell's config without the fields at their defaults, its files named by content, not
+    location: each policy's path by its starting weights' hash, the training file by its hash. A
+    finished cell committed from one checkout (or cache folder) is then recognised in another."""
     from graftrl.files import sha256_file
 
-    raw = config.model_dump(mode="json")
+    raw = config.model_dump(mode="json", exclude_defaults=True)
     models = task.provenance.get("models", {})
     for policy in raw["policies"]:
         if policy["name"] in models:
@@ -455,7 +462,7 @@ def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
 
 def _cell_digest(task: CompareTask, config: Any) -> str:
     """What a cell's done marker must match: its config (files by content) and the evaluation."""
-    return _digest(_cell_key(task, config), _eval_key(task))
+    return _digest(CELL_VERSION, _cell_key(task, config), _eval_key(task))
 
 
 def _eval_key(task: CompareTask) -> list[Any]:
@@ -564,7 +571,7 @@ def warm_start_cell(
 
     config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
-    digest = _digest(_cell_key(task, config)["policies"], _eval_key(task))
+    digest = _digest(CELL_VERSION, _cell_key(task, config)["policies"], _eval_key(task))
     done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         return done
