@@ -210,6 +210,13 @@ _JOBS_HELP = (
     "Cells trained side by side, each in its own process with an equal share of this process's torch "
     "threads (on 2 cores, 2 jobs of 1 thread beat 1 job of 2 threads: the models are tiny)."
 )
+# The options demo, compare and sweep share, declared once.
+_Cache = Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")]
+_Task = Annotated[str, typer.Option(help=_TASK_HELP)]
+_Steps = Annotated[int | None, typer.Option(min=1, help="Override train.steps for every cell.")]
+_Quick = Annotated[bool, typer.Option(help="Smoke-test sizes (the demo's --quick).")]
+_Jobs = Annotated[int, typer.Option(min=1, help=_JOBS_HELP)]
+_Reuse = Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)]
 
 
 @app.command()
@@ -219,8 +226,8 @@ def demo(
     ),
     quick: Annotated[bool, typer.Option(help="Smoke-test size (about a minute).")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Repeat the comparison with this many seeds.")] = 1,
-    cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
-    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
+    cache: _Cache = None,
+    task: _Task = DEFAULT_TASK,
     jobs: Annotated[
         int | None, typer.Option(min=1, help=_JOBS_HELP + " Default: 2 where 2 CPUs are free to use, else 1.")
     ] = None,
@@ -501,15 +508,15 @@ def compare(
         ),
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per variant (mean ± std over them).")] = 1,
-    steps: Annotated[int | None, typer.Option(min=1, help="Override train.steps for every variant.")] = None,
-    quick: Annotated[bool, typer.Option(help="Smoke-test sizes (the demo's --quick).")] = False,
+    steps: _Steps = None,
+    quick: _Quick = False,
     out: Annotated[
         Path | None, typer.Option(help="Output folder (default runs/compare/<preset or matrix name>).")
     ] = None,
-    cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
-    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
-    jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
-    reuse: Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)] = None,
+    cache: _Cache = None,
+    task: _Task = DEFAULT_TASK,
+    jobs: _Jobs = 1,
+    reuse: _Reuse = None,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.reporting.compare import CompareError, load_matrix, run_compare
@@ -544,15 +551,15 @@ def sweep(
         ),
     ] = ",".join(f"{o:g}" for o in SKILL_OVERLAPS),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
-    steps: Annotated[int | None, typer.Option(min=1, help="Override train.steps for every cell.")] = None,
-    quick: Annotated[bool, typer.Option(help="Smoke-test sizes (the demo's --quick).")] = False,
+    steps: _Steps = None,
+    quick: _Quick = False,
     out: Annotated[Path, typer.Option(help="Output folder (a compare per point inside).")] = Path(
         "runs/sweep"
     ),
-    cache: Annotated[Path | None, typer.Option(help="Where warm-started models are cached.")] = None,
-    task: Annotated[str, typer.Option(help=_TASK_HELP)] = DEFAULT_TASK,
-    jobs: Annotated[int, typer.Option(min=1, help=_JOBS_HELP)] = 1,
-    reuse: Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)] = None,
+    cache: _Cache = None,
+    task: _Task = DEFAULT_TASK,
+    jobs: _Jobs = 1,
+    reuse: _Reuse = None,
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair; resumable."""
     from graftrl.reporting.sweep import SweepError, run_sweep

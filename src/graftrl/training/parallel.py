@@ -249,8 +249,10 @@ class _RankCalls:
     """The PolicyWorker calls the trainer makes, each sent to every rank (``_call``): explicit
     methods, so Ray can host the proxies as actors."""
 
-    name: str
-    world: int
+    def __init__(self, config: Config, index: int) -> None:
+        spec = config.policies[index]
+        self.name = spec.name
+        self.world = spec.parallel.data
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         raise NotImplementedError
@@ -303,9 +305,7 @@ class DataParallelWorker(_RankCalls):
     ) -> None:
         import multiprocessing
 
-        spec = config.policies[index]
-        self.name = spec.name
-        self.world = spec.parallel.data
+        super().__init__(config, index)
         self.verifier = verifier
         context = multiprocessing.get_context("spawn")
         port = _free_port()
@@ -316,7 +316,7 @@ class DataParallelWorker(_RankCalls):
             process = context.Process(
                 target=_rank_main,
                 args=(rank, self.world, port, child, config, index, str(run_dir), list(problems), verifier),
-                name=f"graftrl-{spec.name}-rank{rank}",
+                name=f"graftrl-{self.name}-rank{rank}",
                 daemon=True,
             )
             process.start()
@@ -461,9 +461,7 @@ class RayDataParallelWorker(_RankCalls):
     def __init__(
         self, config: Config, index: int, run_dir: str | Path, problems: Sequence[Any], verifier: Any = None
     ) -> None:
-        spec = config.policies[index]
-        self.name = spec.name
-        self.world = spec.parallel.data
+        super().__init__(config, index)
         self.ranks: list[Any] = []
         self._start_args = (config, index, str(run_dir), list(problems), verifier)
 
