@@ -27,7 +27,7 @@ from graftrl.reporting.compare import (
     parse_matrix,
     preset_matrix,
 )
-from graftrl.reporting.provenance import results_provenance
+from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.render import table_markdown
 from graftrl.training.trainer import Trainer
 
@@ -190,6 +190,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert "train wall-clock (s/seed)" in report and "rollouts/model" in report
     assert "rows trained/model" in report and "optimizer steps/model" in report
     assert "## Regime and exchange diagnostics" in report and "| graft | llama |" in report
+    assert report.splitlines()[2].startswith(written_by(tiny_task.provenance))  # command and commit
     cell = json.loads((out / "runs" / "grpo-n4-seed0" / "done.json").read_text())
     assert cell["optimizer_steps_per_model"] >= 1 and cell["rows_trained_per_model"] >= 1
     for name in PLOTS:

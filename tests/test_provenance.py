@@ -18,7 +18,15 @@ from graftrl.embedded.warmstart import (
     fingerprint,
     prepare_embedded_models,
 )
-from graftrl.reporting.provenance import code_commit, model_provenance, results_provenance, weights_sha256
+from graftrl.reporting.provenance import (
+    code_commit,
+    command_line,
+    model_provenance,
+    results_provenance,
+    signature,
+    weights_sha256,
+    written_by,
+)
 
 DOCS = Path(__file__).parents[1] / "docs"
 DOCUMENTED = sorted(DOCS.rglob("provenance.json"))
@@ -71,6 +79,23 @@ def test_results_provenance_hashes_the_weights_and_reads_the_fingerprint(tmp_pat
     assert commit["commit"] is None or len(commit["commit"]) == 40
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         weights_sha256(tmp_path)
+
+
+def test_reports_name_the_command_and_the_commit_that_wrote_them():
+    # the entry point's path is dropped; arguments are quoted as a shell would need them
+    assert (
+        command_line(["/x/.venv/bin/graftrl", "compare", "--out", "my runs"])
+        == "graftrl compare --out 'my runs'"
+    )
+    assert command_line(["python", "-m", "pytest", "-k", "x"]) == "python -m pytest -k x"
+    assert results_provenance({})["command"] == command_line()
+    clean = {"command": "graftrl sweep --seeds 5", "commit": "5418d38d7d4c" + "0" * 28, "dirty": False}
+    assert signature(clean) == "graftrl sweep --seeds 5 · commit 5418d38d7d"
+    assert written_by(clean) == "Written by `graftrl sweep --seeds 5` at commit 5418d38d7d"
+    assert signature({**clean, "dirty": True}).endswith("commit 5418d38d7d + uncommitted changes")
+    assert written_by({"command": "graftrl demo", "commit": None, "dirty": None}).endswith(
+        "at graftrl (no git checkout)"
+    )
 
 
 @pytest.mark.slow

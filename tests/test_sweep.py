@@ -11,6 +11,7 @@ import graftrl.reporting.sweep as sweep
 from graftrl.cli import app
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.warmstart import TASK_MIXES, fingerprint, overlap_mixes
+from graftrl.reporting.provenance import written_by
 from graftrl.training.trainer import Trainer
 
 LLAMA, GPT2 = MODEL_SPECS
@@ -100,6 +101,10 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
             assert stats["groups_moved_per_step"] >= 0.0
     report = (out / "report.md").read_text()
     assert report.count("| llama |") == 2 and report.count("| gpt2 |") == 2
+    assert report.splitlines()[2] == written_by(results["provenance"]) + (
+        "; each point's cells, starting weights and warm-start fingerprints are in its "
+        "`overlap-<o>/results.json`."
+    )
     assert (out / "sweep.png").stat().st_size > 1000
 
     trained.clear()  # everything finished: a rerun trains nothing and writes the same points

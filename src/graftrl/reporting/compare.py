@@ -47,7 +47,7 @@ from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
 from graftrl.reporting.analyze import summarize_exchange
-from graftrl.reporting.provenance import results_provenance
+from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.render import diagnostics_markdown, paired_markdown, table_markdown
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
@@ -669,6 +669,7 @@ def write_report(
     from graftrl.reporting.plots import plot_family_curves, plot_pass_at_1, plot_training_curves
 
     summary = summarize(rows)
+    made_by = signature(task.provenance)
     names = [v.name for v in matrix.variants]
     extra: dict[str, dict[str, str]] = {}
     for variant in matrix.variants:
@@ -690,6 +691,9 @@ def write_report(
     base = task.base_config
     lines = [
         f"# graftrl compare: {matrix.source or 'matrix'} on the {task.name} task",
+        "",
+        f"{written_by(task.provenance)}; the cells' digests, starting weights and warm-start fingerprints "
+        "are in results.json.",
         "",
         f"Seeds: {seeds}. Steps: {steps or base['train']['steps']}; per step, every model gets "
         f"{base['train']['batch_prompts']} prompts x n rollouts ({base['rollout']['n']} unless a row "
@@ -747,19 +751,23 @@ def write_report(
     missing = [n for n in names if n not in summary]
     if missing:
         lines += [f"Not run yet: {', '.join(missing)}.", ""]
+    plots = {"training_curves.png": "reward per step, mean over seeds", "pass_at_1.png": "per seed"}
+    curves = _curves(out_dir, names, seeds)
+    if curves:
+        plot_training_curves(curves, out_dir / "training_curves.png", footer=made_by)
+    if rows:
+        plot_pass_at_1(
+            [{**r, "method": r["variant"]} for r in rows], out_dir / "pass_at_1.png", footer=made_by
+        )
+    if plot_family_curves(metrics, out_dir / "family_curves.png", footer=made_by):
+        plots["family_curves.png"] = "training reward per problem family"
     lines += [
-        "Plots: `training_curves.png` (reward per step, mean over seeds), `pass_at_1.png`.",
+        "Plots: " + ", ".join(f"`{name}` ({what})" for name, what in plots.items()) + ".",
         f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
         "",
     ]
     report = ExperimentDir(out_dir).report
     report.write_text("\n".join(lines))
-    curves = _curves(out_dir, names, seeds)
-    if curves:
-        plot_training_curves(curves, out_dir / "training_curves.png")
-    if rows:
-        plot_pass_at_1([{**r, "method": r["variant"]} for r in rows], out_dir / "pass_at_1.png")
-    plot_family_curves(metrics, out_dir / "family_curves.png")
     return report
 
 
@@ -776,7 +784,7 @@ class CompareRun:
     started: float = field(default_factory=time.perf_counter)
     rows: list[dict[str, Any]] = field(default_factory=list)
     cells: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    """Variant -> the done record of each seed run."""
+    """Variant -> the done record of each seed run, in seed order (set when every cell is done)."""
     ran: list[str] = field(default_factory=list)
     """Cells trained by this invocation ("<variant>-seed<seed>"), not reused."""
 
@@ -890,7 +898,6 @@ def run_compare(
 
     def record(seed: int, variant: Variant, done: dict[str, Any], did_run: bool) -> None:
         finished[(seed, variant.name)] = done
-        run.cells[variant.name].append(done)
         run.rows += done["rows"]
         if did_run:
             run.ran.append(f"{variant.name}-seed{seed}")
@@ -905,7 +912,6 @@ def run_compare(
         else:
             _run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record, donors)
     # each variant's cells in seed order, whatever order they finished in
-    run.cells = defaultdict(list)
     for seed, variant in cells:
         run.cells[variant.name].append(finished[(seed, variant.name)])
     return report.finish(run)

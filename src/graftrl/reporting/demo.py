@@ -30,6 +30,7 @@ from graftrl.reporting.plots import (
     plot_training_curves,
     read_compatibility,
 )
+from graftrl.reporting.provenance import signature
 from graftrl.reporting.render import diagnostics_table, results_table
 from graftrl.storage.rundir import ExperimentDir, read_metrics
 
@@ -71,17 +72,18 @@ class DemoReport(CompareReport):
             "provenance": run.task.provenance,
         }
         ExperimentDir(out_dir).results.write_text(json.dumps(results, indent=2))
-        plot_training_curves(curves, out_dir / "training_curves.png")
-        plot_complementarity(curves, out_dir / "complementarity.png")
+        made_by = signature(run.task.provenance)
+        plot_training_curves(curves, out_dir / "training_curves.png", footer=made_by)
+        plot_complementarity(curves, out_dir / "complementarity.png", footer=made_by)
         scores: dict[str, list[float]] = {}
         for seed in range(run.seeds):
             for receiver, values in read_compatibility(
                 ExperimentDir(out_dir).run("graft", seed).root
             ).items():
                 scores.setdefault(receiver, []).extend(values)
-        plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png")
-        plot_pass_at_1(rows, out_dir / "pass_at_1.png")
-        plot_family_curves(curves, out_dir / "family_curves.png")
+        plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=made_by)
+        plot_pass_at_1(rows, out_dir / "pass_at_1.png", footer=made_by)
+        plot_family_curves(curves, out_dir / "family_curves.png", footer=made_by)
         console.print(results_table(rows))
         if by_family := family_rows(rows):
             console.print(results_table(by_family, title="held-out pass@1 per problem family"))

@@ -3,7 +3,7 @@ scores, pass@1 bars, per-family curves, the sweep, and the panels of ``graftrl a
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,29 @@ from graftrl.core.compatibility import DELTA
 from graftrl.reporting.analyze import RunAnalysis, step_seconds, validation_metrics
 from graftrl.storage.rundir import RunDir, read_jsonl
 
+FOOTER_INCHES = 0.16
+"""Height kept free at a figure's foot for its footer line."""
+
+
+def _save(fig: Any, path: Path, footer: str | None = None) -> None:
+    """Lay out, add ``footer`` (the command and commit that made the figure) in small grey type at
+    the bottom left, write a 120-dpi PNG and free the figure."""
+    if footer:
+        fig.text(0.005, 0.005, footer, fontsize=6, color="grey", ha="left", va="bottom")
+        fig.tight_layout(rect=(0.0, FOOTER_INCHES / fig.get_figheight(), 1.0, 1.0))
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
+    ]
+
 
 def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[list[int], list[float]]:
     points = [(r["step"], r[key]) for r in rows if r["model"] == model and r.get(key) is not None]
@@ -25,7 +48,10 @@ def _series(rows: Sequence[Mapping[str, Any]], model: str, key: str) -> tuple[li
 
 
 def plot_training_curves(
-    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, key: str = "reward_mean"
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: Path,
+    key: str = "reward_mean",
+    footer: str | None = None,
 ) -> None:
     """One panel per model; one line per run label (e.g. 'grpo seed 0')."""
     models = sorted({r["model"] for rows in runs.values() for r in rows})
@@ -39,13 +65,14 @@ def plot_training_curves(
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)
 
 
 def plot_complementarity(
-    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, smooth: int = 5
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: Path,
+    smooth: int = 5,
+    footer: str | None = None,
 ) -> None:
     """Paper Figure 1: fraction of each model's all-fail prompts that the peer solves.
 
@@ -65,19 +92,13 @@ def plot_complementarity(
     for name, by_step in sorted(series.items()):
         steps = sorted(by_step)
         means = [sum(by_step[t]) / len(by_step[t]) for t in steps]
-        smoothed = [
-            sum(means[max(0, i - smooth + 1) : i + 1]) / len(means[max(0, i - smooth + 1) : i + 1])
-            for i in range(len(means))
-        ]
-        ax.plot(steps, smoothed, label=name)
+        ax.plot(steps, _trailing_mean(means, smooth), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel(f"complementarity ({smooth}-step mean)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)
 
 
 def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
@@ -91,7 +112,7 @@ def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
 
 
 def plot_compatibility_histogram(
-    scores: Mapping[str, Sequence[float]], path: Path, delta: float = DELTA
+    scores: Mapping[str, Sequence[float]], path: Path, delta: float = DELTA, footer: str | None = None
 ) -> None:
     """Histogram of s per receiver, with the gate delta marked."""
     plot_histograms(
@@ -102,10 +123,11 @@ def plot_compatibility_histogram(
         marker=delta,
         marker_label=f"delta = {delta}",
         ylabel="transferred responses",
+        footer=footer,
     )
 
 
-def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path, footer: str | None = None) -> None:
     """Held-out pass@1 per model and method (mean over seeds, with each seed as a dot)."""
     models = sorted({r["model"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -121,20 +143,25 @@ def plot_pass_at_1(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     ax.set_ylabel("held-out pass@1")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)
 
 
 def plot_step_panels(
     panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]],
     path: Path,
     ylabel: str | None = None,
+    columns: int | None = None,
+    footer: str | None = None,
 ) -> None:
-    """One panel per title; in each, one line per label from (steps, values) pairs."""
+    """One panel per title, ``columns`` to a row (default all in one row); in each, one line per
+    label from (steps, values) pairs."""
     titles = list(panels)
-    fig, axes = plt.subplots(1, max(1, len(titles)), figsize=(5 * max(1, len(titles)), 3.6), squeeze=False)
-    for ax, title in zip(axes[0], titles, strict=False):
+    ncols = max(1, min(columns or len(titles), len(titles)))
+    nrows = max(1, -(-len(titles) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(titles) :]:
+        ax.set_visible(False)
+    for ax, title in zip(axes.flat, titles, strict=False):
         for label, (steps, values) in panels[title].items():
             ax.plot(list(steps), list(values), marker="o" if len(steps) <= 20 else None, ms=3, label=label)
         ax.set_title(title, fontsize=10)
@@ -145,18 +172,22 @@ def plot_step_panels(
         ax.grid(alpha=0.3)
         if panels[title]:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)
 
 
 def plot_family_curves(
-    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, prefix: str = "family_reward/"
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: Path,
+    prefix: str = "family_reward/",
+    smooth: int = 5,
+    footer: str | None = None,
 ) -> bool:
-    """Training reward per problem family: one panel per (model, family), one line per method.
+    """Training reward per problem family: a row of panels per model, one per family, one line
+    per method.
 
     ``runs`` maps labels like "graft seed 0" to metrics rows; seeds of a method are averaged per
-    step. Returns False (and writes nothing) when no row carries a per-family figure.
+    step, then smoothed with a trailing mean over ``smooth`` steps (one step's family has only a
+    few prompts). Returns False (and writes nothing) when no row carries a per-family figure.
     """
     points: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
@@ -171,12 +202,22 @@ def plot_family_curves(
         return False
     panels = {
         title: {
-            method: (sorted(by_step), [sum(by_step[t]) / len(by_step[t]) for t in sorted(by_step)])
+            method: (
+                sorted(by_step),
+                _trailing_mean([sum(by_step[t]) / len(by_step[t]) for t in sorted(by_step)], smooth),
+            )
             for method, by_step in methods.items()
         }
         for title, methods in sorted(points.items())
     }
-    plot_step_panels(panels, path, ylabel="training reward (mean over seeds)")
+    families_per_model = max(Counter(title.split(": ")[0] for title in panels).values())
+    plot_step_panels(
+        panels,
+        path,
+        ylabel=f"training reward (seed mean, {smooth}-step mean)",
+        columns=families_per_model,
+        footer=footer,
+    )
     return True
 
 
@@ -189,6 +230,7 @@ def plot_histograms(
     marker: float | None = None,
     marker_label: str | None = None,
     ylabel: str = "responses",
+    footer: str | None = None,
 ) -> None:
     """Overlaid histograms, one per label (values outside ``value_range`` are clipped into it)."""
     low, high = value_range
@@ -202,9 +244,7 @@ def plot_histograms(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)
 
 
 def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) -> dict[str, Path]:
@@ -292,7 +332,7 @@ def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) 
     return made
 
 
-def plot_sweep(points: Sequence[Mapping[str, Any]], path: Path) -> None:
+def plot_sweep(points: Sequence[Mapping[str, Any]], path: Path, footer: str | None = None) -> None:
     """``graftrl sweep``: top, GRAFT − GRPO held-out pass@1 per model with its 95% paired interval;
     bottom, the regime at each point (all-fail share solid, complementarity dashed), against the
     skill overlap of the pair."""
@@ -334,6 +374,4 @@ def plot_sweep(points: Sequence[Mapping[str, Any]], path: Path) -> None:
     bottom.set_ylabel("share of prompts (GRPO runs)")
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, footer)

@@ -1,8 +1,8 @@
 """Where a reported number came from: the code's commit and the exact weights it started from.
 
-Every results.json of `graftrl compare` and `graftrl demo` carries ``provenance``: the git commit
-of the graftrl source that ran (and whether that source had uncommitted changes), the package
-version, and per policy the SHA-256 of its starting weights plus, for an embedded warm-start, the
+Every results.json of `graftrl compare`, `graftrl sweep` and `graftrl demo` carries
+``provenance``: the command that wrote it, the git commit of the graftrl source that ran (and
+whether that source had uncommitted changes), the package version, and per policy the SHA-256 of its starting weights plus, for an embedded warm-start, the
 fingerprint of the settings that made it. A documented figure can then be checked against the
 current code: the same fingerprint must warm-start to the same weights (``tests`` do that for
 the fingerprints in ``docs/``).
@@ -11,8 +11,10 @@ the fingerprints in ``docs/``).
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,32 @@ def code_commit() -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The running command as a user would type it: ``graftrl <arguments>`` under the ``graftrl``
+    entry point, else the process's own argv."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and Path(argv[0]).name == "graftrl":
+        return shlex.join(["graftrl", *argv[1:]])
+    return shlex.join(argv)
+
+
+def code_label(provenance: Mapping[str, Any]) -> str:
+    """The code that ran, in words: ``commit 5418d38d7d`` (``+ uncommitted changes`` when dirty)."""
+    commit = provenance.get("commit")
+    code = "graftrl (no git checkout)" if commit is None else f"commit {commit[:10]}"
+    return code + (" + uncommitted changes" if provenance.get("dirty") else "")
+
+
+def signature(provenance: Mapping[str, Any]) -> str:
+    """One line naming what produced a figure: the command and the code's commit."""
+    return f"{provenance.get('command') or 'graftrl'} · {code_label(provenance)}"
+
+
+def written_by(provenance: Mapping[str, Any]) -> str:
+    """The same for a Markdown report: the command in code type, then the commit."""
+    return f"Written by `{provenance.get('command') or 'graftrl'}` at {code_label(provenance)}"
+
+
 def weights_sha256(folder: str | Path) -> str:
     """SHA-256 of a checkpoint's weights: of its one ``*.safetensors`` (else ``*.bin``) file, or
     for several shards, of their names and digests in name order."""
@@ -72,8 +100,10 @@ def model_provenance(folder: str | Path) -> dict[str, Any]:
 
 
 def results_provenance(policies: Mapping[str, str | Path]) -> dict[str, Any]:
-    """The ``provenance`` block of a results.json: code commit, version, each policy's start."""
+    """The ``provenance`` block of a results.json: command, code commit, version, each policy's
+    start."""
     return {
+        "command": command_line(),
         **code_commit(),
         "graftrl_version": graftrl.__version__,
         "models": {name: model_provenance(path) for name, path in policies.items()},

@@ -33,6 +33,7 @@ from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
 from graftrl.reporting.analyze import summarize_exchange
 from graftrl.reporting.compare import PAIRED_NOTE, CompareReport, CompareTask, embedded_task, run_compare
+from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.storage.rundir import ExperimentDir, read_metrics
 
 PRESET = "demo"
@@ -98,10 +99,15 @@ def _fmt(value: float | None, scale: float = 100.0, digits: int = 1) -> str:
     return "—" if value is None else f"{value * scale:.{digits}f}"
 
 
-def report_markdown(points: Sequence[dict[str, Any]], seeds: int, task: CompareTask) -> str:
+def report_markdown(
+    points: Sequence[dict[str, Any]], seeds: int, task: CompareTask, provenance: dict[str, Any]
+) -> str:
     settings = task.settings
     lines = [
         "# graftrl sweep: GRAFT − GRPO over the skill overlap of the pair",
+        "",
+        f"{written_by(provenance)}; each point's cells, starting weights and warm-start fingerprints "
+        "are in its `overlap-<o>/results.json`.",
         "",
         f"Task {task.name}; at skill overlap o the GPT-2's warm-start mix is (1 − o) x its own + o x the "
         f"Llama's. Per point: GRPO (n = {settings.n}) and GRAFT, seeds 0-{seeds - 1}, {settings.steps} steps "
@@ -152,7 +158,6 @@ def write_sweep(
 ) -> dict[str, Any]:
     """results.json, report.md and sweep.png over the ``seeds_done`` seeds run at every point."""
     from graftrl.reporting.plots import plot_sweep
-    from graftrl.reporting.provenance import results_provenance
 
     points = sorted(results)
     summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds_done) for o in points]
@@ -174,8 +179,8 @@ def write_sweep(
     }
     out = ExperimentDir(out_dir)
     out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]]))
-    plot_sweep(summaries, out_dir / "sweep.png")
+    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"]))
+    plot_sweep(summaries, out_dir / "sweep.png", footer=signature(final["provenance"]))
     return final
 
 
