@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
-from graftrl.reporting.analyze import AnalysisError, analyze_run
+from graftrl.reporting.analyze import AnalysisError, GateOutcome, analyze_run, gate_by_outcome
+from graftrl.reporting.render import gate_markdown
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
@@ -244,3 +245,27 @@ def test_analysis_uses_core_eqs_with_the_former_numbers():
             assert value == pytest.approx(sum(k_peer[g] >= 1 for g in fails) / len(fails), abs=1e-7)
         else:  # undefined: the former code skipped the step
             assert value != value
+
+
+def test_gate_by_outcome_splits_transferred_responses_into_correct_and_wrong():
+    records = [
+        {
+            "step": 0,
+            "receiver": "gpt2",
+            "source": ["llama"] * 4,
+            "s": [0.9, 0.7, 0.85, 0.95],
+            "reward": [1, 1, 0, 0],
+        },
+        {"step": 1, "receiver": "gpt2", "source": ["llama"] * 2, "s": [0.8, 0.6], "reward": [1.0, 0.0]},
+        {"step": 1, "receiver": "llama", "source": ["gpt2"], "s": [1.2], "reward": [1.0]},
+    ]
+    gates = gate_by_outcome(records, delta=0.8)
+    # gpt2's correct scores 0.9, 0.7, 0.8: only 0.9 passes (s > delta is strict); wrong 0.85, 0.95, 0.6
+    assert gates["gpt2"]["correct"] == GateOutcome(responses=3, passed=1, median_s=0.8)
+    assert gates["gpt2"]["wrong"] == GateOutcome(responses=3, passed=2, median_s=0.85)
+    assert gates["gpt2"]["correct"].passed_share == pytest.approx(1 / 3)
+    assert gates["llama"]["wrong"] == GateOutcome(responses=0, passed=0, median_s=None)
+    assert gates["llama"]["wrong"].passed_share is None
+    table = gate_markdown({"graft": gates}).splitlines()
+    assert table[2] == "| graft | gpt2 | 3 | 33.3 | 0.800 | 3 | 66.7 | 0.850 |"
+    assert table[3] == "| graft | llama | 1 | 100.0 | 1.200 | 0 | — | — |"

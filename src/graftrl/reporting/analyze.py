@@ -545,6 +545,46 @@ def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(keys)
 
 
+@dataclass(frozen=True)
+class GateOutcome:
+    """How the gate met the transferred responses of one outcome (correct or wrong) into one
+    receiver."""
+
+    responses: int
+    passed: int
+    """Responses with s > delta: those the gate admits (eq. 8)."""
+    median_s: float | None
+
+    @property
+    def passed_share(self) -> float | None:
+        return self.passed / self.responses if self.responses else None
+
+
+def gate_by_outcome(
+    records: Sequence[Mapping[str, Any]], delta: float = DEFAULT_DELTA
+) -> dict[str, dict[str, GateOutcome]]:
+    """receiver -> "correct" / "wrong" -> ``GateOutcome``, over ``compatibility.jsonl`` rows (a
+    response is correct when its reward is positive).
+
+    The gate is meant to remove stylistically foreign responses; when it passes fewer correct
+    than wrong ones, it is removing the receiver's lesson (the informative tokens are the ones the
+    receiver finds unlikely), which is what this measures.
+    """
+    scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"correct": [], "wrong": []})
+    for record in records:
+        for s, reward in zip(record["s"], record["reward"], strict=True):
+            scores[record["receiver"]]["correct" if reward > 0 else "wrong"].append(float(s))
+    return {
+        receiver: {
+            outcome: GateOutcome(
+                len(values), sum(v > delta for v in values), statistics.median(values) if values else None
+            )
+            for outcome, values in by_outcome.items()
+        }
+        for receiver, by_outcome in sorted(scores.items())
+    }
+
+
 def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """The regime statistics of docs/task_design.md over runs labelled "<method> seed <s>".
 

@@ -46,11 +46,11 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.analyze import summarize_exchange
+from graftrl.reporting.analyze import GateOutcome, gate_by_outcome, summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
-from graftrl.reporting.render import diagnostics_markdown, paired_markdown, table_markdown
+from graftrl.reporting.render import diagnostics_markdown, gate_markdown, paired_markdown, table_markdown
 from graftrl.storage.data import MathProblem
-from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
+from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
 
 __all__ = [
     "DEFAULT",
@@ -641,6 +641,21 @@ def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, l
     }
 
 
+def _gates(
+    out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
+) -> dict[str, dict[str, dict[str, GateOutcome]]]:
+    """variant -> ``gate_by_outcome`` over the seeds run, for variants that transferred responses."""
+    out = ExperimentDir(out_dir)
+    gates = {}
+    for variant in matrix.variants:
+        logs = [RunDir(out.run(variant.name, seed).root).compatibility for seed in range(seeds)]
+        records = [record for log in logs if log.is_file() for record in read_jsonl(log)]
+        if records:
+            delta = cell_config(task, variant, 0, steps).graft.delta
+            gates[variant.name] = gate_by_outcome(records, delta)
+    return gates
+
+
 def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
@@ -746,6 +761,17 @@ def write_report(
             "peer rows (percent).",
             "",
             diagnostics_markdown(diagnostics, names),
+            "",
+        ]
+    if gates := _gates(out_dir, matrix, task, seeds, steps):
+        lines += [
+            "Transferred responses by outcome: the share that passes the gate (s > δ, the variant's "
+            "delta; for a method without the gate, such as HACPO, the share it would pass) and the median "
+            "compatibility score s, for correct and for wrong peer responses. "
+            "The gate should filter foreign style; when it passes fewer correct responses than wrong "
+            "ones it is filtering out the lesson (docs/task_design.md).",
+            "",
+            gate_markdown(gates),
             "",
         ]
     missing = [n for n in names if n not in summary]

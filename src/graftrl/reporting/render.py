@@ -144,6 +144,27 @@ def diagnostics_markdown(diagnostics: Mapping[str, Any], order: Sequence[str] = 
     return "\n".join([header, *rows])
 
 
+def gate_markdown(gates: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """compare's report: per (variant, receiver), the transferred responses that were correct and
+    wrong, the share of each that passed the gate (s > delta) and their median s
+    (``analyze.gate_by_outcome``)."""
+    rows = []
+    for variant, receivers in gates.items():
+        for receiver, outcomes in receivers.items():
+            cells = []
+            for outcome in ("correct", "wrong"):
+                o = outcomes[outcome]
+                share = "—" if o.passed_share is None else f"{100 * o.passed_share:.1f}"
+                median = "—" if o.median_s is None else f"{o.median_s:.3f}"
+                cells += [f"{o.responses:,}", share, median]
+            rows.append(f"| {variant} | {receiver} | " + " | ".join(cells) + " |")
+    header = (
+        "| variant | receiver | correct responses | correct: s > δ (%) | correct: median s "
+        "| wrong responses | wrong: s > δ (%) | wrong: median s |\n|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([header, *rows])
+
+
 # --------------------------------------------------------------------------------------------
 # One run (analysis.md)
 # --------------------------------------------------------------------------------------------
