@@ -195,6 +195,9 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert cell["optimizer_steps_per_model"] >= 1 and cell["rows_trained_per_model"] >= 1
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000, name
+    # the demo's exchange figure for the baseline and the reference variant
+    assert (out / "complementarity.png").stat().st_size > 1000
+    assert "`complementarity.png` (share of all-fail prompts the peer solves, graft and grpo-n4)" in report
 
     # a finished cell is skipped; an unfinished one is restarted from scratch
     grpo_metrics = out / "runs" / "grpo-n4-seed0" / "metrics.jsonl"

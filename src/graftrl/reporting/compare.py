@@ -656,6 +656,36 @@ def _gates(
     return gates
 
 
+def _exchange_plots(
+    out_dir: Path,
+    metrics: Mapping[str, Sequence[Mapping[str, Any]]],
+    baseline: str | None,
+    reference: str | None,
+    seeds: int,
+    footer: str,
+) -> dict[str, str]:
+    """The demo's exchange figures for the baseline and the reference variant (GRPO and GRAFT in
+    the demo preset): complementarity per step and the reference's compatibility scores."""
+    from graftrl.reporting.plots import plot_compatibility_histogram, plot_complementarity, read_compatibility
+
+    made = {}
+    pair = {name for name in (baseline, reference) if name}
+    runs = {label: rows for label, rows in metrics.items() if label.split(" seed ")[0] in pair}
+    if any(key.startswith("complementarity/") for rows in runs.values() for row in rows for key in row):
+        plot_complementarity(runs, out_dir / "complementarity.png", footer=footer)
+        made["complementarity.png"] = (
+            f"share of all-fail prompts the peer solves, {' and '.join(sorted(pair))}"
+        )
+    scores: dict[str, list[float]] = defaultdict(list)
+    for seed in range(seeds if reference else 0):
+        for receiver, values in read_compatibility(ExperimentDir(out_dir).run(reference, seed).root).items():
+            scores[receiver] += values
+    if scores:
+        plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=footer)
+        made["compatibility_hist.png"] = f"compatibility scores s of {reference}'s transferred responses"
+    return made
+
+
 def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
@@ -787,6 +817,7 @@ def write_report(
         )
     if plot_family_curves(metrics, out_dir / "family_curves.png", footer=made_by):
         plots["family_curves.png"] = "training reward per problem family"
+    plots.update(_exchange_plots(out_dir, metrics, baseline, reference, seeds, made_by))
     lines += [
         "Plots: " + ", ".join(f"`{name}` ({what})" for name, what in plots.items()) + ".",
         f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
