@@ -59,6 +59,28 @@ def test_documented_fingerprints_are_what_the_code_computes(path):
         assert len(model["weights_sha256"]) == 64
 
 
+def _warm_starts(block: object) -> list[tuple[str, str]]:
+    """Every (warm-start fingerprint, weights hash) pair inside a provenance block."""
+    if isinstance(block, dict):
+        if isinstance(block.get("warm_start_fingerprint"), str):
+            return [(block["warm_start_fingerprint"], block["weights_sha256"])]
+        return [pair for value in block.values() for pair in _warm_starts(value)]
+    return []
+
+
+def test_committed_results_agree_on_the_weights_of_each_warm_start():
+    """A fingerprint names one set of starting weights across docs/ and every committed
+    experiment's results.json, so results quoted side by side started from the same models."""
+    weights: dict[str, set[str]] = {}
+    for path in [*DOCUMENTED, *sorted((DOCS.parent / "experiments").rglob("results.json"))]:
+        doc = json.loads(path.read_text())  # a provenance.json is the block itself
+        for print_, sha in _warm_starts(doc if path in DOCUMENTED else doc.get("provenance", {})):
+            weights.setdefault(print_, set()).add(sha)
+    documented = {f for path in DOCUMENTED for f, _ in _warm_starts(json.loads(path.read_text()))}
+    assert documented and len(weights) > len(documented)  # the experiments' own warm-starts count too
+    assert {f: shas for f, shas in weights.items() if len(shas) > 1} == {}
+
+
 def test_results_provenance_hashes_the_weights_and_reads_the_fingerprint(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
