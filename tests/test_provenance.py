@@ -74,8 +74,8 @@ def test_committed_results_agree_on_the_weights_of_each_warm_start():
     weights: dict[str, set[str]] = {}
     for path in [*DOCUMENTED, *sorted((DOCS.parent / "experiments").rglob("results.json"))]:
         doc = json.loads(path.read_text())  # a provenance.json is the block itself
-        for print_, sha in _warm_starts(doc if path in DOCUMENTED else doc.get("provenance", {})):
-            weights.setdefault(print_, set()).add(sha)
+        for warm_start, sha in _warm_starts(doc if path in DOCUMENTED else doc.get("provenance", {})):
+            weights.setdefault(warm_start, set()).add(sha)
     documented = {f for path in DOCUMENTED for f, _ in _warm_starts(json.loads(path.read_text()))}
     assert documented and len(weights) > len(documented)  # the experiments' own warm-starts count too
     assert {f: shas for f, shas in weights.items() if len(shas) > 1} == {}
