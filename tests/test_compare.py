@@ -186,7 +186,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert list(table[0]) == list(ROW_KEYS) and len(table) == len(rows)
     report = (out / "report.md").read_text()
     assert "Table 1: pass@1 per model, Δ vs grpo-n4" in report
-    assert "Table 2: ablations, Δ vs full GRAFT (graft)" in report
+    assert "Table 2" not in report  # it would mirror Table 1 (see the test below)
     assert "train wall-clock (s/seed)" in report and "rollouts/model" in report
     assert "rows trained/model" in report and "optimizer steps/model" in report
     assert "## Regime and exchange diagnostics" in report and "| graft | llama |" in report
@@ -428,3 +428,24 @@ def test_a_cells_digest_ignores_fields_at_their_defaults(tiny_task):
         assert _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None)) != digest
     finally:
         compare.CELL_VERSION -= 1
+
+
+def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_path):
+    """With only the baseline beside GRAFT (the demo preset) Table 2 would mirror Table 1."""
+    pass_at_1 = {"grpo": 0.50, "graft": 0.55, "no-gate": 0.60}
+
+    def report(variants: list[str]) -> str:
+        matrix = Matrix([Variant(v, "grpo" if v == "grpo" else "graft") for v in variants], "grpo", "graft")
+        rows = [
+            {"variant": v, "method": "x", "model": model, "seed": 0, "pass_at_1": pass_at_1[v], "wall_s": 1.0}
+            for v in variants
+            for model in ("llama", "gpt2")
+        ]
+        out = tmp_path / "-".join(variants)
+        out.mkdir(exist_ok=True)
+        return compare.write_report(out, matrix, rows, {}, tiny_task, 1, None, 0.0).read_text()
+
+    assert "## Table 1" in report(["grpo", "graft"]) and "## Table 2" not in report(["grpo", "graft"])
+    with_ablation = report(["grpo", "graft", "no-gate"])
+    assert "## Table 2: ablations, Δ vs full GRAFT (graft)" in with_ablation
+    assert "| no-gate | 60.00 ± 0.00 | +5.00 |" in with_ablation

@@ -761,7 +761,8 @@ def write_report(
             paired_markdown(rows, baseline, names),
             "",
         ]
-    if reference is not None:
+    # with only the baseline beside it, Table 2 would mirror Table 1 (the demo preset)
+    if reference is not None and set(names) - {baseline, reference}:
         lines += [
             f"## Table 2: ablations, Δ vs full GRAFT ({reference})",
             "",
