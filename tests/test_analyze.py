@@ -13,8 +13,14 @@ from typer.testing import CliRunner
 from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
-from graftrl.reporting.analyze import AnalysisError, GateOutcome, analyze_run, gate_by_outcome
-from graftrl.reporting.render import gate_markdown
+from graftrl.reporting.analyze import (
+    AnalysisError,
+    GateOutcome,
+    analyze_run,
+    family_progress,
+    gate_by_outcome,
+)
+from graftrl.reporting.render import gate_markdown, progress_markdown
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
@@ -269,3 +275,14 @@ def test_gate_by_outcome_splits_transferred_responses_into_correct_and_wrong():
     table = gate_markdown({"graft": gates}).splitlines()
     assert table[2] == "| graft | gpt2 | 3 | 33.3 | 0.800 | 3 | 66.7 | 0.850 |"
     assert table[3] == "| graft | llama | 1 | 100.0 | 1.200 | 0 | — | — |"
+
+
+def test_family_progress_averages_the_first_and_last_steps_over_seeds():
+    def run(rewards):  # one model, reward on family "carry" at steps 0..len-1
+        return [{"step": t, "model": "gpt2", "family_reward/carry": r} for t, r in enumerate(rewards)]
+
+    curves = {"graft seed 0": run([0.0, 0.1, 0.5, 0.9]), "graft seed 1": run([0.2, 0.3, 0.7, None])}
+    progress = family_progress(curves, window=2)
+    # first two steps: 0.0, 0.1, 0.2, 0.3; last two (steps 2-3; seed 1 has no value at 3): 0.5, 0.9, 0.7
+    assert progress["graft"]["gpt2 · carry"] == (pytest.approx(0.15), pytest.approx(0.7))
+    assert progress_markdown(progress, 2).splitlines()[2] == "| graft | 15.0 → 70.0 |"

@@ -545,6 +545,33 @@ def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(keys)
 
 
+def family_progress(
+    curves: Mapping[str, Sequence[Mapping[str, Any]]], window: int = 10, prefix: str = "family_reward/"
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """variant -> "<model> · <family>" -> (mean over its first ``window`` steps, over its last
+    ``window``) of the training reward on that family, pooled over the runs labelled
+    "<variant> seed <s>": did the model learn the family during training, not only at the end."""
+    values: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for label, rows in curves.items():
+        variant = label.split(" seed ")[0]
+        for row in rows:
+            for key, value in row.items():
+                if key.startswith(prefix) and value is not None:
+                    values[variant][f"{row['model']} · {key[len(prefix) :]}"].append(
+                        (int(row["step"]), value)
+                    )
+    progress: dict[str, dict[str, tuple[float, float]]] = {}
+    for variant, families in values.items():
+        for family, points in sorted(families.items()):
+            steps = sorted({step for step, _ in points})
+            first, last = set(steps[:window]), set(steps[-window:])
+            progress.setdefault(variant, {})[family] = (
+                statistics.fmean(v for step, v in points if step in first),
+                statistics.fmean(v for step, v in points if step in last),
+            )
+    return progress
+
+
 @dataclass(frozen=True)
 class GateOutcome:
     """How the gate met the transferred responses of one outcome (correct or wrong) into one

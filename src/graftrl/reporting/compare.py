@@ -46,9 +46,15 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.analyze import GateOutcome, gate_by_outcome, summarize_exchange
+from graftrl.reporting.analyze import GateOutcome, family_progress, gate_by_outcome, summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
-from graftrl.reporting.render import diagnostics_markdown, gate_markdown, paired_markdown, table_markdown
+from graftrl.reporting.render import (
+    diagnostics_markdown,
+    gate_markdown,
+    paired_markdown,
+    progress_markdown,
+    table_markdown,
+)
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
 
@@ -436,6 +442,9 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+PROGRESS_WINDOW = 10
+"""Steps at each end of training over which the report averages the per-family training reward."""
+
 CELL_VERSION = 1
 """Part of every cell's digest. Bump it with any change that alters what a cell computes — a
 changed default, a fix in training or evaluation — so that finished cells are retrained rather
@@ -781,6 +790,14 @@ def write_report(
         if baseline or reference:
             lines += [paired_markdown(by_family, baseline or reference, names), ""]
     metrics = _family_runs(out_dir, names, seeds)
+    if progress := family_progress(metrics, PROGRESS_WINDOW):
+        lines += [
+            f"Training reward per problem family (percent, pooled over the seeds run): mean over the first "
+            f"{PROGRESS_WINDOW} steps → over the last {PROGRESS_WINDOW}; the curves are in `family_curves.png`.",
+            "",
+            progress_markdown(progress, PROGRESS_WINDOW),
+            "",
+        ]
     if diagnostics := summarize_exchange(metrics):
         lines += [
             "## Regime and exchange diagnostics (training prompts; mean per step over the seeds run)",

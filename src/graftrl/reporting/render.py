@@ -144,6 +144,21 @@ def diagnostics_markdown(diagnostics: Mapping[str, Any], order: Sequence[str] = 
     return "\n".join([header, *rows])
 
 
+def progress_markdown(progress: Mapping[str, Mapping[str, tuple[float, float]]], window: int) -> str:
+    """compare's report: per variant and (model · family), the training reward over the first and
+    the last ``window`` steps (``analyze.family_progress``), in percent."""
+    columns = list(dict.fromkeys(family for families in progress.values() for family in families))
+    header = "| variant | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns)
+    rows = []
+    for variant, families in progress.items():
+        cells = [
+            f"{100 * families[c][0]:.1f} → {100 * families[c][1]:.1f}" if c in families else "—"
+            for c in columns
+        ]
+        rows.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join([header, *rows])
+
+
 def gate_markdown(gates: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """compare's report: per (variant, receiver), the transferred responses that were correct and
     wrong, the share of each that passed the gate (s > delta) and their median s
