@@ -449,3 +449,30 @@ def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_pat
     with_ablation = report(["grpo", "graft", "no-gate"])
     assert "## Table 2: ablations, Δ vs full GRAFT (graft)" in with_ablation
     assert "| no-gate | 60.00 ± 0.00 | +5.00 |" in with_ablation
+
+
+def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch):
+    trained: list[str] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        trained.append(self.run_dir.name)
+        return original_train(self, resume)
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "demo", "--quick", "--out", str(out), "--cache", str(tmp_path / "c")]
+    assert CliRunner().invoke(app, [*args, "--seeds", "1"]).exit_code == 0
+    assert sorted(trained) == ["graft-seed0", "grpo-seed0"]
+
+    trained.clear()  # seeds 1-2 are missing: reported as such, not trained
+    result = CliRunner().invoke(app, [*args, "--seeds", "3", "--report-only"])
+    assert result.exit_code == 0, result.output
+    assert trained == []
+    results = json.loads((out / "results.json").read_text())
+    assert {r["seed"] for r in results["rows"] if r["variant"] != "warm-start"} == {0}
+    report = (out / "report.md").read_text()
+    assert "Seeds: 3 per variant (the `seeds` column counts those finished)" in report
+    assert "(1 seed)" in report  # one pair: no interval yet
+    assert not (out / "runs" / "grpo-seed1").exists()

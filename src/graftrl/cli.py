@@ -517,6 +517,13 @@ def compare(
     task: _Task = DEFAULT_TASK,
     jobs: _Jobs = 1,
     reuse: _Reuse = None,
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            "--report-only",
+            help="Train nothing: write the report from the cells finished so far (here or in --reuse folders).",
+        ),
+    ] = False,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
     from graftrl.reporting.compare import CompareError, load_matrix, run_compare
@@ -538,6 +545,7 @@ def compare(
         embedded=task,
         jobs=jobs,
         reuse=reuse or [],
+        report_only=report_only,
     )
 
 

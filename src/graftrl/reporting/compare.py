@@ -749,7 +749,7 @@ def write_report(
         f"{written_by(task.provenance)}; the cells' digests, starting weights and warm-start fingerprints "
         "are in results.json.",
         "",
-        f"Seeds: {seeds}. Steps: {steps or base['train']['steps']}; per step, every model gets "
+        f"Seeds: {seeds} per variant (the `seeds` column counts those finished). Steps: {steps or base['train']['steps']}; per step, every model gets "
         f"{base['train']['batch_prompts']} prompts x n rollouts ({base['rollout']['n']} unless a row "
         f"sets `rollout.n`), minibatch {base['train']['minibatch_prompts']} prompts. Held-out pass@1: "
         f"{len(task.heldout)} problems x {s.eval_samples} samples at T = 0.6, top-p 0.95, "
@@ -927,8 +927,12 @@ def run_compare(
     report: CompareReport | None = None,
     jobs: int = 1,
     reuse: Sequence[Path] = (),
+    report_only: bool = False,
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
+
+    ``report_only``: train nothing; report the cells finished so far (here or in ``reuse``), e.g.
+    while the rest still run elsewhere. Each row then says how many seeds it has.
 
     ``jobs``: cells trained side by side, each in its own process with an equal share of this
     process's torch threads (on 2 cores, two 1-thread cells finish sooner than one after the other
@@ -950,6 +954,8 @@ def run_compare(
         raise CompareError(f"--seeds must be >= 1, got {seeds}")
     if jobs < 1:
         raise CompareError(f"--jobs must be >= 1, got {jobs}")
+    if report_only and not resume:
+        raise CompareError("--report-only reports finished cells, so it cannot be combined with retraining")
     spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
     check_methods(spec)  # before the warm-start
     donors = donor_cells(reuse) if resume else {}
@@ -980,7 +986,11 @@ def run_compare(
 
     with MathVerifier() as verifier:
         run.rows += warm_start_cell(task, out_dir, verifier, console, resume)["rows"]
-        if jobs <= 1:
+        if report_only:
+            for seed, variant in cells:
+                if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None:
+                    record(seed, variant, done, False)
+        elif jobs <= 1:
             for seed, variant in cells:
                 ran = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume, donors=donors)
                 record(seed, variant, *ran)
@@ -988,7 +998,8 @@ def run_compare(
             _run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record, donors)
     # each variant's cells in seed order, whatever order they finished in
     for seed, variant in cells:
-        run.cells[variant.name].append(finished[(seed, variant.name)])
+        if (seed, variant.name) in finished:
+            run.cells[variant.name].append(finished[(seed, variant.name)])
     return report.finish(run)
 
 
