@@ -48,6 +48,20 @@ SYNTHETIC = [
 ]
 
 
+@pytest.fixture
+def trained(monkeypatch) -> list[str]:
+    """The run folder names ``Trainer.train`` is called on, in call order (training still runs)."""
+    names: list[str] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        names.append(self.run_dir.name)
+        return original_train(self, resume)
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    return names
+
+
 def test_table_arithmetic_against_hand_values():
     summary = summarize(SYNTHETIC)
     a = summary["grpo-n8"]["a"]
@@ -136,20 +150,14 @@ def test_unknown_methods_and_keys_name_the_variant(tiny_task, tmp_path):
 # ----- the harness ---------------------------------------------------------------------------
 
 
-def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_path, monkeypatch):
-    calls: list[str] = []
+def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_path, monkeypatch, trained):
+    calls = trained
     quick_flags: list[bool] = []
-    original_train = Trainer.train
-
-    def counting_train(self, resume=False):
-        calls.append(self.run_dir.name)
-        return original_train(self, resume)
 
     def fake_embedded_task(out_dir, cache_dir, quick, console):
         quick_flags.append(quick)
         return tiny_task
 
-    monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(compare, "embedded_task", fake_embedded_task)
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(
@@ -240,7 +248,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert calls == []
 
 
-def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monkeypatch):
+def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monkeypatch, trained):
     """`graftrl demo` runs compare's cells (demo preset) but trains afresh and writes the demo's files."""
     import io
 
@@ -248,14 +256,7 @@ def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monke
 
     from graftrl.reporting.demo import run_demo
 
-    calls: list[str] = []
-    original_train = Trainer.train
-
-    def counting_train(self, resume=False):
-        calls.append(self.run_dir.name)
-        return original_train(self, resume)
-
-    monkeypatch.setattr(Trainer, "train", counting_train)
+    calls = trained
     monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
     demo = preset_matrix("demo")
     assert [(v.name, v.method, v.set) for v in demo.variants] == [
@@ -377,21 +378,15 @@ def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path)
         run_compare(tmp_path / "three", matrix, task=tiny_task, console=quiet, jobs=0)
 
 
-def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(tiny_task, tmp_path, monkeypatch):
+def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(
+    tiny_task, tmp_path, monkeypatch, trained
+):
     import io
 
     from rich.console import Console
 
     from graftrl.reporting.compare import run_compare
 
-    trained: list[str] = []
-    original_train = Trainer.train
-
-    def counting_train(self, resume=False):
-        trained.append(self.run_dir.name)
-        return original_train(self, resume)
-
-    monkeypatch.setattr(Trainer, "train", counting_train)
     quiet = Console(file=io.StringIO())
     first = run_compare(tmp_path / "a", Matrix([Variant("grpo-n8", "grpo")]), task=tiny_task, console=quiet)
     trained.clear()
@@ -451,15 +446,7 @@ def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_pat
     assert "| no-gate | 60.00 ± 0.00 | +5.00 |" in with_ablation
 
 
-def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch):
-    trained: list[str] = []
-    original_train = Trainer.train
-
-    def counting_train(self, resume=False):
-        trained.append(self.run_dir.name)
-        return original_train(self, resume)
-
-    monkeypatch.setattr(Trainer, "train", counting_train)
+def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch, trained):
     monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
     out = tmp_path / "cmp"
     args = ["compare", "--preset", "demo", "--quick", "--out", str(out), "--cache", str(tmp_path / "c")]
