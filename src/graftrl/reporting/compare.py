@@ -665,6 +665,17 @@ def _gates(
     return gates
 
 
+def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
+    """Receiver -> every compatibility score s logged by ``variant``'s runs over seeds 0..seeds-1."""
+    from graftrl.reporting.plots import read_compatibility
+
+    scores: dict[str, list[float]] = defaultdict(list)
+    for seed in range(seeds):
+        for receiver, values in read_compatibility(ExperimentDir(out_dir).run(variant, seed).root).items():
+            scores[receiver] += values
+    return dict(scores)
+
+
 def _exchange_plots(
     out_dir: Path,
     metrics: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -675,7 +686,7 @@ def _exchange_plots(
 ) -> dict[str, str]:
     """The demo's exchange figures for the baseline and the reference variant (GRPO and GRAFT in
     the demo preset): complementarity per step and the reference's compatibility scores."""
-    from graftrl.reporting.plots import plot_compatibility_histogram, plot_complementarity, read_compatibility
+    from graftrl.reporting.plots import plot_compatibility_histogram, plot_complementarity
 
     made = {}
     pair = {name for name in (baseline, reference) if name}
@@ -685,10 +696,7 @@ def _exchange_plots(
         made["complementarity.png"] = (
             f"share of all-fail prompts the peer solves, {' and '.join(sorted(pair))}"
         )
-    scores: dict[str, list[float]] = defaultdict(list)
-    for seed in range(seeds if reference else 0):
-        for receiver, values in read_compatibility(ExperimentDir(out_dir).run(reference, seed).root).items():
-            scores[receiver] += values
+    scores = compatibility_scores(out_dir, reference, seeds) if reference else {}
     if scores:
         plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=footer)
         made["compatibility_hist.png"] = f"compatibility scores s of {reference}'s transferred responses"

@@ -21,14 +21,13 @@ from rich.console import Console
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.stats import PairedDifference, family_rows, paired_deltas
 from graftrl.reporting.analyze import summarize_exchange
-from graftrl.reporting.compare import CompareReport, CompareRun, run_compare
+from graftrl.reporting.compare import CompareReport, CompareRun, compatibility_scores, run_compare
 from graftrl.reporting.plots import (
     plot_compatibility_histogram,
     plot_complementarity,
     plot_family_curves,
     plot_pass_at_1,
     plot_training_curves,
-    read_compatibility,
 )
 from graftrl.reporting.provenance import signature
 from graftrl.reporting.render import diagnostics_table, results_table
@@ -75,12 +74,7 @@ class DemoReport(CompareReport):
         made_by = signature(run.task.provenance)
         plot_training_curves(curves, out_dir / "training_curves.png", footer=made_by)
         plot_complementarity(curves, out_dir / "complementarity.png", footer=made_by)
-        scores: dict[str, list[float]] = {}
-        for seed in range(run.seeds):
-            for receiver, values in read_compatibility(
-                ExperimentDir(out_dir).run("graft", seed).root
-            ).items():
-                scores.setdefault(receiver, []).extend(values)
+        scores = compatibility_scores(out_dir, "graft", run.seeds)
         plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=made_by)
         plot_pass_at_1(rows, out_dir / "pass_at_1.png", footer=made_by)
         plot_family_curves(curves, out_dir / "family_curves.png", footer=made_by)
