@@ -14,13 +14,15 @@ from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
 from graftrl.reporting.analyze import (
+    AdvantageMass,
     AnalysisError,
     GateOutcome,
+    advantage_mass,
     analyze_run,
     family_progress,
     gate_by_outcome,
 )
-from graftrl.reporting.render import gate_markdown, progress_markdown
+from graftrl.reporting.render import advantage_markdown, gate_markdown, progress_markdown
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
@@ -275,6 +277,38 @@ def test_gate_by_outcome_splits_transferred_responses_into_correct_and_wrong():
     table = gate_markdown({"graft": gates}).splitlines()
     assert table[2] == "| graft | gpt2 | 3 | 33.3 | 0.800 | 3 | 66.7 | 0.850 |"
     assert table[3] == "| graft | llama | 1 | 100.0 | 1.200 | 0 | — | — |"
+
+
+def test_advantage_mass_sums_weighted_source_advantages_per_moved_group():
+    # two moved groups of n = 4 into gpt2 (3 of 4 correct, then 1 of 4), one into llama (all wrong:
+    # zero variance, so advantages 0); unbiased std as eq. 1's default
+    records = [
+        {
+            "step": 0,
+            "receiver": "gpt2",
+            "source": ["llama"] * 8,
+            "s": [0.9, 0.85, 0.5, 0.95, 1.2, 0.9, 0.7, 0.81],
+            "reward": [1, 1, 1, 0, 1, 0, 0, 0],
+        },
+        {"step": 3, "receiver": "llama", "source": ["gpt2"] * 4, "s": [0.9] * 4, "reward": [0] * 4},
+    ]
+    a_hi, a_lo = 0.25 / 0.5, -0.75 / 0.5  # 3-of-4 group: mean 0.75, unbiased std 0.5
+    correct = 0.9 * a_hi + 0.85 * a_hi + 0.0 + 1.0 * -a_lo  # s 0.5 is gated out; s 1.2 capped at 1
+    wrong = 0.95 * a_lo + (0.9 * -a_hi + 0.0 + 0.81 * -a_hi)  # 1-of-4 mirrors 3-of-4; s 0.7 gated out
+    masses = advantage_mass(records, n=4, delta=0.8, eps=0.0)
+    assert masses["gpt2"].groups == 2
+    assert masses["gpt2"].correct == pytest.approx(correct / 2)
+    assert masses["gpt2"].wrong == pytest.approx(wrong / 2)
+    assert masses["llama"] == AdvantageMass(groups=1, correct=0.0, wrong=0.0)
+    # without the gate every group's advantages sum to 0: no net push on what the responses share
+    ungated = advantage_mass(records, n=4, delta=None)
+    assert ungated["gpt2"].correct > 0 and ungated["gpt2"].net == pytest.approx(0.0, abs=1e-6)
+    # a row that is not whole groups (success-only transfer) cannot be rebuilt
+    assert advantage_mass([{**records[1], "s": [0.9] * 3, "reward": [1] * 3}], n=4) is None
+    table = advantage_markdown({"graft": masses}).splitlines()
+    assert table[2] == (
+        f"| graft | gpt2 | 2 | {correct / 2:+.2f} | {wrong / 2:+.2f} | {(correct + wrong) / 2:+.2f} |"
+    )
 
 
 def test_family_progress_averages_the_first_and_last_steps_over_seeds():

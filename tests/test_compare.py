@@ -29,6 +29,7 @@ from graftrl.reporting.compare import (
 )
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.render import table_markdown
+from graftrl.storage.rundir import ExperimentDir
 from graftrl.training.trainer import Trainer
 
 PLOTS = ("training_curves.png", "pass_at_1.png")
@@ -444,6 +445,29 @@ def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_pat
     with_ablation = report(["grpo", "graft", "no-gate"])
     assert "## Table 2: ablations, Δ vs full GRAFT (graft)" in with_ablation
     assert "| no-gate | 60.00 ± 0.00 | +5.00 |" in with_ablation
+
+
+def test_advantage_masses_cover_the_graft_variants_whose_groups_the_log_rebuilds(tiny_task, tmp_path):
+    # n = 4 in the tiny task; one moved group per variant: 3 of 4 correct, every s above the gate
+    record = {"step": 0, "receiver": "gpt2", "source": ["llama"] * 4, "s": [0.9] * 4, "reward": [1, 1, 1, 0]}
+    matrix = Matrix(
+        [
+            Variant("graft", "graft"),
+            Variant("no-gate", "graft", {"graft.gate": False}),
+            Variant("pooled", "graft", {"graft.groups": "pooled"}),
+            Variant("success-only", "graft", {"graft.transfer": "success_only"}),
+            Variant("hacpo", "hacpo"),
+        ]
+    )
+    for variant in matrix.variants:
+        run = ExperimentDir(tmp_path).run(variant.name, 0).root
+        run.mkdir(parents=True)
+        (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
+    masses = compare._advantage_masses(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    assert list(masses) == ["graft", "no-gate"]  # pooled / success-only / HACPO train other weights
+    assert masses["graft"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)  # one weight for all: sum stays 0
+    assert masses["graft"]["gpt2"].correct == pytest.approx(0.9 * masses["no-gate"]["gpt2"].correct)
+    assert masses["no-gate"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)
 
 
 def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch, trained):

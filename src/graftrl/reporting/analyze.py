@@ -42,6 +42,7 @@ import torch
 import yaml
 
 from graftrl.core import compatibility_weight, complementarity
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
@@ -609,6 +610,57 @@ def gate_by_outcome(
             for outcome, values in by_outcome.items()
         }
         for receiver, by_outcome in sorted(scores.items())
+    }
+
+
+@dataclass(frozen=True)
+class AdvantageMass:
+    """The push a receiver's moved groups carried, per moved group: sum of w * A over the peer's
+    correct responses and over its wrong ones (source advantages, eq. 1; weights w, eq. 8)."""
+
+    groups: int
+    correct: float
+    wrong: float
+
+    @property
+    def net(self) -> float:
+        return self.correct + self.wrong
+
+
+def advantage_mass(
+    records: Sequence[Mapping[str, Any]],
+    n: int,
+    delta: float | None = DEFAULT_DELTA,
+    eps: float = ADV_EPS,
+    unbiased: bool = ADV_STD_UNBIASED,
+) -> dict[str, AdvantageMass] | None:
+    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows that hold whole source groups
+    of ``n`` responses in order (GRAFT's group replacement); None when a row cannot (its length is
+    not a multiple of n, e.g. success-only transfer). ``delta``: the gate's floor, w = 1[s > delta]
+    min(s, 1) (eq. 8); None: no gate, w = 1.
+
+    GRPO's advantages sum to 0 over a group, so with w = 1 the net is exactly 0: tokens that all of
+    the peer's responses share (a step the receiver lacks, say) get no net push, only what separates
+    the peer's correct responses from its wrong ones does. The gate makes the net positive only by
+    admitting correct responses more often than wrong ones.
+    """
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # groups, correct, wrong
+    for record in records:
+        s = torch.tensor(record["s"], dtype=torch.float32)  # [G * n]
+        rewards = torch.tensor(record["reward"], dtype=torch.float32)  # [G * n]
+        if len(s) % n:
+            return None
+        w = torch.ones_like(s) if delta is None else compatibility_weight(s, delta)  # [G * n]
+        weighted = w * grpo_advantages(rewards.view(-1, n), eps, unbiased).view(-1)  # [G * n]
+        correct = rewards > 0
+        entry = sums[record["receiver"]]
+        entry[0] += len(s) // n
+        entry[1] += float(weighted[correct].sum())
+        entry[2] += float(weighted[~correct].sum())
+    return {
+        receiver: AdvantageMass(int(groups), correct / groups, wrong / groups)
+        for receiver, (groups, correct, wrong) in sorted(sums.items())
+        if groups
     }
 
 

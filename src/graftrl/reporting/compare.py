@@ -46,9 +46,17 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.analyze import GateOutcome, family_progress, gate_by_outcome, summarize_exchange
+from graftrl.reporting.analyze import (
+    AdvantageMass,
+    GateOutcome,
+    advantage_mass,
+    family_progress,
+    gate_by_outcome,
+    summarize_exchange,
+)
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.render import (
+    advantage_markdown,
     diagnostics_markdown,
     gate_markdown,
     paired_markdown,
@@ -650,19 +658,49 @@ def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, l
     }
 
 
+def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict[str, Any]]:
+    """Every ``compatibility.jsonl`` row of ``variant``'s runs over seeds 0..seeds-1."""
+    out = ExperimentDir(out_dir)
+    logs = [RunDir(out.run(variant, seed).root).compatibility for seed in range(seeds)]
+    return [record for log in logs if log.is_file() for record in read_jsonl(log)]
+
+
 def _gates(
     out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
 ) -> dict[str, dict[str, dict[str, GateOutcome]]]:
     """variant -> ``gate_by_outcome`` over the seeds run, for variants that transferred responses."""
-    out = ExperimentDir(out_dir)
     gates = {}
     for variant in matrix.variants:
-        logs = [RunDir(out.run(variant.name, seed).root).compatibility for seed in range(seeds)]
-        records = [record for log in logs if log.is_file() for record in read_jsonl(log)]
-        if records:
+        if records := _compatibility_records(out_dir, variant.name, seeds):
             delta = cell_config(task, variant, 0, steps).graft.delta
             gates[variant.name] = gate_by_outcome(records, delta)
     return gates
+
+
+def _advantage_masses(
+    out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
+) -> dict[str, dict[str, AdvantageMass]]:
+    """variant -> ``advantage_mass`` over the seeds run, for GRAFT variants whose logged peer
+    responses are whole source groups weighted by eq. 8 (replaced groups, every response, the gate
+    or no gate); pooled groups, success-only transfer and random admission train other weights or
+    advantages than the log can rebuild."""
+    masses = {}
+    for variant in matrix.variants:
+        config = cell_config(task, variant, 0, steps)
+        graft = config.graft
+        if variant.method != "graft" or (graft.groups, graft.transfer, graft.admission) != (
+            "replace",
+            "all",
+            "gate",
+        ):
+            continue
+        if not (records := _compatibility_records(out_dir, variant.name, seeds)):
+            continue
+        train, delta = config.train, graft.delta if graft.gate else None
+        mass = advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased)
+        if mass:
+            masses[variant.name] = mass
+    return masses
 
 
 def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
@@ -828,6 +866,18 @@ def write_report(
             "ones it is filtering out the lesson (docs/task_design.md).",
             "",
             gate_markdown(gates),
+            "",
+        ]
+    if masses := _advantage_masses(out_dir, matrix, task, seeds, steps):
+        lines += [
+            "Advantage mass of the moved groups: per moved group, the sum of w·A over the peer's correct "
+            "responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), for the "
+            "GRAFT variants that move whole groups. GRPO's advantages sum to 0 over a group, so without "
+            "the gate the net is 0: tokens that all the peer's responses share, a step the receiver lacks "
+            "included, get no net push; only what separates the peer's correct responses from its wrong "
+            "ones does.",
+            "",
+            advantage_markdown(masses),
             "",
         ]
     missing = [n for n in names if n not in summary]

@@ -180,6 +180,21 @@ def gate_markdown(gates: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return "\n".join([header, *rows])
 
 
+def advantage_markdown(masses: Mapping[str, Mapping[str, Any]]) -> str:
+    """compare's report: per (variant, receiver), the moved groups and the sum of w * A per moved
+    group over the peer's correct responses, its wrong ones, and both (``analyze.advantage_mass``)."""
+    rows = [
+        f"| {variant} | {receiver} | {m.groups:,} | {m.correct:+.2f} | {m.wrong:+.2f} | {m.net:+.2f} |"
+        for variant, receivers in masses.items()
+        for receiver, m in receivers.items()
+    ]
+    header = (
+        "| variant | receiver | moved groups | Σ w·A, correct | Σ w·A, wrong | Σ w·A, net |\n"
+        "|---|---|---|---|---|---|"
+    )
+    return "\n".join([header, *rows])
+
+
 # --------------------------------------------------------------------------------------------
 # One run (analysis.md)
 # --------------------------------------------------------------------------------------------
