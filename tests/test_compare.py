@@ -447,7 +447,7 @@ def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_pat
     assert "| no-gate | 60.00 ± 0.00 | +5.00 |" in with_ablation
 
 
-def test_advantage_masses_cover_the_graft_variants_whose_groups_the_log_rebuilds(tiny_task, tmp_path):
+def test_exchange_tables_gate_every_transfer_and_rebuild_the_advantages_of_whole_groups(tiny_task, tmp_path):
     # n = 4 in the tiny task; one moved group per variant: 3 of 4 correct, every s above the gate
     record = {"step": 0, "receiver": "gpt2", "source": ["llama"] * 4, "s": [0.9] * 4, "reward": [1, 1, 1, 0]}
     matrix = Matrix(
@@ -463,7 +463,8 @@ def test_advantage_masses_cover_the_graft_variants_whose_groups_the_log_rebuilds
         run = ExperimentDir(tmp_path).run(variant.name, 0).root
         run.mkdir(parents=True)
         (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
-    masses = compare._advantage_masses(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    gates, masses = compare._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    assert list(gates) == [variant.name for variant in matrix.variants]  # every variant logged a transfer
     assert list(masses) == ["graft", "no-gate"]  # pooled / success-only / HACPO train other weights
     assert masses["graft"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)  # one weight for all: sum stays 0
     assert masses["graft"]["gpt2"].correct == pytest.approx(0.9 * masses["no-gate"]["gpt2"].correct)

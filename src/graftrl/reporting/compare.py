@@ -665,42 +665,34 @@ def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict
     return [record for log in logs if log.is_file() for record in read_jsonl(log)]
 
 
-def _gates(
+def _exchange_tables(
     out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
-) -> dict[str, dict[str, dict[str, GateOutcome]]]:
-    """variant -> ``gate_by_outcome`` over the seeds run, for variants that transferred responses."""
-    gates = {}
-    for variant in matrix.variants:
-        if records := _compatibility_records(out_dir, variant.name, seeds):
-            delta = cell_config(task, variant, 0, steps).graft.delta
-            gates[variant.name] = gate_by_outcome(records, delta)
-    return gates
+) -> tuple[dict[str, dict[str, dict[str, GateOutcome]]], dict[str, dict[str, AdvantageMass]]]:
+    """One pass over each variant's compatibility logs (seeds run) for the two transfer tables.
 
-
-def _advantage_masses(
-    out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
-) -> dict[str, dict[str, AdvantageMass]]:
-    """variant -> ``advantage_mass`` over the seeds run, for GRAFT variants whose logged peer
-    responses are whole source groups weighted by eq. 8 (replaced groups, every response, the gate
-    or no gate); pooled groups, success-only transfer and random admission train other weights or
-    advantages than the log can rebuild."""
-    masses = {}
+    Gates: variant -> ``gate_by_outcome``, for every variant that transferred responses.
+    Masses: variant -> ``advantage_mass``, for the GRAFT variants whose logged peer responses are
+    whole source groups weighted by eq. 8 (replaced groups, every response, the gate or no gate);
+    pooled groups, success-only transfer and random admission train other weights or advantages
+    than the log can rebuild."""
+    gates, masses = {}, {}
     for variant in matrix.variants:
+        if not (records := _compatibility_records(out_dir, variant.name, seeds)):
+            continue
         config = cell_config(task, variant, 0, steps)
-        graft = config.graft
-        if variant.method != "graft" or (graft.groups, graft.transfer, graft.admission) != (
+        graft, train = config.graft, config.train
+        gates[variant.name] = gate_by_outcome(records, graft.delta)
+        rebuilt = variant.method == "graft" and (graft.groups, graft.transfer, graft.admission) == (
             "replace",
             "all",
             "gate",
+        )
+        delta = graft.delta if graft.gate else None
+        if rebuilt and (
+            mass := advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased)
         ):
-            continue
-        if not (records := _compatibility_records(out_dir, variant.name, seeds)):
-            continue
-        train, delta = config.train, graft.delta if graft.gate else None
-        mass = advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased)
-        if mass:
             masses[variant.name] = mass
-    return masses
+    return gates, masses
 
 
 def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
@@ -857,7 +849,8 @@ def write_report(
             diagnostics_markdown(diagnostics, names),
             "",
         ]
-    if gates := _gates(out_dir, matrix, task, seeds, steps):
+    gates, masses = _exchange_tables(out_dir, matrix, task, seeds, steps)
+    if gates:
         lines += [
             "Transferred responses by outcome: the share that passes the gate (s > δ, the variant's "
             "delta; for a method without the gate, such as HACPO, the share it would pass) and the median "
@@ -868,7 +861,7 @@ def write_report(
             gate_markdown(gates),
             "",
         ]
-    if masses := _advantage_masses(out_dir, matrix, task, seeds, steps):
+    if masses:
         lines += [
             "Advantage mass of the moved groups: per moved group, the sum of w·A over the peer's correct "
             "responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), for the "
