@@ -682,15 +682,11 @@ def _exchange_tables(
         config = cell_config(task, variant, 0, steps)
         graft, train = config.graft, config.train
         gates[variant.name] = gate_by_outcome(records, graft.delta)
-        rebuilt = variant.method == "graft" and (graft.groups, graft.transfer, graft.admission) == (
-            "replace",
-            "all",
-            "gate",
-        )
+        whole_groups = graft.groups == "replace" and graft.transfer == "all" and graft.admission == "gate"
+        if variant.method != "graft" or not whole_groups:
+            continue
         delta = graft.delta if graft.gate else None
-        if rebuilt and (
-            mass := advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased)
-        ):
+        if mass := advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased):
             masses[variant.name] = mass
     return gates, masses
 
