@@ -73,6 +73,45 @@ def no_tokenizer(config: dict, folder: Path, paths: dict[str, Path]) -> None:
     config["policies"][1]["path"] = str(model)
 
 
+def no_eos_token(config: dict, folder: Path, paths: dict[str, Path]) -> None:
+    model = folder / "model-without-eos"
+    shutil.copytree(paths["gpt2"], model)
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    for key in ("eos_token", "pad_token"):
+        tokenizer_config.pop(key, None)
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config["policies"][1]["path"] = str(model)
+
+
+def nan_weight(config: dict, folder: Path, paths: dict[str, Path]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model = folder / "model-with-nan"
+    shutil.copytree(paths["llama"], model)
+    weights = load_file(model / "model.safetensors")
+    name = sorted(weights)[-1]
+    weights[name][0] = float("nan")
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    config["policies"][0]["path"] = str(model)
+
+
+def out_is_a_file(folder: Path, paths: dict[str, Path]) -> list[str]:
+    args = train_with(lambda *a: None)(folder, paths)
+    (folder / "a-file").write_text("not a run folder")
+    return [*args[:-1], str(folder / "a-file")]
+
+
+def resume_on_changed_data(folder: Path, paths: dict[str, Path]) -> list[str]:
+    """A 1-step run with a checkpoint, then one problem of its data file edited."""
+    args = train_with(set_key("checkpoint.every", 1))(folder, paths)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = folder / "data.jsonl"
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[1:]))
+    return [*args, "--resume", "--set", "train.steps=2"]
+
+
 def data_file(content: bytes, name: str = "bad.jsonl"):
     def edit(config: dict, folder: Path, paths: dict[str, Path]) -> None:
         (folder / name).write_bytes(content)
@@ -161,6 +200,10 @@ CASES = {
     "response limit beyond the context": Case(
         train_with(set_key("rollout.max_new_tokens", 4096)), "rollout.max_new_tokens"
     ),
+    "tokenizer without EOS": Case(train_with(no_eos_token), "has no eos_token"),
+    "weights holding NaN": Case(train_with(nan_weight), "holds NaN or inf"),
+    "--out is a file": Case(out_is_a_file, "is a file, not a folder"),
+    "resume on changed data": Case(resume_on_changed_data, "changed since step_000001 was written"),
     "import non-UTF-8": Case(imported([line("p", 0), b'{"prompt_id": "\xff"}']), "line 2: not UTF-8"),
     "import a folder": Case(imported(None, folder_input=True), "is a folder"),
     "import into an uncreatable store": Case(
@@ -263,3 +306,60 @@ def test_an_error_from_a_ray_actor_prints_its_own_message(monkeypatch, tmp_path)
     result = CliRunner().invoke(app, ["train", str(tmp_path / "x.yaml")])
     assert result.exit_code == 2
     assert result.output.strip() == "error: policy 'a': model folder /x does not exist; fix policies[].path"
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(
+    monkeypatch, tiny_checkpoints, tmp_path
+):
+    """The disk fills while step 2's checkpoint is written (as safetensors reports it): one line
+    saying what a checkpoint needs, the partial folder removed, step 1's checkpoint untouched."""
+    from graftrl.training.worker import PolicyWorker
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    args = train_with(set_key("checkpoint.every", 1))(folder, tiny_checkpoints)
+    assert CliRunner().invoke(app, args).exit_code == 0
+    checkpoints = folder / "run" / "checkpoints"
+    before = digest(checkpoints)
+
+    def full(self, target):
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / "model.safetensors").write_bytes(b"partial")
+        raise RuntimeError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(PolicyWorker, "save", full)
+    result = CliRunner().invoke(app, [*args, "--resume", "--set", "train.steps=2"])
+    output = result.output.strip()
+    assert result.exit_code == 2 and len(output.splitlines()) == 1, output
+    assert "no space left" in output and "a checkpoint needs about" in output, output
+    assert "step_000001 is intact" in output and "then --resume" in output, output
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]  # staging removed
+    assert digest(checkpoints) == before
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (PermissionError(13, "Permission denied", "/data/run/metrics.jsonl"), "check the path's permissions"),
+        (OSError(28, "No space left on device", "/data/run/store"), "free disk space"),
+        (FileNotFoundError(2, "No such file or directory", "/data/train.jsonl"), "check the path"),
+        (MemoryError(), "out of memory"),
+    ],
+)
+def test_errors_of_the_machine_are_one_line_naming_the_path(monkeypatch, tmp_path, error, says):
+    """An OSError (with an errno) or MemoryError from the environment: one line, exit 2."""
+    import graftrl.config
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(graftrl.config, "load_config", fails)
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "x.yaml")])
+    output = result.output.strip()
+    assert result.exit_code == 2 and len(output.splitlines()) == 1, output
+    assert output.startswith("error: ") and says in output, output
+    assert getattr(error, "filename", None) is None or error.filename in output
+    monkeypatch.setenv("GRAFTRL_TRACEBACK", "1")
+    assert CliRunner().invoke(app, ["train", str(tmp_path / "x.yaml")]).exception is error

@@ -339,3 +339,129 @@ def test_a_trainer_state_claiming_more_steps_than_the_run_is_refused(setup, tmp_
     rc, out = resume_in_process(config, run)
     assert rc == 2 and f"100 completed steps, more than train.steps={STEPS}" in one_line_error(out), out
     assert sha256_tree(run) == before
+
+
+# ----- a stop after a step without a gradient (issue 26) ------------------------------------------
+# Single-digit answers under math_verify's extraction: the random tiny llama is right by chance at
+# step 2 only, so it has a gradient tensor from then on, and steps 3-7 have no trained row. AdamW
+# still steps those zero gradients (weight decay, moments): a resume at step >= 3 must too.
+
+ZERO_GRADIENT_STEPS = 8
+STOP_AFTER = 3
+
+
+@pytest.fixture(scope="module")
+def zero_gradient_setup(tiny_checkpoints, tmp_path_factory) -> tuple[Path, Path]:
+    """(config file, uninterrupted run) of the run described above."""
+    root = tmp_path_factory.mktemp("zero-gradient")
+    config = {
+        "method": "graft",
+        "seed": 5,
+        "policies": [
+            {"name": "llama", "path": str(tiny_checkpoints["llama"]), "template": "{problem}="},
+            {"name": "gpt2", "path": str(tiny_checkpoints["gpt2"])},
+        ],
+        "data": {"train": str(FIXTURES / "digits.jsonl"), "prompt_suffix": None},
+        "rollout": {"n": 4, "max_new_tokens": 6},
+        "reward": {"extraction": "math_verify"},
+        "train": {"steps": ZERO_GRADIENT_STEPS, "batch_prompts": 4, "minibatch_prompts": 1},
+        "optim": {"lr": 1e-2},
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "store": {"record": True},
+        "logging": {"progress": False, "log_samples": 1},
+    }
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    reference = root / "reference"
+    rc, out = finish(start(str(path), "--out", str(reference)))
+    assert rc == 0, out
+    # The premise: a gradient before the stop, then steps without one (else the test proves nothing).
+    llama = [row for row in comparable_metrics(reference) if row["model"] == "llama"]
+    assert any(row["grad_norm"] > 0 for row in llama[:STOP_AFTER]), llama
+    assert all(row["grad_norm"] == 0 for row in llama[STOP_AFTER:]), llama
+    return path, reference
+
+
+def stop_after_checkpoint(proc: subprocess.Popen, run: Path, step: int, how: signal.Signals) -> int:
+    """Send ``how`` to the run as soon as checkpoint ``step`` is in place; its exit code."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(checkpoint.name == f"step_{step:06d}" for checkpoint in list_checkpoints(run / "checkpoints")):
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the stop"
+    os.kill(proc.pid, how)
+    rc, _ = finish(proc)
+    kill_group(proc)
+    return rc
+
+
+@pytest.mark.parametrize(
+    ("how", "exit_code"),
+    [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, None)],
+    ids=["kill-9", "SIGTERM", "SIGINT"],
+)
+def test_a_stop_after_steps_without_a_gradient_resumes_identically(
+    zero_gradient_setup, tmp_path, how, exit_code
+):
+    config, reference = zero_gradient_setup
+    run = tmp_path / "run"
+    rc = stop_after_checkpoint(start(str(config), "--out", str(run)), run, STOP_AFTER, how)
+    assert rc != 0 and (exit_code is None or rc == exit_code), rc
+    rc, out = finish(start(str(config), "--out", str(run), "--resume"))
+    assert rc == 0, out
+    assert outcome(run) == outcome(reference)
+
+
+def test_a_finished_run_extended_with_more_steps_equals_the_longer_run(zero_gradient_setup, tmp_path):
+    config, reference = zero_gradient_setup
+    run = tmp_path / "run"
+    rc, out = finish(start(str(config), "--out", str(run), "--set", f"train.steps={STOP_AFTER}"))
+    assert rc == 0, out
+    rc, out = finish(start(str(config), "--out", str(run), "--resume"))
+    assert rc == 0, out
+    assert outcome(run) == outcome(reference)
+
+
+# ----- the disk fills up while a checkpoint is written -----------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, mib: int):
+    """A real file system of ``mib`` MiB at ``folder`` (a tmpfs: needs root, as CI runs)."""
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()}); CI runs as root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_resume_is_identical(
+    zero_gradient_setup, tmp_path
+):
+    """A real ENOSPC: one line saying what a checkpoint needs, the partial folder removed, the last
+    checkpoint intact; with space freed, --resume finishes as the uninterrupted run."""
+    config, reference = zero_gradient_setup
+    with small_disk(tmp_path / "disk", 64) as disk:
+        run = disk / "run"
+        rc, out = finish(start(str(config), "--out", str(run), "--set", "train.steps=1"))
+        assert rc == 0, out
+        checkpoint = sum(p.stat().st_size for p in (run / "checkpoints").rglob("*") if p.is_file())
+        filler = disk / "filler"
+        free = shutil.disk_usage(disk).free
+        filler.write_bytes(b"\0" * max(0, free - checkpoint // 2))  # room for half a checkpoint
+        before = sha256_tree(run / "checkpoints")
+        rc, out = finish(start(str(config), "--out", str(run), "--resume", "--set", "train.steps=2"))
+        line = one_line_error(out)
+        assert rc == 2 and "no space left" in line and "a checkpoint needs about" in line, out
+        assert "step_000001 is intact" in line, out
+        assert sha256_tree(run / "checkpoints") == before  # the partial folder removed, step 1 untouched
+        filler.unlink()
+        rc, out = finish(start(str(config), "--out", str(run), "--resume"))
+        assert rc == 0, out
+        assert outcome(run) == outcome(reference)

@@ -134,6 +134,76 @@ def test_resume_is_exact(tiny_checkpoints, tmp_path):
     assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut")
 
 
+NO_SIGNAL = [[[0, 0, 0, 0]] * 4] * 2
+"""Every response of both policies fails: no advantage, no backward, on that step."""
+
+
+def optimizer_states(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {
+        f"{policy.name}.{index}.{key}": value
+        for policy in trainer.policies
+        for index, state in policy.optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("pattern", "first_steps", "why"),
+    [
+        ([*ALL_MIXED, *NO_SIGNAL, *ALL_MIXED], 1, "a step without a gradient right after the resume"),
+        ([*ALL_MIXED, *ALL_MIXED, *NO_SIGNAL], 2, "a finished run extended by a step without a gradient"),
+    ],
+)
+def test_resume_is_exact_across_steps_without_a_gradient(
+    tiny_checkpoints, tmp_path, pattern, first_steps, why
+):
+    """AdamW steps a zero gradient (weight decay, moments) but skips a parameter without one: the
+    resumed process must hold gradients exactly where the interrupted one did (issue 26)."""
+    config = make_config(tiny_checkpoints, method="grpo", steps=3)
+    config["checkpoint"] = {"every": 1, "keep_last": 5}
+    full = Trainer(config_from_dict(config), tmp_path / "full", verifier=ScriptedRewards(pattern))
+    full.train()
+    cut = {**config, "train": {**config["train"], "steps": first_steps}}
+    Trainer(config_from_dict(cut), tmp_path / "cut", verifier=ScriptedRewards(pattern)).train()
+    verifier = ScriptedRewards(pattern)
+    verifier.calls = 2 * first_steps  # the scripted rewards continue where the first process stopped
+    resumed = Trainer(config_from_dict(config), tmp_path / "cut", verifier=verifier)
+    resumed.train(resume=True)
+    assert resumed.start_step == first_steps
+    for expected, got in (
+        (weights_of(full), weights_of(resumed)),
+        (optimizer_states(full), optimizer_states(resumed)),
+    ):
+        assert expected.keys() == got.keys()
+        assert [k for k in expected if not torch.equal(expected[k], got[k])] == [], why
+    assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut"), why
+
+
+def test_a_checkpoint_from_before_update_state_resumes_exactly(tiny_checkpoints, tmp_path):
+    """Checkpoints written before update_state.json existed: AdamW's state says which parameters
+    had a gradient."""
+    from graftrl.storage.checkpoint import write_manifest
+    from graftrl.training.worker import UPDATE_STATE
+
+    pattern = [*ALL_MIXED, *NO_SIGNAL, *ALL_MIXED]
+    config = make_config(tiny_checkpoints, method="grpo", steps=3)
+    config["checkpoint"] = {"every": 1, "keep_last": 5}
+    full = Trainer(config_from_dict(config), tmp_path / "full", verifier=ScriptedRewards(pattern))
+    full.train()
+    cut = {**config, "train": {**config["train"], "steps": 1}}
+    Trainer(config_from_dict(cut), tmp_path / "cut", verifier=ScriptedRewards(pattern)).train()
+    checkpoint = tmp_path / "cut" / "checkpoints" / "step_000001"
+    for name in ("llama", "gpt2"):
+        (checkpoint / name / UPDATE_STATE).unlink()
+    write_manifest(checkpoint, 1)
+    verifier = ScriptedRewards(pattern)
+    verifier.calls = 2
+    resumed = Trainer(config_from_dict(config), tmp_path / "cut", verifier=verifier)
+    resumed.train(resume=True)
+    expected, got = weights_of(full), weights_of(resumed)
+    assert [k for k in expected if not torch.equal(expected[k], got[k])] == []
+
+
 def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
     trainer = Trainer(
         config_from_dict(make_config(tiny_checkpoints, steps=1)),

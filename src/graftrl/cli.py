@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -34,22 +35,73 @@ class _ErrorBoundary(TyperGroup):
 
     An anticipated error (any ``graftrl.errors.UserError``, raised where the problem is found, or a
     ``FileNotFoundError`` graftrl raised itself with a message, i.e. without an errno) becomes one
-    red line naming the thing and the fix, exit code 2; anything else is a bug and keeps its
-    traceback.
+    red line naming the thing and the fix, exit code 2. So does an error of the machine (an
+    ``OSError`` with an errno: disk full, permissions, a read-only or vanished path; a
+    ``MemoryError``), with the usual fix (``GRAFTRL_TRACEBACK=1`` shows its traceback). Anything
+    else is a bug and keeps its traceback.
     """
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except (UserError, FileNotFoundError) as error:
-            if isinstance(error, FileNotFoundError) and error.errno is not None:
-                raise  # from the OS, not a check of ours: a bug, keep the traceback
+        except (UserError, FileNotFoundError, OSError, MemoryError) as error:
+            if isinstance(error, (OSError, MemoryError)) and not _raised_by_graftrl(error):
+                # The machine's answer to a file or resource (disk full, permissions, a read-only
+                # or vanished path, memory): the user's environment, not graftrl's logic.
+                if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+                    raise
+                console.print(f"[red]error:[/red] {escape(environment_error(error))}", soft_wrap=True)
+                raise typer.Exit(USER_ERROR_EXIT_CODE) from None
             # A Ray actor's error arrives wrapped (RayTaskError, also an instance of its cause's
             # class) with the remote traceback in its text: print the cause's own message.
             cause = getattr(error, "cause", None)
             message = one_line(cause if isinstance(cause, UserError) else error)
             console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
             raise typer.Exit(USER_ERROR_EXIT_CODE) from None
+
+
+def _raised_by_graftrl(error: BaseException) -> bool:
+    """A FileNotFoundError graftrl raised itself with a message (no errno): a check of ours."""
+    return isinstance(error, FileNotFoundError) and error.errno is None
+
+
+TRACEBACK_ENV = "GRAFTRL_TRACEBACK"
+"""Set to 1 to see the traceback of an environment error the CLI reports in one line."""
+
+_ERRNO_FIXES = {
+    errno.ENOSPC: "free disk space, then rerun (a training run: --resume)",
+    errno.EDQUOT: "free space within your disk quota, then rerun (a training run: --resume)",
+    errno.EACCES: "check the path's permissions, or choose another path",
+    errno.EPERM: "check the path's permissions, or choose another path",
+    errno.EROFS: "the file system is read-only: choose a writable path",
+    errno.ENOENT: "check the path (it does not exist, or was removed while graftrl ran)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: check the path",
+    errno.EISDIR: "the path is a folder where a file was expected: check the path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or lower reward.workers",
+}
+
+
+def environment_error(error: OSError | MemoryError) -> str:
+    """One line for an error the machine raised: what, where, and the usual fix."""
+    if isinstance(error, MemoryError):
+        return (
+            "out of memory; lower train.micro_batch_size / micro_batch_tokens or rollout.max_batch_size, "
+            f"or check `graftrl estimate-memory` (set {TRACEBACK_ENV}=1 for the traceback)"
+        )
+    where = f" ({error.filename})" if error.filename else ""
+    what = error.strerror or one_line(error) or type(error).__name__
+    fix = _ERRNO_FIXES.get(error.errno or -1, "check the file or resource it names")
+    return f"{what}{where}: {fix} (set {TRACEBACK_ENV}=1 for the traceback)"
+
+
+def _out_folder(value: Path | None) -> Path | None:
+    """``--out`` names a folder (new or existing): refuse a path that is an existing file."""
+    if value is not None and value.exists() and not value.is_dir():
+        raise UserError(
+            f"--out {value}: is a file, not a folder; give a folder path (a new one is created, an "
+            "existing folder is used)"
+        )
+    return value
 
 
 app = typer.Typer(
@@ -159,7 +211,9 @@ def train(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a field: --set train.steps=10")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/<config stem>).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(callback=_out_folder, help="Run directory (default runs/<config stem>).")
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -180,7 +234,8 @@ def train(
     from graftrl.storage.rundir import RunDir
 
     cfg = load_config(config, set_ or [])
-    run_dir = out or Path("runs") / config.stem
+    run_dir = _out_folder(out or Path("runs") / config.stem)
+    assert run_dir is not None
     # The lock first: a second process on this folder is refused before it reads anything.
     with hold_run_lock(run_dir):
         if RunDir(run_dir).holds_run() and not resume:
@@ -221,9 +276,9 @@ _Reuse = Annotated[list[Path] | None, typer.Option(help=_REUSE_HELP)]
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="Output folder for runs, plots and results.json.")] = Path(
-        "runs/demo"
-    ),
+    out: Annotated[
+        Path, typer.Option(callback=_out_folder, help="Output folder for runs, plots and results.json.")
+    ] = Path("runs/demo"),
     quick: Annotated[bool, typer.Option(help="Smoke-test size (about a minute).")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="Repeat the comparison with this many seeds.")] = 1,
     cache: _Cache = None,
@@ -343,7 +398,10 @@ def eval_command(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Output folder (default RUN_DIR/eval, RUN_DIR/eval-best or runs/eval/NAME)."),
+        typer.Option(
+            callback=_out_folder,
+            help="Output folder (default RUN_DIR/eval, RUN_DIR/eval-best or runs/eval/NAME).",
+        ),
     ] = None,
     template: Annotated[
         str | None,
@@ -472,7 +530,9 @@ def import_trajectories_command(
 @app.command()
 def analyze(
     run_dir: Annotated[Path, typer.Argument(help="Run folder written by `graftrl train`.")],
-    out: Annotated[Path | None, typer.Option(help="Output folder (default RUN_DIR/analysis).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(callback=_out_folder, help="Output folder (default RUN_DIR/analysis).")
+    ] = None,
     store: Annotated[
         Path | None, typer.Option(help="Trajectory store to check against (default RUN_DIR/store).")
     ] = None,
@@ -511,7 +571,10 @@ def compare(
     steps: _Steps = None,
     quick: _Quick = False,
     out: Annotated[
-        Path | None, typer.Option(help="Output folder (default runs/compare/<preset or matrix name>).")
+        Path | None,
+        typer.Option(
+            callback=_out_folder, help="Output folder (default runs/compare/<preset or matrix name>)."
+        ),
     ] = None,
     cache: _Cache = None,
     task: _Task = DEFAULT_TASK,
@@ -561,9 +624,9 @@ def sweep(
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
     steps: _Steps = None,
     quick: _Quick = False,
-    out: Annotated[Path, typer.Option(help="Output folder (a compare per point inside).")] = Path(
-        "runs/sweep"
-    ),
+    out: Annotated[
+        Path, typer.Option(callback=_out_folder, help="Output folder (a compare per point inside).")
+    ] = Path("runs/sweep"),
     cache: _Cache = None,
     task: _Task = DEFAULT_TASK,
     jobs: _Jobs = 1,

@@ -8,6 +8,7 @@ data goes to a hidden temp file in the same folder, is fsynced and renamed over 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -72,3 +73,16 @@ def sha256_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
+
+
+def folder_bytes(folder: Path) -> int:
+    """Total size of the files under ``folder`` (0 when it does not exist)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """The error is the file system running out of space (ENOSPC / EDQUOT), however the writing
+    library wrapped it (safetensors and torch.save report it as their own exception types)."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)

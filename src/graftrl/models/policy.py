@@ -86,6 +86,17 @@ def check_model_folder(name: str, path: str) -> None:
         )
 
 
+def check_finite_weights(name: str, path: str, model: torch.nn.Module) -> None:
+    """Refuse weights holding NaN or inf, naming the first such tensor: sampling from them would
+    fail deep inside ``torch.multinomial`` and training would only spread them."""
+    for tensor_name, value in model.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ModelError(
+                f"policy {name!r}: weight {tensor_name!r} in {path} holds NaN or inf; the checkpoint is "
+                "damaged or diverged: point policies[].path at an earlier or re-exported checkpoint"
+            )
+
+
 def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda when present, else cpu."""
     if device == "auto":
@@ -145,8 +156,11 @@ class Policy:
         self._head = _plain_lm_head(model)
         self._head_checked = False
         if tokenizer.eos_token_id is None:
-            raise ValueError(
-                f"policy {name!r}: the tokenizer has no eos_token; set one in its tokenizer_config"
+            where = getattr(tokenizer, "name_or_path", "") or "its folder"
+            raise ModelError(
+                f"policy {name!r}: the tokenizer of {where} has no eos_token (a response could never "
+                "end); set `eos_token` in its tokenizer_config.json, or tokenizer.eos_token = ... and "
+                "save_pretrained"
             )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -183,6 +197,7 @@ class Policy:
                 f"policy {name!r}: cannot load a causal LM from {path} ({_first_line(error)}); give the folder "
                 "of a Hugging Face checkpoint (config.json + *.safetensors)"
             ) from None
+        check_finite_weights(name, path, model)
         if dtype != param_dtype:
             kwargs.setdefault("compute_dtype", _DTYPES[dtype])
         model.to(resolve_device(device))

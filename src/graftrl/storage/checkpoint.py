@@ -59,8 +59,33 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0)
 
 
-def trainer_state(completed_steps: int, method: str) -> dict[str, Any]:
-    return {"completed_steps": completed_steps, "method": method, "checkpoint_format": CHECKPOINT_FORMAT}
+def trainer_state(
+    completed_steps: int, method: str, inputs: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, Any]:
+    """trainer_state.json: the steps done, the method and the content of the run's inputs
+    (``inputs``: name -> {"path", "sha256"}, what ``input_changes`` compares on resume)."""
+    state: dict[str, Any] = {
+        "completed_steps": completed_steps,
+        "method": method,
+        "checkpoint_format": CHECKPOINT_FORMAT,
+    }
+    if inputs is not None:
+        state["inputs"] = {name: dict(value) for name, value in inputs.items()}
+    return state
+
+
+def input_changes(saved: Any, current: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """'name (path): sha256 old -> new' for every input whose content differs from the checkpoint's
+    record (a checkpoint written before inputs were recorded checks nothing)."""
+    if not isinstance(saved, Mapping):
+        return []
+    changes = []
+    for name, now in current.items():
+        before = saved.get(name)
+        old = before.get("sha256") if isinstance(before, Mapping) else None
+        if old is not None and old != now["sha256"]:
+            changes.append(f"{name} ({now['path']}): sha256 {old[:12]}... -> {now['sha256'][:12]}...")
+    return changes
 
 
 def _files_under(folder: Path) -> list[Path]:

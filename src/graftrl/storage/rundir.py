@@ -334,6 +334,12 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         ("step", "training step, 0-based (checkpoint step_N holds the weights after step N - 1)", "step"),
         ("model", "the policy (its `policies[].name`)", "name"),
         ("method", "the run's method", "name"),
+        (
+            "resume_changed_inputs",
+            "inputs (`data.train`, `peers.<name>`) whose content changed since the checkpoint a "
+            "`--resume --force` loaded; on the first resumed step only",
+            "names",
+        ),
     )
     + _keys(
         "outcomes",

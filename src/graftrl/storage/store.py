@@ -520,6 +520,15 @@ class TrajectoryStore:
     def sources(self) -> list[str]:
         return sorted({s for _, e in self._entries().values() for s in e.get("sources", [])})
 
+    def fingerprint(self) -> str:
+        """sha256 over the manifest's (file, step, rows, sha256) entries: equal fingerprints mean
+        the same step files, byte for byte (each file's checksum is verified on every read)."""
+        entries = sorted((name, e["step"], e["rows"], e["sha256"]) for name, e in self._read_files().items())
+        return sha256_bytes(json.dumps(entries).encode("utf-8"))
+
+    def _read_files(self) -> dict[str, Any]:
+        return _read_manifest(self.root, missing_ok=False)["files"]
+
     def _load(self, step: int, name: str, entry: Mapping[str, Any]) -> pa.Table:
         path = self.root / name
         fix_restore = "restore the file from a backup or re-create the step (re-run it or re-import)"

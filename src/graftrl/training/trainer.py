@@ -28,7 +28,7 @@ from graftrl.config import Config, ConfigError, dump_config
 from graftrl.console import progress_bar
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.errors import CheckpointError
-from graftrl.files import atomic_write
+from graftrl.files import atomic_write, folder_bytes, is_disk_full, sha256_file
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import (
@@ -36,6 +36,7 @@ from graftrl.storage.checkpoint import (
     check_trainer_state,
     hold_run_lock,
     identity_changes,
+    input_changes,
     list_checkpoints,
     rotate,
     set_aside,
@@ -95,6 +96,10 @@ class Trainer:
         self.start_step = 0
         self.force = False
         """Resume even when the config changes the run's identity (``train(force=True)``)."""
+        self.resume_changed_inputs: list[str] = []
+        """Inputs whose content changed since the checkpoint a forced resume loaded (marked in
+        the first resumed step's metrics)."""
+        self._inputs: dict[str, dict[str, str]] | None = None
         self.logger: MetricsLogger | None = None
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
@@ -158,6 +163,7 @@ class Trainer:
                 self.close()
                 raise
         atomic_write(self.files.config, dump_config(self.config).encode())
+        self.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
@@ -216,6 +222,8 @@ class Trainer:
             row.update(stored_info)
             row.update(plans[name].diagnostics)
             row.update(sampled[name].timings)
+            if self.resume_changed_inputs and step == self.start_step:
+                row["resume_changed_inputs"] = ", ".join(self.resume_changed_inputs)
             timings = {k: v for k, v in row.items() if k.startswith("time_") and k != "time_step"}
             row["time_step"] = sum(timings.values())
             metrics[name] = row
@@ -361,6 +369,16 @@ class Trainer:
     def checkpoint_root(self) -> Path:
         return self.files.checkpoints
 
+    def inputs(self) -> dict[str, dict[str, str]]:
+        """The content of what the run reads besides its models: the training data and every
+        stored peer's store, name -> {"path", "sha256"} (hashed once per process)."""
+        if self._inputs is None:
+            data = Path(self.config.data.train)
+            self._inputs = {"data.train": {"path": str(data), "sha256": sha256_file(data)[0]}}
+            for peer, store in self.stored_peers.values():
+                self._inputs[f"peers.{peer.name}"] = {"path": str(peer.path), "sha256": store.fingerprint()}
+        return self._inputs
+
     def _required_files(self) -> list[str]:
         return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
 
@@ -386,16 +404,43 @@ class Trainer:
         final = self.files.checkpoint(completed)
         staging = final.with_name(final.name + STAGING_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        self.backend.save([str(staging / name) for name in self.names])
-        (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
-        (staging / TRAINER_STATE).write_text(json.dumps(trainer_state(completed, self.method.name)))
-        write_manifest(staging, completed)  # last: a folder with a manifest is complete
+        previous = self.latest_checkpoint()
+        try:
+            staging.mkdir(parents=True)
+            self.backend.save([str(staging / name) for name in self.names])
+            (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
+            (staging / TRAINER_STATE).write_text(
+                json.dumps(trainer_state(completed, self.method.name, self.inputs()))
+            )
+            write_manifest(staging, completed)  # last: a folder with a manifest is complete
+        except Exception as error:
+            if not is_disk_full(error):
+                raise
+            self._refuse_full_disk(step, staging, previous)
         if final.exists():  # only after a fallback re-ran this step; the old one is replaced
             shutil.rmtree(final)
         staging.rename(final)
         rotate(self.checkpoint_root, self.config.checkpoint.keep_last, final)
         return final
+
+    def _refuse_full_disk(self, step: int, staging: Path, previous: Path | None) -> None:
+        """The disk filled while ``staging`` was written: remove it, say what a checkpoint needs."""
+        written = folder_bytes(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        free = shutil.disk_usage(self.checkpoint_root).free
+        # The last checkpoint's size is what the next one needs; without one, what was written so far.
+        needed = (
+            f"about {folder_bytes(previous) / 2**20:.1f} MiB"
+            if previous
+            else f"over {written / 2**20:.1f} MiB"
+        )
+        raise CheckpointError(
+            f"step {step}: no space left on the device of {self.checkpoint_root} while writing checkpoint "
+            f"{staging.name.removesuffix(STAGING_SUFFIX)}: a checkpoint needs {needed}, "
+            f"{free / 2**20:.1f} MiB are free; the partial folder was removed"
+            + (f" and {previous.name} is intact" if previous else "")
+            + ": free space (or lower checkpoint.keep_last), then --resume"
+        ) from None
 
     def latest_checkpoint(self) -> Path | None:
         """The newest checkpoint folder by name (not verified; ``resume`` verifies)."""
@@ -470,6 +515,16 @@ class Trainer:
     def _load(self, folder: Path, force: bool) -> None:
         state = json.loads((folder / TRAINER_STATE).read_text())
         self.start_step = check_trainer_state(folder, state, self.config.train.steps)
+        changed = input_changes(state.get("inputs"), self.inputs())
+        if changed and not force:
+            raise ConfigError(
+                f"--resume: {changed[0]}{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''} "
+                f"changed since {folder.name} was written; restore it, train into another --out, or pass "
+                "--force to resume on the new content (the metrics then mark the resumed step)"
+            )
+        for change in changed:
+            _warn(f"--force: {change} changed since {folder.name}; resuming on the new content")
+        self.resume_changed_inputs = [change.split(" ", 1)[0] for change in changed]
         self.backend.load([str(folder / name) for name in self.names])
         method_state = json.loads((folder / METHOD_STATE).read_text())
         if state.get("method") == self.method.name:

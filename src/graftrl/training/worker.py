@@ -69,6 +69,11 @@ EXTRA_PROMPT_STREAM = 999_983
 DCP_FOLDER = "dcp"
 """A policy checkpoint's sharded weights + optimizer state (torch.distributed.checkpoint)."""
 
+UPDATE_STATE = "update_state.json"
+"""A policy checkpoint's in-process update state: which parameters hold a gradient tensor (so a
+minibatch with no trained row steps AdamW exactly as it would have in the uninterrupted process)
+and the count of non-finite optimizer steps in a row."""
+
 
 def with_suffix(problem: str, suffix: str | None) -> str:
     return f"{problem} {suffix}" if suffix else problem
@@ -815,6 +820,9 @@ class PolicyWorker:
         Under data parallelism the weights and AdamW state go to ``folder/dcp`` as a sharded
         torch.distributed.checkpoint (each rank writes its shards; loadable on any N), and rank 0
         also writes the plain save_pretrained folder (weights only) that evaluation reads."""
+        if self.world == 1 or self.rank == 0:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / UPDATE_STATE).write_text(json.dumps(self._update_state()))
         if self.world == 1:
             self.policy.save(str(folder))
             assert self.policy.optimizer is not None
@@ -857,7 +865,36 @@ class PolicyWorker:
             self._load_plain(folder)
         else:
             self._load_plain_into_shards(folder)
+        self._restore_update_state(folder / UPDATE_STATE)
         self._sync_engine()
+
+    def _update_state(self) -> dict[str, Any]:
+        """What the update keeps in this process besides weights and AdamW state (``UPDATE_STATE``).
+
+        A parameter's gradient is None until the process's first backward reaches it and a zero
+        tensor after every ``zero_grad(set_to_none=False)``; AdamW skips a None gradient but steps
+        on a zero one (weight decay, moments). A minibatch whose rows all have zero advantage runs
+        no backward, so whether it moves the weights depends on this state, which a resumed
+        process must restore."""
+        return {
+            "gradients": [name for name, p in self.policy.model.named_parameters() if p.grad is not None],
+            "nonfinite_in_row": self._nonfinite_in_row,
+        }
+
+    def _restore_update_state(self, path: Path) -> None:
+        """Gradients as the saving process held them (zero tensors where it held one; between
+        steps every gradient is zero). A checkpoint written before ``UPDATE_STATE`` existed: a
+        parameter with AdamW state has had a gradient (AdamW creates its state on one)."""
+        optimizer = self.policy.optimizer
+        assert optimizer is not None
+        if path.is_file():
+            state = json.loads(path.read_text())
+            held = set(state["gradients"])
+            self._nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+        else:
+            held = {name for name, p in self.policy.model.named_parameters() if optimizer.state.get(p)}
+        for name, p in self.policy.model.named_parameters():
+            p.grad = torch.zeros_like(p) if name in held else None
 
     def _sync_engine(self) -> None:
         """The engine takes the current weights; a sharded policy's vLLM engines take the full
