@@ -212,3 +212,54 @@ def test_compare_builds_the_named_embedded_task(tmp_path, monkeypatch):
         with pytest.raises(compare.CompareError, match="stop after"):
             compare.run_compare(tmp_path / name, "table1", quick=True, embedded=name)
     assert seen == [(True, other), (True, DEFAULT_TASK)]
+
+
+# ----- the error classifier and the fact drills (issue 21) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("problem", "response", "outcome"),
+    [
+        ("37+5", "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}.", "correct"),
+        ("37+5", "ones 7+5=12, write 2 carry 0; tens 3+0=3. The answer is \\boxed{32}.", "regrouping"),
+        ("37+5", "ones 7+5=12, write 2 carry 1; tens 3+0=3. The answer is \\boxed{32}.", "regrouping"),
+        ("37+5", "ones 7+5=12, write 2 carry 1; tens 3+1=5. The answer is \\boxed{52}.", "regrouping"),
+        ("37+5", "ones 7+5=11, write 1 carry 1; tens 3+1=4. The answer is \\boxed{41}.", "fact"),
+        ("37+5", "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{24}.", "copy"),
+        ("37+5", "ones 7+6=13, write 3 carry 1; tens 3+1=4. The answer is \\boxed{43}.", "copy"),
+        ("32+5", "ones 2+5=7, write 7 carry 1; tens 3+1=4. The answer is \\boxed{47}.", "regrouping"),
+        ("132-5", "ones 12-5=7, write 7 borrow 1; tens 13-1=12. The answer is \\boxed{127}.", "correct"),
+        ("132-5", "ones 2-5=7, write 7 borrow 1; tens 13-1=12. The answer is \\boxed{127}.", "regrouping"),
+        ("132-5", "ones 12-5=7, write 7 borrow 0; tens 13-0=13. The answer is \\boxed{137}.", "regrouping"),
+        ("132-5", "ones 12-5=6, write 6 borrow 1; tens 13-1=12. The answer is \\boxed{126}.", "fact"),
+        ("132-5", "ones 12-5=7. The answer is \\boxed{7}.", "format"),
+        ("132-5", "", "format"),
+    ],
+)
+def test_classify_worked_names_the_first_wrong_step(problem, response, outcome):
+    from graftrl.embedded.task import classify_worked
+
+    assert classify_worked(problem, response) == outcome
+
+
+def test_every_supervised_solution_classifies_as_correct():
+    from graftrl.embedded.task import classify_worked
+
+    for p in make_problems(None, 400, seed=11, task="worked"):
+        assert classify_worked(p.problem, supervised_text(p, "worked")) == "correct", p
+
+
+def test_fact_drills_are_warm_start_only_and_never_a_real_problem():
+    """Drills are drawn only when a mix names them; their problems never occur in the families."""
+    drills = make_problems({"add_fact": 1, "sub_fact": 1}, 80, seed=2, task="worked")  # of 90
+    assert {p.family for p in drills} == {"add_fact", "sub_fact"}
+    real = {p.problem for p in make_problems(None, 3000, seed=2, task="worked")}
+    for p in drills:
+        assert p.problem not in real and str(eval(p.problem)) == p.answer
+        assert (
+            supervised_text(p, "worked")
+            == f"ones {p.problem}={p.answer}. The answer is \\boxed{{{p.answer}}}."
+        )
+        left, right = (int(x) for x in re.split(r"[+-]", p.problem))
+        assert (left % 10 + right >= 10) if "+" in p.problem else (left - 10 < right and 10 <= left <= 19)
+    assert "add_fact" not in {p.family for p in make_problems(None, 2000, seed=3, task="worked")}

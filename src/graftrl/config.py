@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.contrast import MAX_PAIRS, MAX_TOKENS
 from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.errors import UserError
 from graftrl.methods import DEFAULT_METHOD, METHODS, ConfigSection
@@ -236,6 +237,13 @@ class LoggingConfig(_Section):
     """Show rich progress bars."""
     log_samples: int = Field(default=2, ge=0)
     """Example responses per model written to samples.jsonl each step."""
+    log_transfers: bool = False
+    """Also write each scored peer response's text and prompt id to compatibility.jsonl (for error
+    analysis of what was transferred; about one response's size per transferred response)."""
+    contrast_max_tokens: int = Field(default=MAX_TOKENS, ge=1)
+    """Contrast diagnostic (`contrast_*` metrics): tokens of each moved response compared (its first)."""
+    contrast_max_pairs: int = Field(default=MAX_PAIRS, ge=1)
+    """Contrast diagnostic: responses of the other outcome each moved response is compared with."""
 
 
 class CheckpointConfig(_Section):

@@ -88,6 +88,10 @@ def clipped_policy_loss(
             own_tokens = token_mask & ~is_peer.unsqueeze(-1)
             metrics["peer_tokens"] = peer_tokens.sum().float()
             metrics["peer_clipped_tokens"] = (clipped & peer_tokens).sum().float()
+            # By the advantage's sign: clipping a > 0 stops a push up, a < 0 a push down (§5).
+            positive, negative = (advantages > 0).unsqueeze(-1), (advantages < 0).unsqueeze(-1)
+            metrics["peer_pos_clipped_tokens"] = (clipped & peer_tokens & positive).sum().float()
+            metrics["peer_neg_clipped_tokens"] = (clipped & peer_tokens & negative).sum().float()
             metrics["own_tokens"] = own_tokens.sum().float()
             metrics["own_clipped_tokens"] = (clipped & own_tokens).sum().float()
     return loss, metrics

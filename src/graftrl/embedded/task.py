@@ -25,8 +25,9 @@ complementarity).
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "DEFAULT_TASK",
@@ -34,9 +35,12 @@ __all__ = [
     "ORIGINAL_TASK",
     "RESPONSE_FORMAT",
     "TASKS",
+    "WORKED_OUTCOMES",
     "EmbeddedTask",
     "Family",
     "Problem",
+    "classify_worked",
+    "fact_drill",
     "get_task",
     "make_problems",
     "make_split",
@@ -141,6 +145,64 @@ def worked_solution(problem: str) -> str:
     return f"ones {ones_text}; tens {tens}{op}{carry}={tens_value}. " + RESPONSE_FORMAT.format(answer=answer)
 
 
+#: What a ``worked`` response got wrong first, in reading order (``classify_worked``):
+#: ``regrouping`` the carry / borrow step (a forgotten or spurious carry, a ones minuend without its
+#: borrowed ten, the carry not taken to the tens, the tens not incremented / decremented by it);
+#: ``fact`` a single-digit fact (``7+3=11``); ``copy`` a copied digit, operator or word (an
+#: operand, the written digit, the tens, the answer copied from the working); ``format`` not the
+#: worked format at all. ``correct`` when every field is right.
+WORKED_OUTCOMES = ("correct", "regrouping", "fact", "copy", "format")
+
+_WORKED_PATTERN = re.compile(
+    r"ones (\d+)([+-])(\d+)=(-?\d+), write (-?\d+) (carry|borrow) (\d+); "
+    r"tens (\d+)([+-])(\d+)=(-?\d+)\. The answer is \\boxed\{(-?\d+)\}\.?"
+)
+
+
+def classify_worked(problem: str, response: str) -> str:
+    """The first step a ``worked`` response of ``problem`` gets wrong (:data:`WORKED_OUTCOMES`).
+
+    Every field is checked against the gold solution and the response's own earlier fields, in
+    the order written, so an error is charged to the step where it first appears (a wrong fact
+    whose carry then follows from it is a ``fact``)::
+
+        classify_worked("37+5", "ones 7+5=12, write 2 carry 0; tens 3+0=3. The answer is \\boxed{32}.")
+        -> "regrouping"   (the forgotten carry)
+    """
+    op = "+" if "+" in problem else "-"
+    left, right = problem.split(op)
+    a, b = int(left), int(right)
+    tens, ones = divmod(a, 10)
+    regroup = int(ones + b >= 10) if op == "+" else int(ones < b)
+    match = _WORKED_PATTERN.fullmatch(response.strip())
+    if match is None:
+        return "format"
+    x, op1, y, value, written, word, carry, t, op2, carried, tens_value, answer = match.groups()
+    if op1 != op or op2 != op or word != ("carry" if op == "+" else "borrow"):
+        return "copy"
+    if int(x) % 10 != ones or (op == "+" and int(x) != ones):
+        return "copy"
+    if op == "-" and int(x) != ones + 10 * regroup:
+        return "regrouping"  # the ones minuend without its borrowed ten (or with a spurious one)
+    if int(y) != b:
+        return "copy"
+    if int(value) != (int(x) + b if op == "+" else int(x) - b):
+        return "fact"
+    if int(written) != int(value) % 10:
+        return "copy"
+    if int(carry) != regroup:
+        return "regrouping"
+    if int(t) != tens:
+        return "copy"
+    if int(carried) != int(carry):
+        return "regrouping"
+    if int(tens_value) != (tens + regroup if op == "+" else tens - regroup):
+        return "regrouping" if regroup else "copy"
+    if answer != f"{tens_value}{int(written)}" if int(tens_value) else answer != written:
+        return "copy"
+    return "correct"
+
+
 #: The ``worked`` families: addition and subtraction, each with and without regrouping.
 WORKED_FAMILIES: dict[str, Family] = {
     f.name: f
@@ -149,6 +211,48 @@ WORKED_FAMILIES: dict[str, Family] = {
         Family("add_carry", "a+b, a in [10, 199], b in [1, 9], carry", lambda rng: _draw(rng, "+", True)),
         Family("sub", "a-b, a in [10, 199], b in [1, 9], no borrow", lambda rng: _draw(rng, "-", False)),
         Family("sub_borrow", "a-b, a in [20, 199], b in [1, 9], borrow", lambda rng: _draw(rng, "-", True)),
+    )
+}
+
+
+def _fact(rng: random.Random, op: str) -> tuple[str, str]:
+    """A single-digit fact with regrouping: ones digit x + b >= 10, or (10 + x) - b with x < b."""
+    while True:
+        x, b = rng.randint(0, 9), rng.randint(1, 9)
+        if op == "+" and x >= 1 and x + b >= 10:
+            return f"{x}+{b}", str(x + b)
+        if op == "-" and x < b:
+            return f"{10 + x}-{b}", str(10 + x - b)
+
+
+def fact_drill(problem: str) -> str:
+    """The supervised response of a fact drill: the ones step alone, no carry or borrow written::
+
+    7+5  -> "ones 7+5=12. The answer is \\boxed{12}."
+    12-5 -> "ones 12-5=7. The answer is \\boxed{7}."
+    """
+    op = "+" if "+" in problem else "-"
+    left, right = problem.split(op)
+    value = int(left) + int(right) if op == "+" else int(left) - int(right)
+    return f"ones {problem}={value}. " + RESPONSE_FORMAT.format(answer=value)
+
+
+#: Warm-start-only families of the ``worked`` task (never RL or held-out prompts): the
+#: single-digit facts of the regrouping families without the carry / borrow step, so a model can
+#: know the facts sharply while its regrouping step stays partial (``graftrl sweep --knob
+#: mastery``; docs/task_design.md). Their problems (a < 10, or a borrow with a < 20) never occur
+#: among the four families' problems.
+WORKED_DRILLS: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "add_fact",
+            "x+b, x and b digits, x + b >= 10 (the carry's fact, no carry)",
+            lambda rng: _fact(rng, "+"),
+        ),
+        Family(
+            "sub_fact", "(10+x)-b, x < b digits (the borrow's fact, no borrow)", lambda rng: _fact(rng, "-")
+        ),
     )
 }
 
@@ -168,6 +272,12 @@ class EmbeddedTask:
     """Position limit of the embedded models (prompt + response + EOS fit)."""
     prompt_mix: dict[str, float] | None = None
     """Family weights of the RL training and held-out prompts (None: uniform)."""
+    drills: dict[str, Family] = field(default_factory=dict)
+    """Families a warm-start mix may name that are never drawn otherwise (see WORKED_DRILLS)."""
+
+    def family(self, name: str) -> Family:
+        """A family or drill of the task by name."""
+        return self.families.get(name) or self.drills[name]
 
 
 TASKS: dict[str, EmbeddedTask] = {
@@ -185,11 +295,12 @@ TASKS: dict[str, EmbeddedTask] = {
             "worked",
             "[10, 199] +/- 1-digit with a digit-by-digit worked solution; families by carry/borrow",
             WORKED_FAMILIES,
-            lambda p: worked_solution(p.problem),
+            lambda p: fact_drill(p.problem) if p.family in WORKED_DRILLS else worked_solution(p.problem),
             max_new_tokens=80,
             max_positions=96,
             # Most RL prompts need a regrouping step: the families where one model fails all n.
             prompt_mix={"add": 0.15, "add_carry": 0.35, "sub": 0.15, "sub_borrow": 0.35},
+            drills=WORKED_DRILLS,
         ),
     )
 }
@@ -256,7 +367,9 @@ def make_problems(
     Returns:
         A list of ``count`` problems with distinct ids, none in ``exclude_ids``.
     """
-    known = get_task(task).families
+    embedded = get_task(task)
+    # Drills only when named: `None` (all families) keeps each task's problem stream as it was.
+    known = embedded.families if families is None else {**embedded.families, **embedded.drills}
     names, weights = _weights(families, known)
     # The arith stream predates task selection: its seed string stays as it was.
     prefix = "graftrl-embedded" if task == "arith" else f"graftrl-embedded-{task}"

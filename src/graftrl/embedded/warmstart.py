@@ -127,7 +127,7 @@ def fingerprint(
         "spec_name": spec_name,
         "spec": MODEL_SPECS[spec_name],
         "mix": dict(sorted(families_mix.items())),
-        "families": {n: embedded.families[n].description for n in sorted(families_mix)},
+        "families": {n: embedded.family(n).description for n in sorted(families_mix)},
         "response_format": embedded.respond(Problem("x", "37+5", "42", "x")) if task != "arith" else None,
         "seed": seed,
         "settings": dict(sorted(settings.items())),

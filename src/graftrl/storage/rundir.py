@@ -424,6 +424,43 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         ("s_mean", "mean compatibility score s of the step's peer responses (eq. 7)", "ratio"),
         ("s_median", "median compatibility score s (eq. 7)", "ratio"),
         ("s_min", "smallest compatibility score s (eq. 7)", "ratio"),
+        (
+            "contrast_groups",
+            "moved peer groups whose contrast was measured (both outcomes; core.contrast)",
+            "groups",
+        ),
+        (
+            "contrast_overlap",
+            "mean share of a moved wrong response's tokens inside its LCS with the closest correct "
+            "response of its group, on the receiver's tokenization (1 = the same tokens)",
+            FRACTION,
+        ),
+        (
+            "contrast_divergence",
+            "mean position where a moved wrong response first departs from the closest correct one, "
+            "as a share of its length (0 = at once)",
+            FRACTION,
+        ),
+        (
+            "contrast_mass_correct_shared",
+            "per moved group: sum of w·A over the correct responses' tokens that a wrong response shares",
+            "advantage",
+        ),
+        (
+            "contrast_mass_correct_distinct",
+            "per moved group: sum of w·A over the correct responses' tokens no wrong response shares",
+            "advantage",
+        ),
+        (
+            "contrast_mass_wrong_shared",
+            "per moved group: sum of w·A over the wrong responses' tokens that a correct response shares",
+            "advantage",
+        ),
+        (
+            "contrast_mass_wrong_distinct",
+            "per moved group: sum of w·A over the wrong responses' tokens no correct response shares",
+            "advantage",
+        ),
         ("s_max", "largest compatibility score s (eq. 7)", "ratio"),
         ("w_mean", "mean weight w of the step's peer responses (eq. 8)", "weight (0-1)"),
     )
@@ -441,6 +478,17 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         (
             "clip_frac_peer",
             "share of peer trained tokens whose ratio was clipped (null: no peer tokens)",
+            FRACTION,
+        ),
+        (
+            "clip_frac_peer_pos",
+            "the same over peer tokens with a positive advantage, whose push up clipping stops "
+            "(null: none, or the method's loss does not split them)",
+            FRACTION,
+        ),
+        (
+            "clip_frac_peer_neg",
+            "the same over peer tokens with a negative advantage, whose push down clipping stops",
             FRACTION,
         ),
         ("train_tokens", "response tokens trained on, own and peer, over all epochs", "tokens"),
@@ -498,6 +546,14 @@ COMPATIBILITY_KEYS: tuple[LogKey, ...] = tuple(
         ("source", "per response: the policy (or stored peer) that sampled it", "names"),
         ("s", "per response: compatibility score s (eq. 7), 5 decimals", "ratio"),
         ("reward", "per response: its verifier reward", "reward"),
+        ("w", "per response: the weight applied to it (eq. 8 or the method's rule), 5 decimals", "weight"),
+        (
+            "advantage",
+            "per response: the advantage it was trained with (the source's), 5 decimals",
+            "advantage",
+        ),
+        ("prompt_id", "per response: its prompt's id", "ids"),
+        ("response", "per response: its text (only with `logging.log_transfers`)", "texts"),
     )
 )
 """Every key of a ``compatibility.jsonl`` row: one row per (step, receiver) with peer responses."""

@@ -216,7 +216,8 @@ class Trainer:
         for name, update in zip(self.names, updates, strict=True):
             row = update.metrics
             if update.compatibility is not None:
-                append_jsonl(self.files.compatibility, dataclasses.asdict(update.compatibility))
+                scores = dataclasses.asdict(update.compatibility)
+                append_jsonl(self.files.compatibility, {k: v for k, v in scores.items() if v is not None})
             row.update(self._outcome_metrics(name, outcomes, shared, problems))
             row.update(sampled[name].info)
             row.update(stored_info)

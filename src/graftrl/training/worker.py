@@ -31,6 +31,7 @@ from torch import Tensor
 
 from graftrl.config import Config
 from graftrl.core import group_outcome_fractions, grpo_advantages, truncated_is_weights
+from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
 from graftrl.errors import TrainingDivergedError
 from graftrl.methods import ExchangePlan, GroupOutcomes, LossInputs, Method, PeerLikelihoods, build_method
 from graftrl.models.policy import Policy
@@ -137,6 +138,14 @@ class CompatibilityScores:
     """Its compatibility score (eq. 7), rounded to 5 decimals."""
     reward: list[float]
     """Its reward."""
+    w: list[float] = field(default_factory=list)
+    """The weight applied to it (eq. 8, or the method's rule), rounded to 5 decimals."""
+    advantage: list[float] = field(default_factory=list)
+    """The advantage it was trained with (the source's), rounded to 5 decimals."""
+    prompt_id: list[str] = field(default_factory=list)
+    """Its prompt's id."""
+    response: list[str] | None = None
+    """Its text (``logging.log_transfers``; None when off)."""
 
 
 @dataclass(frozen=True)
@@ -531,12 +540,14 @@ class PolicyWorker:
         peer_rows: list[int] = []
         peer_records: list[TrajectoryRecord] = []
         own_rows: list[int] = []
+        moved_rows: dict[tuple[int, int], int] = {}  # (group, response) -> row, of peer groups
         for group_index, group in enumerate(plan.groups):
             for i in range(n):
                 if group.keep is not None and not bool(group.keep[i]):
                     continue
                 flat = group.prompt * n + i
                 if group.peer:
+                    moved_rows[(group_index, i)] = len(rows.response_ids)
                     record = records[group.source][flat]
                     response = policy.encode_response(record.response, record.finished)
                     old: Tensor | None = torch.zeros(len(response))  # unused by NLL rows
@@ -594,6 +605,7 @@ class PolicyWorker:
             timings["time_peer_logprob"] = time.perf_counter() - start
         if not self.method.scores_peers:  # every peer row keeps w = 1 (TrainingRows.append)
             info.update(peer_admitted=len(peer_rows), admit_rate=1.0, w_mean=1.0)
+            info.update(self._contrast(plan, records, rows, moved_rows))
             return rows, info
         likelihoods = PeerLikelihoods(
             receiver_mean_logp=torch.tensor(
@@ -622,6 +634,7 @@ class PolicyWorker:
             s_max=float(s.max()),
             w_mean=float(w.mean()),
         )
+        info.update(self._contrast(plan, records, rows, moved_rows))
         # The driver appends it to compatibility.jsonl (one writer, whatever the backend).
         rows.compatibility = CompatibilityScores(
             step=step,
@@ -629,8 +642,46 @@ class PolicyWorker:
             source=[rec.source for rec in peer_records],
             s=[round(float(x), 5) for x in s],
             reward=[rec.reward for rec in peer_records],
+            w=[round(float(x), 5) for x in w],
+            advantage=[round(rows.advantages[row], 5) for row in peer_rows],
+            prompt_id=[rec.prompt_id for rec in peer_records],
+            response=[rec.response for rec in peer_records] if self.config.logging.log_transfers else None,
         )
         return rows, info
+
+    def _contrast(
+        self,
+        plan: ExchangePlan,
+        records: dict[str, list[TrajectoryRecord]],
+        rows: TrainingRows,
+        moved_rows: dict[tuple[int, int], int],
+    ) -> dict[str, Any]:
+        """The contrast metrics of the step's moved groups (``core.contrast``), on the receiver's
+        tokenization: every response of each moved source group (one the receiver does not train
+        on, e.g. a wrong one under success-only transfer, is tokenized here and pushes 0)."""
+        if self.rank != 0:  # every rank holds the same rows; rank 0's metrics are the policy's
+            return {}
+        n, logging = self.sampling.n, self.config.logging
+        total = GroupContrast()
+        for group_index, group in enumerate(plan.groups):
+            if not group.peer or group.nll:
+                continue
+            tokens, correct, push = [], [], []
+            for i in range(n):
+                record = records[group.source][group.prompt * n + i]
+                row = moved_rows.get((group_index, i))
+                ids = (
+                    rows.response_ids[row]
+                    if row is not None
+                    else self.policy.encode_response(record.response, record.finished)
+                )
+                tokens.append(ids[:-1] if record.finished else ids)  # content tokens, no EOS
+                correct.append(record.reward > 0)
+                push.append(rows.weights[row] * rows.advantages[row] if row is not None else 0.0)
+            total += group_contrast(
+                tokens, correct, push, logging.contrast_max_tokens, logging.contrast_max_pairs
+            )
+        return contrast_metrics(total)
 
     def _optimize(
         self, rows: TrainingRows, plan: ExchangePlan, timings: dict[str, float], generator: torch.Generator
@@ -647,6 +698,7 @@ class PolicyWorker:
         totals: dict[str, float] = defaultdict(float)
         losses, grad_norms = [], []
         skipped = 0  # minibatches whose loss or grad norm was NaN/inf (no optimizer step)
+        signs_reported = False  # the method's loss splits clipped peer tokens by the advantage's sign
         minibatch_index = 0
         for _ in range(train.update_epochs):
             for groups in order:
@@ -670,9 +722,12 @@ class PolicyWorker:
                 )
                 for r in kept:
                     totals["peer_tokens" if rows.is_peer[r] else "own_tokens"] += len(rows.response_ids[r])
+                    if rows.is_peer[r] and rows.advantages[r] != 0:
+                        sign = "pos" if rows.advantages[r] > 0 else "neg"
+                        totals[f"peer_{sign}_tokens"] += len(rows.response_ids[r])
                 policy.optimizer.zero_grad(set_to_none=False)
                 parts = [[active[i] for i in part] for part in self._micro_batches_of_ranks(rows, active)]
-                loss_value = clipped_own = clipped_peer = 0.0
+                loss_value = clipped_own = clipped_peer = clipped_pos = clipped_neg = 0.0
                 for idx in parts:
                     # An idle rank runs one of the minibatch's rows with loss x 0: FSDP's collectives
                     # need every rank in every forward and backward.
@@ -688,12 +743,17 @@ class PolicyWorker:
                     loss_value += float(loss.detach())
                     clipped_own += float(m.get("own_clipped_tokens", 0.0))
                     clipped_peer += float(m.get("peer_clipped_tokens", 0.0))
+                    signs_reported |= "peer_pos_clipped_tokens" in m
+                    clipped_pos += float(m.get("peer_pos_clipped_tokens", 0.0))
+                    clipped_neg += float(m.get("peer_neg_clipped_tokens", 0.0))
                 if self.world > 1:
-                    loss_value, clipped_own, clipped_peer = sum_across_ranks(
-                        [loss_value, clipped_own, clipped_peer]
+                    loss_value, clipped_own, clipped_peer, clipped_pos, clipped_neg = sum_across_ranks(
+                        [loss_value, clipped_own, clipped_peer, clipped_pos, clipped_neg]
                     )
                 totals["own_clipped_tokens"] += clipped_own
                 totals["peer_clipped_tokens"] += clipped_peer
+                totals["peer_pos_clipped_tokens"] += clipped_pos
+                totals["peer_neg_clipped_tokens"] += clipped_neg
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     policy.model.parameters(), self.config.optim.grad_clip
                 )
@@ -718,6 +778,13 @@ class PolicyWorker:
             "clip_frac_peer": totals["peer_clipped_tokens"] / totals["peer_tokens"]
             if totals["peer_tokens"]
             else None,
+            **{
+                f"clip_frac_peer_{sign}": totals[f"peer_{sign}_clipped_tokens"]
+                / totals[f"peer_{sign}_tokens"]
+                if totals[f"peer_{sign}_tokens"] and signs_reported
+                else None
+                for sign in ("pos", "neg")
+            },
             "train_tokens": totals["own_tokens"] + totals["peer_tokens"],
             "train_rows": int(totals["rows"]),
         }
