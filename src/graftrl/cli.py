@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS, TASKS
+from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, SKILL_OVERLAPS, TASKS
 from graftrl.errors import UserError
 
 console = Console()
@@ -621,6 +621,21 @@ def sweep(
             "(1 - o) x its own + o x the Llama's (0: complementary deficits, 1: same skills)."
         ),
     ] = ",".join(f"{o:g}" for o in SKILL_OVERLAPS),
+    knob: Annotated[
+        str,
+        typer.Option(
+            help="What the points move: `overlap` (the skill overlap of the pair; GRPO vs GRAFT at "
+            "--overlaps) or `mastery` (the peer's mastery of the step the receiver lacks; GRPO, GRAFT, "
+            "success-only transfer and SGT at --points)."
+        ),
+    ] = "overlap",
+    points: Annotated[
+        str,
+        typer.Option(
+            help="--knob mastery's points, comma-separated: `default` (the task's pair) or a drilled "
+            "pair's own regrouping share in (0, 1]."
+        ),
+    ] = ",".join(MASTERY_POINTS),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
     steps: _Steps = None,
     quick: _Quick = False,
@@ -632,10 +647,30 @@ def sweep(
     jobs: _Jobs = 1,
     reuse: _Reuse = None,
 ) -> None:
-    """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair; resumable."""
+    """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
+    transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
     from graftrl.reporting.sweep import SweepError, run_sweep
 
     _check_task(task)
+    if knob == "mastery":
+        from graftrl.reporting.mastery import run_mastery
+
+        _thread_note()
+        run_mastery(
+            out,
+            [part.strip() for part in points.split(",") if part.strip()],
+            seeds=seeds,
+            steps=steps,
+            quick=quick,
+            cache_dir=cache,
+            console=console,
+            task=task,
+            jobs=jobs,
+            reuse=reuse or [],
+        )
+        return
+    if knob != "overlap":
+        raise SweepError(f"--knob: `overlap` or `mastery`, got {knob!r}")
     try:
         points = [float(part) for part in overlaps.split(",") if part.strip()]
     except ValueError:

@@ -10,7 +10,11 @@ one moved group:
 - the push sum_i w_i A_i of the trained rows, split by outcome and by whether a token is *shared*
   (inside the LCS alignment with the closest response of the other outcome) or *distinct*. Each
   response's push is spread evenly over its tokens, so the four parts add up to the group's
-  advantage mass sum_i w_i A_i.
+  advantage mass sum_i w_i A_i;
+- where the lesson is: of the receiver's surprise on the correct responses (sum_t -log pi_R of
+  their tokens, the tokens it does not yet produce), the share on distinct tokens. Near 0, the
+  peer's wrong responses contain the tokens the receiver lacks as well, and the push on them
+  cancels; near 1, they are exactly where correct and wrong differ.
 
 Cost is bounded for long responses: each response is compared on its first ``max_tokens`` tokens
 with at most ``max_pairs`` responses of the other outcome (evenly spaced in group order, no random
@@ -49,6 +53,10 @@ class GroupContrast:
     mass_wrong_shared: float = 0.0
     mass_wrong_distinct: float = 0.0
     """Sum of w * A over the trained rows' tokens, by outcome and shared / distinct."""
+    surprise: float = 0.0
+    """Sum of the receiver's -log pi over the correct responses' tokens (those with log-probs)."""
+    surprise_distinct: float = 0.0
+    """The part of it on distinct tokens."""
 
     def __add__(self, other: GroupContrast) -> GroupContrast:
         return GroupContrast(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -92,13 +100,15 @@ def group_contrast(
     push: Sequence[float],
     max_tokens: int = MAX_TOKENS,
     max_pairs: int = MAX_PAIRS,
+    logprobs: Sequence[Sequence[float] | None] | None = None,
 ) -> GroupContrast:
     """The contrast of one moved group.
 
     responses: [n] token ids on the receiver's tokenization, content only (no EOS); correct: [n]
     the source's binary rewards; push: [n] w_i * A_i of the rows the receiver trains on (0 for a
-    response it does not train on, e.g. a wrong one under success-only transfer). A group
-    without both outcomes measures nothing.
+    response it does not train on, e.g. a wrong one under success-only transfer); logprobs: [n]
+    the receiver's old log-prob of each token of a response (None where not scored), for the
+    surprise sums. A group without both outcomes measures nothing.
     """
     tokens = [list(r[:max_tokens]) for r in responses]
     right = [i for i, c in enumerate(correct) if c]
@@ -120,6 +130,10 @@ def group_contrast(
         if correct[i]:
             out.mass_correct_shared += push[i] * share
             out.mass_correct_distinct += push[i] * (1 - share)
+            if logprobs is not None and (token_logprobs := logprobs[i]) is not None:
+                surprise = [-float(lp) for lp in token_logprobs[: len(shared)]]
+                out.surprise += sum(surprise)
+                out.surprise_distinct += sum(x for x, same in zip(surprise, shared, strict=False) if not same)
         else:
             out.mass_wrong_shared += push[i] * share
             out.mass_wrong_distinct += push[i] * (1 - share)
@@ -136,6 +150,7 @@ def contrast_metrics(total: GroupContrast) -> dict[str, float | int | None]:
         "contrast_groups": total.groups,
         "contrast_overlap": per_wrong(total.overlap),
         "contrast_divergence": per_wrong(total.divergence),
+        "contrast_lesson": total.surprise_distinct / total.surprise if total.surprise > 0 else None,
         **{
             f"contrast_{name}": getattr(total, name) / total.groups
             for name in (

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 __all__ = [
     "DEFAULT_TASK",
     "FAMILIES",
+    "MASTERY_POINTS",
     "ORIGINAL_TASK",
+    "REGROUPING",
     "RESPONSE_FORMAT",
     "TASKS",
     "WORKED_OUTCOMES",
@@ -77,6 +79,8 @@ class Family:
     name: str
     description: str
     generate: Callable[[random.Random], tuple[str, str]]
+    distinct: int | None = None
+    """How many distinct problems it has, when that is few (the drills' 45 facts)."""
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
@@ -144,6 +148,9 @@ def worked_solution(problem: str) -> str:
     answer = f"{tens_value}{ones_value % 10}"
     return f"ones {ones_text}; tens {tens}{op}{carry}={tens_value}. " + RESPONSE_FORMAT.format(answer=answer)
 
+
+#: The ``worked`` families whose solution carries or borrows (the regrouping step).
+REGROUPING = ("add_carry", "sub_borrow")
 
 #: What a ``worked`` response got wrong first, in reading order (``classify_worked``):
 #: ``regrouping`` the carry / borrow step (a forgotten or spurious carry, a ones minuend without its
@@ -246,13 +253,9 @@ WORKED_DRILLS: dict[str, Family] = {
     f.name: f
     for f in (
         Family(
-            "add_fact",
-            "x+b, x and b digits, x + b >= 10 (the carry's fact, no carry)",
-            lambda rng: _fact(rng, "+"),
+            "add_fact", "x+b, x and b digits, x + b >= 10 (the carry's fact)", lambda rng: _fact(rng, "+"), 45
         ),
-        Family(
-            "sub_fact", "(10+x)-b, x < b digits (the borrow's fact, no borrow)", lambda rng: _fact(rng, "-")
-        ),
+        Family("sub_fact", "(10+x)-b, x < b digits (the borrow's fact)", lambda rng: _fact(rng, "-"), 45),
     )
 }
 
@@ -314,6 +317,12 @@ DEFAULT_TASK = "worked"
 #: warm-start accuracy on carries (training-side, docs/reporting.md): 0.01 at 0, 0.62 at 0.33 and
 #: 0.56 at 0.67, so its transition lies below 0.33 and 0.1 resolves it.
 SKILL_OVERLAPS = (0.0, 0.1, 0.33, 1.0)
+
+#: ``graftrl sweep --knob mastery``'s default points (``warmstart.mastery_mixes``): the task's pair
+#: and drilled pairs whose own regrouping share falls, so the peer's failures on the receiver's
+#: missing step become failures of that step (chosen from training-side statistics only,
+#: docs/task_design.md).
+MASTERY_POINTS = ("default", "0.45", "0.12", "0.04")
 
 #: The default of the generator and warm-start functions: the task they served before tasks had
 #: names, so library callers that name no task keep their problems and models.

@@ -30,6 +30,7 @@ from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
 from graftrl.embedded.task import (
     DEFAULT_TASK,
     ORIGINAL_TASK,
+    REGROUPING,
     Problem,
     get_task,
     make_problems,
@@ -44,6 +45,7 @@ __all__ = [
     "WARMSTART_SETTINGS",
     "encode_pair",
     "fingerprint",
+    "mastery_mixes",
     "overlap_mixes",
     "prepare_embedded_models",
     "sampled_accuracy",
@@ -91,6 +93,36 @@ def overlap_mixes(task: str, overlap: float) -> dict[str, dict[str, float]]:
     names = list(MODEL_SPECS)
     # overlap 0 is the task's own pair, mix for mix, so its cached models (fingerprints) are reused
     return {names[0]: first, names[1]: second if overlap == 0 else {f: w for f, w in moved.items() if w > 0}}
+
+
+#: Share of a mastery pair's warm-start mix given to the fact drills (each drill half of it).
+MASTERY_DRILL_SHARE = 0.2
+
+
+def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
+    """The task's warm-start mixes at mastery point ``point`` (``graftrl sweep --knob mastery``).
+
+    ``"default"`` is the task's own pair. A number e gives each model its own regrouping family at
+    share e (the carries for the Llama, the borrows for the GPT-2: the step the *other* model
+    lacks) and the single-digit facts of both regrouping families as drills
+    (``MASTERY_DRILL_SHARE``), everything else as in the task's mix: each model then knows the
+    facts, and how often it carries or borrows right, the step its peer lacks, moves with e. The
+    deficits (each model's share of the other's regrouping family) stay as they are.
+    """
+    if point == "default":
+        return {name: dict(mix) for name, mix in TASK_MIXES[task].items()}
+    exposure = float(point)
+    if not 0.0 < exposure <= 1.0:
+        raise ValueError(f"mastery point must be 'default' or in (0, 1], got {point!r}")
+    drills = get_task(task).drills
+    if not drills:
+        raise ValueError(f"task {task!r} has no fact drills, so it has no mastery knob")
+    out = {}
+    for name, mix in TASK_MIXES[task].items():
+        own = max((f for f in REGROUPING if f in mix), key=lambda f: mix[f])
+        moved = {**mix, own: exposure}
+        out[name] = {**moved, **{drill: MASTERY_DRILL_SHARE / len(drills) for drill in drills}}
+    return out
 
 
 #: Stop settings per task: full (demo) and quick (smoke tests). ``WARMSTART_SETTINGS`` is the
@@ -264,8 +296,9 @@ def warm_start(
             check_round += 1
             probe = []
             for j, n in enumerate(names):
+                count = min(check_problems, embedded.family(n).distinct or check_problems)
                 probe += make_problems(
-                    [n], check_problems, seed=10_000 * (seed + 1) + 100 * check_round + j, task=task
+                    [n], count, seed=10_000 * (seed + 1) + 100 * check_round + j, task=task
                 )
             acc = sampled_accuracy(model, tok, template, probe, max_new_tokens=embedded.max_new_tokens)
             model.train()

@@ -251,7 +251,7 @@ def evaluate_policies(
 # Matrices
 # --------------------------------------------------------------------------------------------
 
-PRESETS = ("table1", "table2", "demo")
+PRESETS = ("table1", "table2", "demo", "mastery")
 
 
 def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matrix:
@@ -295,6 +295,17 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
         # `graftrl demo`: GRPO (n = 8) and GRAFT on the same prompts, steps and rollout budget.
         variants = [Variant("grpo", "grpo"), Variant("graft", "graft")]
         return Matrix(variants, baseline="grpo", reference="graft", source="preset demo")
+    if name == "mastery":
+        # `graftrl sweep --knob mastery`: which transfer rule wins where. GRAFT and success-only
+        # transfer log the transferred texts, for the error classes of the moved wrong responses.
+        texts = {"logging.log_transfers": True}
+        variants = [
+            Variant("grpo", "grpo"),
+            Variant("graft", "graft", texts),
+            Variant("success-only", "graft", {"graft.transfer": "success_only", **texts}),
+            Variant("sgt", "sgt"),
+        ]
+        return Matrix(variants, baseline="grpo", reference="graft", source="preset mastery")
     raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 
 

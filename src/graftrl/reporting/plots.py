@@ -375,3 +375,38 @@ def plot_sweep(points: Sequence[Mapping[str, Any]], path: Path, footer: str | No
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize=7)
     _save(fig, path, footer)
+
+
+def plot_mastery(points: Sequence[Mapping[str, Any]], path: Path, footer: str | None = None) -> None:
+    """``graftrl sweep --knob mastery``: GRAFT − GRPO (left) and success-only − GRAFT (right),
+    held-out pass@1 with the 95% paired interval, per receiver, against the contrast measured on
+    GRAFT's moved groups (``contrast_lesson``: the share of the receiver's surprise on the correct
+    responses that lies where the wrong ones differ); each point labelled by its knob value."""
+    models = sorted({m for p in points for m in p["models"]})
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.2), sharex=True)
+    panels = (("vs_grpo", "graft", "GRAFT − GRPO"), ("vs_graft", "success-only", "success-only − GRAFT"))
+    for ax, (table, variant, title) in zip(axes, panels, strict=True):
+        for i, model in enumerate(models):
+            xs, ys, errs, labels = [], [], [[], []], []
+            for p in points:
+                m = p["models"].get(model, {})
+                diff = (m.get(table) or {}).get(variant)
+                lesson = (m.get("contrast") or {}).get("lesson")
+                if diff is None or lesson is None:
+                    continue
+                xs.append(100 * lesson)
+                ys.append(100 * diff["mean"])
+                errs[0].append(100 * (diff["mean"] - diff["low"]) if diff["low"] is not None else 0.0)
+                errs[1].append(100 * (diff["high"] - diff["mean"]) if diff["high"] is not None else 0.0)
+                labels.append(p["point"])
+            if xs:
+                ax.errorbar(xs, ys, yerr=errs, fmt="o", color=f"C{i}", capsize=4, label=model)
+                for x, y, label in zip(xs, ys, labels, strict=True):
+                    ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set_title(f"{title}, held-out pass@1 (points, 95% paired interval)", fontsize=9)
+        ax.set_xlabel("contrast on the lesson: receiver's surprise where correct ≠ wrong (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("paired difference (points)")
+    _save(fig, path, footer)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,40 @@ def write_sweep(
     return final
 
 
+def run_points_seed_major(
+    points: Mapping[Any, tuple[Path, CompareTask, str]],
+    preset: str,
+    seeds: int,
+    steps: int | None,
+    console: Console,
+    jobs: int,
+    reuse: Sequence[Path],
+    write: Callable[[dict[Any, dict[str, Any]], int], dict[str, Any]],
+) -> dict[str, Any]:
+    """Each point's compare of ``preset`` (point -> (folder, task, label)), seed-major: seed 0 at
+    every point, then seed 1, ...; ``write(results so far, seeds done)`` after every round, so an
+    interrupted sweep already has every point's report and the figure so far. Returns the last
+    ``write``'s value."""
+    results: dict[Any, dict[str, Any]] = {}
+    final: dict[str, Any] = {}
+    for seed in range(seeds):
+        for point, (folder, task, label) in points.items():
+            console.print(f"[bold]sweep[/bold]: {label}, seed {seed}")
+            results[point] = run_compare(
+                folder,
+                preset,
+                seeds=seed + 1,
+                steps=steps,
+                console=console,
+                task=task,
+                report=CompareReport(echo=False),
+                jobs=jobs,
+                reuse=reuse,
+            )
+        final = write(results, seed + 1)
+    return final
+
+
 def run_sweep(
     out_dir: Path,
     overlaps: Sequence[float] = SKILL_OVERLAPS,
@@ -209,24 +243,16 @@ def run_sweep(
         o: embedded_task(point_dir(out_dir, o), cache_dir, quick, console, task, mixes=overlap_mixes(task, o))
         for o in points
     }
-    results: dict[float, dict[str, Any]] = {}
-    final: dict[str, Any] = {}
-    for seed in range(seeds):  # seed-major: a partial sweep already has every point
-        for o in points:
-            console.print(f"[bold]sweep[/bold]: overlap {o:g}, seed {seed}")
-            results[o] = run_compare(
-                point_dir(out_dir, o),
-                PRESET,
-                seeds=seed + 1,
-                steps=steps,
-                console=console,
-                task=tasks[o],
-                report=CompareReport(echo=False),
-                jobs=jobs,
-                reuse=reuse,
-            )
-        # after every round of seeds, so an interrupted sweep has its figure so far
-        final = write_sweep(out_dir, task, tasks, results, seed + 1, seeds, steps, started)
+    final = run_points_seed_major(
+        {o: (point_dir(out_dir, o), tasks[o], f"overlap {o:g}") for o in points},
+        PRESET,
+        seeds,
+        steps,
+        console,
+        jobs,
+        reuse,
+        lambda results, done: write_sweep(out_dir, task, tasks, results, done, seeds, steps, started),
+    )
     out = ExperimentDir(out_dir)
     console.print(out.report.read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {out_dir}/report.md, results.json and sweep.png")

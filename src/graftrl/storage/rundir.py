@@ -442,6 +442,13 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             FRACTION,
         ),
         (
+            "contrast_lesson",
+            "where the lesson is: the share of the receiver's surprise (-log pi_R) on the moved correct "
+            "responses' tokens that lies on tokens no wrong response of the group shares (0 = the wrong "
+            "responses hold the receiver's hard tokens too, so the push on them cancels)",
+            FRACTION,
+        ),
+        (
             "contrast_mass_correct_shared",
             "per moved group: sum of w·A over the correct responses' tokens that a wrong response shares",
             "advantage",

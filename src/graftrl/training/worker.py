@@ -666,7 +666,7 @@ class PolicyWorker:
         for group_index, group in enumerate(plan.groups):
             if not group.peer or group.nll:
                 continue
-            tokens, correct, push = [], [], []
+            tokens, correct, push, logprobs = [], [], [], []
             for i in range(n):
                 record = records[group.source][group.prompt * n + i]
                 row = moved_rows.get((group_index, i))
@@ -678,8 +678,11 @@ class PolicyWorker:
                 tokens.append(ids[:-1] if record.finished else ids)  # content tokens, no EOS
                 correct.append(record.reward > 0)
                 push.append(rows.weights[row] * rows.advantages[row] if row is not None else 0.0)
+                # the receiver's old log-probs of a scored row (peer rows of a scoring method)
+                old = rows.old_logprobs[row] if row is not None and self._scores_peers else None
+                logprobs.append(old.tolist() if old is not None else None)
             total += group_contrast(
-                tokens, correct, push, logging.contrast_max_tokens, logging.contrast_max_pairs
+                tokens, correct, push, logging.contrast_max_tokens, logging.contrast_max_pairs, logprobs
             )
         return contrast_metrics(total)
 

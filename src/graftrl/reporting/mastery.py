@@ -1,0 +1,350 @@
+"""`graftrl sweep --knob mastery`: which transfer rule wins where, along the peer's mastery of the
+step the receiver lacks.
+
+GRAFT moves the peer's whole group with its zero-sum advantages, so it teaches only where the
+peer's correct and wrong responses differ (``core.contrast``). The knob moves *what the peer's
+wrong responses get wrong* on the receiver's deficit family: at the task's pair (point
+``default``) they mostly slip on another fact or copy, having carried / borrowed right; on the
+drilled pairs (``embedded.warmstart.mastery_mixes``) each model knows the single-digit facts and
+how often it carries or borrows right falls with its own regrouping share, so its failures become
+failures of the step its peer lacks. Each point is a compare of the ``mastery`` preset (GRPO
+n = 8, GRAFT, success-only transfer, SGT) in ``OUT/mastery-<point>/``, resumable cell by cell,
+seed-major. Per point and receiver it reports the paired differences of held-out pass@1 (overall
+and on the receiver's deficit family) against GRPO and against GRAFT, beside what the runs
+measured on the training prompts: the peer's accuracy on the deficit family, the error classes of
+the moved wrong responses, the contrast, all-fail share, complementarity, groups moved, the
+advantage mass split and the clipping of peer tokens by sign. Outputs: ``results.json``,
+``report.md`` and ``mastery.png`` in OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
+from graftrl.embedded.warmstart import mastery_mixes
+from graftrl.errors import UserError
+from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
+from graftrl.reporting.analyze import summarize_exchange
+from graftrl.reporting.compare import PAIRED_NOTE, CompareTask, embedded_task
+from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
+from graftrl.reporting.provenance import results_provenance, signature, written_by
+from graftrl.reporting.sweep import run_points_seed_major
+from graftrl.storage.data import load_problems
+from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
+
+PRESET = "mastery"
+BASELINE, REFERENCE = "grpo", "graft"
+RULES = ("graft", "success-only", "sgt")
+"""The transfer rules compared, each against GRPO; the last two also against GRAFT."""
+EARLY_STEPS = 10
+"""The peer's accuracy on the receiver's deficit family is its training reward over these first steps."""
+
+
+class MasteryError(UserError):
+    """A mastery-sweep argument problem; the message names the flag and what to fix."""
+
+
+def point_dir(out_dir: Path, point: str) -> Path:
+    return out_dir / f"mastery-{point}"
+
+
+def check_points(points: Sequence[str]) -> list[str]:
+    """The points in order: ``default`` first, then the exposures from high to low."""
+    if not points:
+        raise MasteryError("--points: give at least one point, e.g. --points default,0.45,0.12,0.04")
+    for point in points:
+        try:
+            mastery_mixes(DEFAULT_TASK, point)
+        except ValueError as error:
+            raise MasteryError(f"--points: {error}") from None
+    if len(set(points)) != len(points):
+        raise MasteryError(f"--points: each point once, got {list(points)}")
+    return sorted(points, key=lambda p: (p != "default", -float(p) if p != "default" else 0.0))
+
+
+def _runs(folder: Path, variant: str, seeds: int) -> list[Path]:
+    runs = ExperimentDir(folder)
+    return [runs.run(variant, s).root for s in range(seeds) if runs.run(variant, s).holds_run()]
+
+
+def _deficit(rows: Sequence[Mapping[str, Any]], model: str) -> str | None:
+    """The receiver's deficit family: its lowest held-out pass@1 at the warm-start."""
+    start = next((r for r in rows if r["variant"] == WARM_START and r["model"] == model), None)
+    families = (start or {}).get("per_family") or {}
+    return min(families, key=families.get) if families else None
+
+
+def _early_reward(runs: Sequence[Path], model: str, family: str) -> float | None:
+    values = [
+        row[f"family_reward/{family}"]
+        for run in runs
+        for row in read_metrics(run)
+        if row["model"] == model
+        and row["step"] < EARLY_STEPS
+        and row.get(f"family_reward/{family}") is not None
+    ]
+    return statistics.fmean(values) if values else None
+
+
+def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """One point: per receiver, pass@1 and the paired differences, and the training-side measures."""
+    graft = _runs(folder, REFERENCE, seeds)
+    metrics = {
+        variant: [row for run in _runs(folder, variant, seeds) for row in read_metrics(run)]
+        for variant in (BASELINE, REFERENCE, "success-only")
+    }
+    regime = summarize_exchange({f"{variant} runs": rows for variant, rows in metrics.items()})
+    contrast = contrast_summary(metrics[REFERENCE])
+    clipping = {variant: clipping_by_sign(metrics[variant]) for variant in (REFERENCE, "success-only")}
+    problems = {p.id: p.problem for p in load_problems(ExperimentDir(folder).train_data)}
+    scores = [row for run in graft for row in read_jsonl(RunDir(run).compatibility)]
+    errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES)
+    by_family = family_rows(rows)
+    vs = {ref: (paired_deltas(rows, ref), paired_deltas(by_family, ref)) for ref in (BASELINE, REFERENCE)}
+    models = sorted({r["model"] for r in rows if r["variant"] != WARM_START})
+    out: dict[str, Any] = {}
+    for model in models:
+        deficit = _deficit(rows, model)
+        peer = next((m for m in models if m != model), None)
+        family_key = f"{model} · {deficit}"
+
+        def scores_of(variant: str, table: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+            return [r["pass_at_1"] for r in table if r["variant"] == variant and r["model"] == key]
+
+        def diff(
+            ref: str, variant: str, family: bool, model: str = model, family_key: str = family_key
+        ) -> dict[str, Any] | None:
+            found = vs[ref][int(family)].get(variant, {}).get(family_key if family else model)
+            return found.as_dict() if found is not None else None
+
+        out[model] = {
+            "deficit": deficit,
+            "peer": peer,
+            "peer_deficit_accuracy": _early_reward(_runs(folder, BASELINE, seeds), peer, deficit)
+            if peer and deficit
+            else None,
+            "pass_at_1": {
+                v: asdict(mean_std(s))
+                for v in (WARM_START, BASELINE, *RULES)
+                if (s := scores_of(v, rows, model))
+            },
+            "deficit_pass_at_1": {
+                v: asdict(mean_std(s))
+                for v in (WARM_START, BASELINE, *RULES)
+                if (s := scores_of(v, by_family, family_key))
+            },
+            "vs_grpo": {v: diff(BASELINE, v, False) for v in RULES},
+            "vs_graft": {v: diff(REFERENCE, v, False) for v in RULES[1:]},
+            "deficit_vs_grpo": {v: diff(BASELINE, v, True) for v in RULES},
+            "deficit_vs_graft": {v: diff(REFERENCE, v, True) for v in RULES[1:]},
+            "all_fail_share": regime.get(BASELINE, {}).get(model, {}).get("all_fail_mean"),
+            "complementarity": regime.get(BASELINE, {}).get(model, {}).get("complementarity_mean"),
+            "groups_moved_per_step": regime.get(REFERENCE, {})
+            .get(model, {})
+            .get("selected_prompts_per_step"),
+            "admitted_share": regime.get(REFERENCE, {}).get(model, {}).get("admit_rate"),
+            "contrast": contrast.get(model),
+            "moved_errors": errors.get(model),
+            "clipped_peer": {v: c.get(model) for v, c in clipping.items()},
+        }
+    return {"point": point, "models": out}
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{100 * value:.{digits}f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:+.{digits}f}"
+
+
+def _plain(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _diff(d: Mapping[str, Any] | None) -> str:
+    if d is None:
+        return "—"
+    if d["low"] is None:
+        return f"{100 * d['mean']:+.1f}"
+    return f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]{' *' if d['resolved'] else ''}"
+
+
+def _ms(d: Mapping[str, Any] | None) -> str:
+    return "—" if d is None else f"{100 * d['mean']:.1f} ± {100 * d['std']:.1f}"
+
+
+def report_markdown(
+    points: Sequence[dict[str, Any]], seeds: int, task: CompareTask, provenance: dict[str, Any]
+) -> str:
+    s = task.settings
+    lines = [
+        "# graftrl sweep --knob mastery: which transfer rule wins where",
+        "",
+        f"{written_by(provenance)}; each point's cells, starting weights and warm-start fingerprints "
+        "are in its `mastery-<point>/results.json`.",
+        "",
+        f"Task {task.name}. Point `default` is the task's pair; a number e is a drilled pair (both models "
+        "know the single-digit facts; each has its own regrouping family at share e of its warm-start mix). "
+        f"Per point: GRPO (n = {s.n}), GRAFT, success-only transfer and SGT, seeds 0-{seeds - 1}, {s.steps} steps x "
+        f"{s.batch_prompts} prompts per model; held-out pass@1 on {s.n_eval} problems x {s.eval_samples} samples, "
+        "in percent.",
+        "",
+        f"Differences: {PAIRED_NOTE}.",
+        "",
+        "## Held-out pass@1 and the paired differences",
+        "",
+        "| point | receiver | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        for model, m in point["models"].items():
+            lines.append(
+                f"| {point['point']} | {model} | {_ms(m['pass_at_1'].get(BASELINE))} | "
+                + " | ".join(_diff(m["vs_grpo"][v]) for v in RULES)
+                + " | "
+                + " | ".join(_diff(m["vs_graft"][v]) for v in RULES[1:])
+                + " |"
+            )
+    lines += [
+        "",
+        "## The receiver's deficit family (held-out pass@1)",
+        "",
+        "| point | receiver · deficit | warm-start | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        for model, m in point["models"].items():
+            d = m["deficit_pass_at_1"]
+            lines.append(
+                f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
+                f"{_ms(d.get(BASELINE))} | "
+                + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
+                + " | "
+                + " | ".join(_diff(m["deficit_vs_graft"][v]) for v in RULES[1:])
+                + " |"
+            )
+    lines += [
+        "",
+        "## What the moved groups carried (training prompts)",
+        "",
+        "Peer accuracy: the peer's training reward on the receiver's deficit family over the first "
+        f"{EARLY_STEPS} steps (GRPO runs). Moved wrong responses: the step each wrong peer response in "
+        "GRAFT's moved groups got wrong first (`embedded.task.classify_worked`). Overlap: the share of a "
+        "moved wrong response's tokens inside its LCS with the closest correct one, on the receiver's "
+        "tokenization; divergence: where it first departs, as a share of its length; lesson: the share "
+        "of the receiver's surprise (−log π) on the moved correct responses that lies on tokens no wrong "
+        "response shares. Mass: Σ w·A per "
+        "moved group on the tokens the correct and wrong responses share (where the zero-sum advantages "
+        "cancel) and on those they do not. Clipped: GRAFT's clipped peer tokens with A > 0 / A < 0.",
+        "",
+        "| point | receiver | peer accuracy | moved wrong: regrouping / fact / copy / format (n) | lesson | overlap "
+        "| divergence | mass shared | mass distinct | all-fail | complementarity | moved/step | admitted | clipped + / − |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for point in points:
+        for model, m in point["models"].items():
+            c, e = m["contrast"] or {}, m["moved_errors"]
+            errors = (
+                " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
+                + f" ({e['wrong_responses']})"
+                if e
+                else "—"
+            )
+            clip = m["clipped_peer"].get(REFERENCE) or {}
+            lines.append(
+                f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
+                f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
+                f"{_num(c.get('mass_shared'))} | "
+                f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
+                f"{_plain(m['groups_moved_per_step'])} | "
+                f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
+            )
+    lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
+    return "\n".join(lines)
+
+
+def write_mastery(
+    out_dir: Path,
+    task: str,
+    tasks: Mapping[str, CompareTask],
+    results: Mapping[str, dict[str, Any]],
+    seeds_done: int,
+    seeds: int,
+    steps: int | None,
+    started: float,
+) -> dict[str, Any]:
+    """results.json, report.md and mastery.png over the ``seeds_done`` seeds run at every point."""
+    from graftrl.reporting.plots import plot_mastery
+
+    points = [p for p in tasks if p in results]
+    summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
+    final = {
+        "task": task,
+        "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
+        "points": points,
+        "seeds": seeds_done,
+        "seeds_planned": seeds,
+        "steps": steps,
+        "settings": results[points[0]]["settings"],
+        "summaries": summaries,
+        "mixes": {p: mastery_mixes(task, p) for p in points},
+        "total_wall_s": round(time.perf_counter() - started, 1),
+        "provenance": {
+            **results_provenance({}),
+            "models": {p: tasks[p].provenance.get("models", {}) for p in points},
+        },
+    }
+    out = ExperimentDir(out_dir)
+    out.results.write_text(json.dumps(final, indent=2))
+    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"]))
+    plot_mastery(summaries, out_dir / "mastery.png", footer=signature(final["provenance"]))
+    return final
+
+
+def run_mastery(
+    out_dir: Path,
+    points: Sequence[str] = MASTERY_POINTS,
+    seeds: int = 5,
+    steps: int | None = None,
+    quick: bool = False,
+    cache_dir: Path | None = None,
+    console: Console | None = None,
+    task: str = DEFAULT_TASK,
+    jobs: int = 1,
+    reuse: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """Run (or continue) the mastery sweep; returns its results.json."""
+    console = console or Console()
+    ordered = check_points(points)
+    if seeds < 1:
+        raise MasteryError(f"--seeds must be >= 1, got {seeds}")
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # every point's models first: a warm-start that fails does so before any cell trains
+    tasks = {
+        p: embedded_task(point_dir(out_dir, p), cache_dir, quick, console, task, mixes=mastery_mixes(task, p))
+        for p in ordered
+    }
+    final = run_points_seed_major(
+        {p: (point_dir(out_dir, p), tasks[p], f"mastery {p}") for p in ordered},
+        PRESET,
+        seeds,
+        steps,
+        console,
+        jobs,
+        reuse,
+        lambda results, done: write_mastery(out_dir, task, tasks, results, done, seeds, steps, started),
+    )
+    console.print(ExperimentDir(out_dir).report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out_dir}/report.md, results.json and mastery.png")
+    return final
