@@ -246,6 +246,11 @@ def environment(json_path: str | None) -> int:
         from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
         from transformers import LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM  # noqa: F401
 
+        missing = [
+            m for m in ("unshard", "reshard", "set_reshard_after_forward") if not hasattr(FSDPModule, m)
+        ]
+        if missing:  # graftrl.training.parallel.gathered calls them
+            raise RuntimeError(f"FSDPModule lacks {missing} in this torch")
         for module in (
             "graftrl.config",
             "graftrl.cli",

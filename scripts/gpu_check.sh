@@ -10,14 +10,14 @@
 #   options: --out DIR (default $OUT, else runs/gpu_check[_dry]), --python PY
 #
 # Stages (limits in seconds, GPU / dry run):
-#   wheels            25 / 120  install .whl/*.whl (made by `bash scripts/gpu_wheels.sh`) into a
+#   wheels            15 / 120  install .whl/*.whl (made by `bash scripts/gpu_wheels.sh`) into a
 #                               private folder put first on PYTHONPATH; graftrl itself runs from src/
-#   env               45 / 180  versions, graftrl's requirements, scale-path imports, math_verify
+#   env               40 / 180  versions, graftrl's requirements, scale-path imports, math_verify
 #   cuda_tier        200 / 600  pytest -m cuda tests/test_cuda.py (bf16 GRPO/GRAFT at ~0.5B, FSDP2 on
 #                               one rank, chunked log-probs / checkpointing, memory estimate, resume)
 #   gpu_step         100 / 300  benchmarks/gpu_step.py with the scale configs' memory settings
-#   memory_vs_length  75 / 300  benchmarks/memory_vs_length.py --preset gpu
-#   fsdp_scaling      35 / 300  benchmarks/fsdp_scaling.py --device cuda --ranks 1 (one GPU here)
+#   memory_vs_length  75 / 300  benchmarks/memory_vs_length.py --preset gpu --repeats 1
+#   fsdp_scaling      45 / 300  benchmarks/fsdp_scaling.py --device cuda --ranks 1 (one GPU here)
 #   report                      summary.md and summary.json (scripts/gpu_check.py report)
 # Files in the output folder (7; the device returns at most 8): log.txt, cuda_tier.json,
 # gpu_step.json, memory_vs_length.json, fsdp_scaling.json, summary.md, summary.json.
@@ -59,7 +59,7 @@ else
   export GRAFTRL_CUDA_TIER_REQUIRE_CUDA=1  # no GPU visible: the tier fails instead of skipping
   # The carried wheels first (they replace nothing the image's torch needs), then graftrl's source.
   export PYTHONPATH="$WORK/site:$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-  declare -A LIMIT=([wheels]=25 [env]=45 [cuda_tier]=200 [gpu_step]=100 [memory_vs_length]=75 [fsdp_scaling]=35)
+  declare -A LIMIT=([wheels]=15 [env]=40 [cuda_tier]=200 [gpu_step]=100 [memory_vs_length]=75 [fsdp_scaling]=45)
 fi
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -144,8 +144,9 @@ main() {
     run_stage gpu_step "$PYTHON" benchmarks/gpu_step.py --engines hf --steps 2 --warmup 1 \
       --threads "$THREADS" --gradient-checkpointing --logprob-chunk-tokens 1024 --micro-batch-tokens 16384 \
       --model-dir "$MODELS/full-qwen" --json "$OUT_DIR/gpu_step.json"
-    run_stage memory_vs_length "$PYTHON" benchmarks/memory_vs_length.py --preset gpu --threads "$THREADS" \
-      --json "$OUT_DIR/memory_vs_length.json"
+    # one timed pass per cell after the warm-up (peaks do not vary; the window is short)
+    run_stage memory_vs_length "$PYTHON" benchmarks/memory_vs_length.py --preset gpu --repeats 1 \
+      --threads "$THREADS" --json "$OUT_DIR/memory_vs_length.json"
     run_stage fsdp_scaling "$PYTHON" benchmarks/fsdp_scaling.py --device cuda --dtype bfloat16 --ranks 1 \
       --hidden 1024 --layers 16 --steps 3 --json "$OUT_DIR/fsdp_scaling.json"
   fi
