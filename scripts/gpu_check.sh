@@ -18,7 +18,7 @@
 #   gpu_step         100 / 300  benchmarks/gpu_step.py with the scale configs' memory settings
 #   memory_vs_length  75 / 300  benchmarks/memory_vs_length.py --preset gpu --repeats 1
 #   fsdp_scaling      45 / 300  benchmarks/fsdp_scaling.py --device cuda --ranks 1 (one GPU here)
-#   report                      summary.md and summary.json (scripts/gpu_check.py report)
+#   report                      summary.md and summary.json (scripts/gpu_check_report.py)
 # Files in the output folder (7; the device returns at most 8): log.txt, cuda_tier.json,
 # gpu_step.json, memory_vs_length.json, fsdp_scaling.json, summary.md, summary.json.
 # Exit status 0 when every stage that ran passed.
@@ -152,7 +152,7 @@ main() {
   fi
 
   local title="graftrl GPU check$([[ $DRY == 1 ]] && echo " (dry run: CPU, tiny sizes)")"
-  "$PYTHON" scripts/gpu_check.py report --out "$OUT_DIR" --stages "$STAGES" --junit "$WORK/cuda_tier.xml" \
+  "$PYTHON" scripts/gpu_check_report.py --out "$OUT_DIR" --stages "$STAGES" --junit "$WORK/cuda_tier.xml" \
     --env "$WORK/env.json" --title "$title"
 }
 
