@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--steps", type=int, default=3, help="steps per N; the first is a warm-up")
+    parser.add_argument("--json", default=None, help="also write the table (headers, rows) to this file")
     args = parser.parse_args()
     C.set_threads(1)
     C.quiet_hf()
@@ -139,13 +140,14 @@ def main() -> None:
         "step ratio",
         "memory ratio",
     ]
-    print(
-        C.table(
-            headers,
-            rows,
-            title=f"{params / 1e6:.1f}M parameters, {args.device}, {args.dtype}, "
-            f"{args.batch_prompts} prompts x n = {args.n}, {args.max_new_tokens} new tokens",
-        )
+    title = (
+        f"{params / 1e6:.1f}M parameters, {args.device}, {args.dtype}, "
+        f"{args.batch_prompts} prompts x n = {args.n}, {args.max_new_tokens} new tokens"
+    )
+    print(C.table(headers, rows, title=title))
+    C.write_json(
+        args.json,
+        {"args": vars(args), "machine": C.machine_info(), "title": title, "headers": headers, "rows": rows},
     )
 
 

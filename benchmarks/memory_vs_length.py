@@ -214,9 +214,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             disable()
         for length in lengths:
-            peak, seconds = measure(policy, args, length, memory)
+            try:
+                peak, seconds = measure(policy, args, length, memory)
+            except torch.cuda.OutOfMemoryError:  # a figure too: this setting does not fit at this length
+                policy.model.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+                results.append(
+                    {"setting": label, "length": length, "peak_mb": None, "seconds": None, "oom": True}
+                )
+                print(f"{label:<24} L={length:<5} out of memory", flush=True)
+                continue
             results.append({"setting": label, "length": length, "peak_mb": peak, "seconds": seconds})
             print(f"{label:<24} L={length:<5} peak {peak:9.1f} MB  {seconds:7.3f} s", flush=True)
+        # after each setting, so a run stopped by a time limit keeps what it measured
+        C.write_json(
+            args.json, {"args": vars(args), "machine": info, "parameters": params, "results": results}
+        )
     title = (
         f"Qwen2 random init, {params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, vocab "
         f"{args.vocab}), {args.dtype} on {info.get('cuda') or 'cpu'}, {args.threads} thread(s); one micro-batch "
@@ -225,11 +239,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     headers = ["L", *[f"{label} MB" for label, _, _ in SETTINGS], *[f"{label} s" for label, _, _ in SETTINGS]]
     by = {(r["setting"], r["length"]): r for r in results}
+
+    def cell(label: str, length: int, key: str) -> Any:
+        result = by[(label, length)]
+        return "OOM" if result.get("oom") else result[key]
+
     rows = [
         [
             length,
-            *[by[(label, length)]["peak_mb"] for label, _, _ in SETTINGS],
-            *[by[(label, length)]["seconds"] for label, _, _ in SETTINGS],
+            *[cell(label, length, "peak_mb") for label, _, _ in SETTINGS],
+            *[cell(label, length, "seconds") for label, _, _ in SETTINGS],
         ]
         for length in lengths
     ]
