@@ -176,6 +176,8 @@ def classify_worked(problem: str, response: str) -> str:
         classify_worked("37+5", "ones 7+5=12, write 2 carry 0; tens 3+0=3. The answer is \\boxed{32}.")
         -> "regrouping"   (the forgotten carry)
     """
+    if not re.fullmatch(r"\d+[+-]\d+", problem):
+        raise ValueError(f"not a worked problem: {problem!r}")
     op = "+" if "+" in problem else "-"
     left, right = problem.split(op)
     a, b = int(left), int(right)

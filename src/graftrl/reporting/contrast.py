@@ -76,16 +76,20 @@ def moved_error_classes(
 
     ``scores``: compatibility.jsonl rows written with ``logging.log_transfers`` (rows without
     texts are skipped); ``problems``: prompt id -> problem text; ``classify(problem, response)``
-    returns one of ``outcomes`` (e.g. ``embedded.task.classify_worked``). Also the count of wrong
-    responses classified."""
+    returns one of ``outcomes`` (e.g. ``embedded.task.classify_worked``) or raises ValueError for a
+    problem it does not read (skipped). Also the count of wrong responses classified."""
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for row in scores:
         texts = row.get("response")
         if not texts:
             continue
         for prompt_id, text, reward in zip(row["prompt_id"], texts, row["reward"], strict=True):
-            if reward <= 0 and prompt_id in problems:
+            if reward > 0 or prompt_id not in problems:
+                continue
+            try:
                 counts[row["receiver"]][classify(problems[prompt_id], text)] += 1
+            except ValueError:  # a problem the classifier does not read (another task's)
+                continue
     return {
         receiver: {
             "wrong_responses": sum(count.values()),

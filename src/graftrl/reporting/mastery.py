@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
@@ -76,6 +77,11 @@ def _runs(folder: Path, variant: str, seeds: int) -> list[Path]:
     return [runs.run(variant, s).root for s in range(seeds) if runs.run(variant, s).holds_run()]
 
 
+def _train_file(run: Path) -> str:
+    """The training data a run read (its config.yaml's ``data.train``)."""
+    return yaml.safe_load(RunDir(run).config.read_text())["data"]["train"]
+
+
 def _deficit(rows: Sequence[Mapping[str, Any]], model: str) -> str | None:
     """The receiver's deficit family: its lowest held-out pass@1 at the warm-start."""
     start = next((r for r in rows if r["variant"] == WARM_START and r["model"] == model), None)
@@ -105,8 +111,13 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
     regime = summarize_exchange({f"{variant} runs": rows for variant, rows in metrics.items()})
     contrast = contrast_summary(metrics[REFERENCE])
     clipping = {variant: clipping_by_sign(metrics[variant]) for variant in (REFERENCE, "success-only")}
-    problems = {p.id: p.problem for p in load_problems(ExperimentDir(folder).train_data)}
-    scores = [row for run in graft for row in read_jsonl(RunDir(run).compatibility)]
+    scores = [
+        row
+        for run in graft
+        if RunDir(run).compatibility.exists()
+        for row in read_jsonl(RunDir(run).compatibility)
+    ]
+    problems = {p.id: p.problem for run in graft[:1] for p in load_problems(_train_file(run))}
     errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES)
     by_family = family_rows(rows)
     vs = {ref: (paired_deltas(rows, ref), paired_deltas(by_family, ref)) for ref in (BASELINE, REFERENCE)}

@@ -407,6 +407,7 @@ def plot_mastery(points: Sequence[Mapping[str, Any]], path: Path, footer: str | 
         ax.set_title(f"{title}, held-out pass@1 (points, 95% paired interval)", fontsize=9)
         ax.set_xlabel("contrast on the lesson: receiver's surprise where correct ≠ wrong (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     axes[0].set_ylabel("paired difference (points)")
     _save(fig, path, footer)

@@ -1,0 +1,118 @@
+"""`graftrl sweep --knob mastery` (issue 21): the drilled pairs' mixes, the map's cells and report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import graftrl.reporting.mastery as mastery
+from graftrl.cli import app
+from graftrl.embedded.models import MODEL_SPECS
+from graftrl.embedded.warmstart import MASTERY_DRILL_SHARE, TASK_MIXES, fingerprint, mastery_mixes
+from graftrl.training.trainer import Trainer
+
+LLAMA, GPT2 = MODEL_SPECS
+
+
+def test_mastery_moves_each_models_own_regrouping_share_and_adds_the_drills():
+    assert mastery_mixes("worked", "default") == TASK_MIXES["worked"]
+    own = {LLAMA: "add_carry", GPT2: "sub_borrow"}  # the step the other model lacks
+    prints = set()
+    for point in ("0.45", "0.12", "0.04"):
+        mixes = mastery_mixes("worked", point)
+        for name, mix in mixes.items():
+            base = TASK_MIXES["worked"][name]
+            assert mix[own[name]] == float(point)
+            assert mix["add_fact"] == mix["sub_fact"] == MASTERY_DRILL_SHARE / 2
+            # everything else, the deficit included, as in the task's pair
+            assert {f: w for f, w in mix.items() if f not in (own[name], "add_fact", "sub_fact")} == {
+                f: w for f, w in base.items() if f != own[name]
+            }
+            prints.add(fingerprint(name, mix, 0, "worked"))
+    assert len(prints) == 6  # every point warm-starts (and caches) its own pair
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(ValueError):
+            mastery_mixes("worked", bad)
+    with pytest.raises(ValueError, match="no fact drills"):
+        mastery_mixes("arith", "0.1")
+
+
+def test_points_are_ordered_and_checked():
+    assert mastery.check_points(["0.04", "default", "0.45"]) == ["default", "0.45", "0.04"]
+    for bad, says in ((["0.1", "0.1"], "each point once"), (["2"], "in (0, 1]"), ([], "at least one")):
+        result = CliRunner().invoke(app, ["sweep", "--knob", "mastery", "--points", ",".join(bad)])
+        assert result.exit_code == 2 and says in result.output, result.output
+    result = CliRunner().invoke(app, ["sweep", "--knob", "skill"])
+    assert result.exit_code == 2 and "--knob" in result.output
+
+
+def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task, tmp_path, monkeypatch):
+    trained: list[str] = []
+    original_train = Trainer.train
+
+    def counting_train(self, resume=False):
+        trained.append(f"{self.run_dir.parents[1].name}/{self.run_dir.name}")
+        return original_train(self, resume)
+
+    mixes_asked: list[dict] = []
+
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes):
+        mixes_asked.append(mixes)
+        return tiny_task
+
+    monkeypatch.setattr(Trainer, "train", counting_train)
+    monkeypatch.setattr(mastery, "embedded_task", fake_embedded_task)
+    out = tmp_path / "map"
+    args = [
+        "sweep",
+        "--knob",
+        "mastery",
+        "--points",
+        "0.12,default",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--quick",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert mixes_asked == [mastery_mixes("worked", "default"), mastery_mixes("worked", "0.12")]
+    assert trained == [
+        f"mastery-{point}/{variant}-seed0"
+        for point in ("default", "0.12")
+        for variant in ("grpo", "graft", "success-only", "sgt")
+    ]
+    results = json.loads((out / "results.json").read_text())
+    assert results["points"] == ["default", "0.12"]
+    for summary in results["summaries"]:
+        rows = json.loads((out / f"mastery-{summary['point']}" / "results.json").read_text())["rows"]
+        for model, stats in summary["models"].items():
+            score = {r["variant"]: r["pass_at_1"] for r in rows if r["model"] == model and r["seed"] == 0}
+            assert stats["vs_grpo"]["graft"]["mean"] == pytest.approx(score["graft"] - score["grpo"])
+            assert stats["vs_graft"]["success-only"]["mean"] == pytest.approx(
+                score["success-only"] - score["graft"]
+            )
+            assert stats["vs_graft"]["sgt"]["mean"] == pytest.approx(score["sgt"] - score["graft"])
+            assert 0.0 <= stats["all_fail_share"] <= 1.0
+    # GRAFT's and success-only's cells log the transferred texts (the error classes read them)
+    for variant, logs in (("graft", True), ("success-only", True), ("grpo", False), ("sgt", False)):
+        config = yaml.safe_load(
+            (out / "mastery-default" / "runs" / f"{variant}-seed0" / "config.yaml").read_text()
+        )
+        assert config["logging"]["log_transfers"] is logs, variant
+    report = (out / "report.md").read_text()
+    for heading in (
+        "## Held-out pass@1",
+        "## The receiver's deficit family",
+        "## What the moved groups carried",
+    ):
+        assert heading in report
+    assert (out / "mastery.png").stat().st_size > 1000
+
+    trained.clear()
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert trained == []
