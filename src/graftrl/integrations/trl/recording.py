@@ -11,10 +11,11 @@ over the response's own tokens (a terminal EOS excluded), byte count and finishe
 per-token log-probs.
 
 **Which log-probs.** The sampler's when TRL has them (vLLM's ``sampling_per_token_logps``, where
-finite); else TRL's own no-grad pass of the generating weights (``old_per_token_logps``, present when
-a generation batch feeds several optimizer steps); else one no-grad pass of the model here, with
-TRL's log-prob function (logits / temperature, the full distribution: top-k / top-p are not
-applied), before any update on the batch — the same weights that sampled it.
+finite); else one no-grad pass of the generating weights before any update on the batch, with
+graftrl's ``Policy.score``: logits / temperature over the full vocabulary (top-k / top-p are not
+applied) at position ids that skip the left padding, as ``generate`` samples. (TRL's own forward
+passes no position ids, so for an absolute-position model such as GPT-2 its log-probs of a
+left-padded row are not the sampler's; a RoPE model such as Llama gives the same either way.)
 
 **Rewards** are the weighted sum of TRL's reward functions and must be 0 or 1 (a verifier's
 correctness): the store keeps verifier rewards and GRAFT moves groups on 0/1 correctness.
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from graftrl.integrations.trl._compat import TRLIntegrationError
 from graftrl.integrations.trl.peers import PROMPT_ID_COLUMN, prompt_id_of, prompt_text
+from graftrl.models.policy import Policy
 from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.data import MathProblem
 from graftrl.storage.store import TrajectoryWriter, tokenizer_id
@@ -226,12 +228,20 @@ class RecordTrajectoriesMixin(CaptureRolloutMixin):
         self.record_writer.write_step(self._graft_generation_index(), rows_out)
 
     def _recorded_logprobs(self, batch: dict[str, Any], captured: CapturedRollout) -> list[Tensor]:
-        """[B] per-token log-probs of each completion: the sampler's, TRL's old, or a no-grad pass."""
+        """[B] per-token log-probs of each completion: the sampler's, else a no-grad pass (module docstring)."""
         lengths = [len(ids) for ids in captured.completion_ids]
-        for key in ("sampling_per_token_logps", "old_per_token_logps"):
-            values = batch.get(key)
-            if values is not None:
-                rows = [values[r, :length].detach().float().cpu() for r, length in enumerate(lengths)]
-                if all(bool(torch.isfinite(row).all()) for row in rows):
-                    return rows
-        return self._graft_score(batch["prompt_ids"], batch["prompt_mask"], captured.completion_ids)
+        sampled = batch.get("sampling_per_token_logps")
+        if sampled is not None:
+            rows = [sampled[r, :length].detach().float().cpu() for r, length in enumerate(lengths)]
+            if all(bool(torch.isfinite(row).all()) for row in rows):
+                return rows
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+        scorer = Policy(
+            self.record_source,
+            self.model,  # type: ignore[attr-defined]
+            self._tokenizer,  # type: ignore[attr-defined]
+            temperature=self.args.temperature,  # type: ignore[attr-defined]
+            micro_batch_size=self.args.per_device_train_batch_size,  # type: ignore[attr-defined]
+        )
+        with _no_checkpointing(self):
+            return scorer.score(prompts, captured.completion_ids)
