@@ -59,7 +59,12 @@ OWN = {
     "p3": [("27", True, 1), ("2 7", True, 1), ("027", True, 1), ("27!", False, 1)],
 }
 PEER = {
-    "p0": [("2+3=5, so 15", True, 1, 1.3), ("it is 14", True, 0, 0.95), ("15", True, 1, 0.85), ("16 ok", False, 0, 0.5)],
+    "p0": [
+        ("2+3=5, so 15", True, 1, 1.3),
+        ("it is 14", True, 0, 0.95),
+        ("15", True, 1, 0.85),
+        ("16 ok", False, 0, 0.5),
+    ],
     "p1": [("5+6=11", True, 0, 0.7), ("so 51", True, 1, 1.0), ("=51", False, 1, 0.9), ("51.", True, 1, 1.1)],
     "p2": [("69", True, 1, 1.0), ("sixty-nine", True, 0, 1.0), ("69", True, 1, 1.0), ("70", True, 0, 1.0)],
     "p3": [("27", True, 1, 1.0), ("28", True, 0, 1.0), ("26", True, 0, 1.0), ("29", True, 0, 1.0)],
@@ -71,7 +76,9 @@ def rewards_of(table: dict[str, list[tuple]]) -> dict[str, list[float]]:
     return {pid: [float(item[2]) for item in group] for pid, group in table.items()}
 
 
-REWARD_OF_TEXT = {item[0]: float(item[2]) for table in (OWN, PEER) for group in table.values() for item in group}
+REWARD_OF_TEXT = {
+    item[0]: float(item[2]) for table in (OWN, PEER) for group in table.values() for item in group
+}
 # a text that appears in both tables must score alike (here: the correct answers)
 assert all(REWARD_OF_TEXT[item[0]] == item[2] for table in (OWN, PEER) for g in table.values() for item in g)
 
@@ -188,7 +195,9 @@ def graftrl_step(checkpoints, store: Path, order, tmp_path: Path, graft: dict[st
     from graftrl.training.trainer import Trainer
 
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in PROBLEMS))
+    data.write_text(
+        "".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in PROBLEMS)
+    )
     config = {
         "method": "graft",
         "seed": 0,
@@ -197,7 +206,13 @@ def graftrl_step(checkpoints, store: Path, order, tmp_path: Path, graft: dict[st
         "data": {"train": str(data), "prompt_suffix": None},
         "rollout": {"n": N, "max_new_tokens": 16},
         # TRL's advantage eps (1e-4) so both sides compute the same own advantages
-        "train": {"steps": 1, "batch_prompts": 4, "minibatch_prompts": 4, "micro_batch_size": 64, "adv_eps": 1e-4},
+        "train": {
+            "steps": 1,
+            "batch_prompts": 4,
+            "minibatch_prompts": 4,
+            "micro_batch_size": 64,
+            "adv_eps": 1e-4,
+        },
         "optim": {"lr": LR, "weight_decay": 0.0, "grad_clip": 1e6},
         "logging": {"progress": False},
         "graft": graft,
@@ -275,11 +290,16 @@ def dataset_of(problems):
     from datasets import Dataset
 
     return Dataset.from_list(
-        [{"prompt": TEMPLATE.format(problem=p.problem), "prompt_id": p.id, "answer": p.answer} for p in problems]
+        [
+            {"prompt": TEMPLATE.format(problem=p.problem), "prompt_id": p.id, "answer": p.answer}
+            for p in problems
+        ]
     )
 
 
-def trl_run(checkpoint: Path, args, dataset, peer_stores, *, inject: bool = True, trainer_class=None, **kwargs) -> TRLRun:
+def trl_run(
+    checkpoint: Path, args, dataset, peer_stores, *, inject: bool = True, trainer_class=None, **kwargs
+) -> TRLRun:
     """A GraftGRPOTrainer (or ``trainer_class``) run; ``inject``: OWN's responses replace sampling."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -323,7 +343,9 @@ def trl_run(checkpoint: Path, args, dataset, peer_stores, *, inject: bool = True
     def compute_loss(model, inputs, *args, **kw):
         loss = original(model, inputs, *args, **kw)
         run.losses.append(float(loss.detach()))
-        run.inputs.append({k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+        run.inputs.append(
+            {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        )
         return loss
 
     trainer.compute_loss = compute_loss
@@ -372,9 +394,20 @@ def test_one_graft_step_equals_graftrl(equivalence_runs, order, variant):
     assert exchange.rewards == reference.rewards
     assert exchange.s.tolist() == pytest.approx(reference.s, abs=2e-5)
     targets = [item[3] for p in order if p.id in ("p0", "p1") for item in PEER[p.id]]
-    kept = [item[2] == 1 or variant != "success_only" for p in order if p.id in ("p0", "p1") for item in PEER[p.id]]
-    assert exchange.s.tolist() == pytest.approx([s for s, k in zip(targets, kept, strict=True) if k], rel=1e-4)
-    expected_w = torch.ones(len(exchange.s)) if variant == "no_gate" else compatibility_weight(torch.tensor(reference.s))
+    kept = [
+        item[2] == 1 or variant != "success_only"
+        for p in order
+        if p.id in ("p0", "p1")
+        for item in PEER[p.id]
+    ]
+    assert exchange.s.tolist() == pytest.approx(
+        [s for s, k in zip(targets, kept, strict=True) if k], rel=1e-4
+    )
+    expected_w = (
+        torch.ones(len(exchange.s))
+        if variant == "no_gate"
+        else compatibility_weight(torch.tensor(reference.s))
+    )
     assert exchange.w.tolist() == pytest.approx(expected_w.tolist(), abs=2e-5)
     assert float(exchange.w.mean()) == pytest.approx(reference.metrics["w_mean"], abs=1e-5)
     # loss, gradients and the updated weights
@@ -399,7 +432,10 @@ def test_w_folds_into_advantages_and_w0_rows_leave_the_loss(equivalence_runs, or
     assert int((mask[peer].sum(-1) > 0).sum()) == int(admitted)  # w = 0 rows: empty masks
     assert int(batch["num_items_in_batch"]) == int(mask.sum())  # the denominator counts kept tokens only
     folded = sorted(round(float(a), 5) for a in batch["advantages"][peer] if float(a) != 0)
-    stored = {order[p].id: grpo_advantages(torch.tensor([rewards_of(PEER)[order[p].id]]))[0] for p in exchange.selected}
+    stored = {
+        order[p].id: grpo_advantages(torch.tensor([rewards_of(PEER)[order[p].id]]))[0]
+        for p in exchange.selected
+    }
     expected = sorted(
         round(float(w) * float(a), 5)
         for w, a in zip(exchange.w, torch.cat([stored[order[p].id] for p in exchange.selected]), strict=True)
@@ -445,23 +481,48 @@ def test_without_a_transfer_graft_trainer_is_grpo_trainer(tiny_checkpoints, tmp_
     problems = [MathProblem(f"q{i}", f"{10 + i}+{i % 9 + 1}", "0") for i in range(8)]
     rows = [
         StoredTrajectory(
-            prompt_id=p.id, step=0, source="peer", index=i, response="no", reward=0.0, advantage=0.0,
-            mean_logprob=-1.0, num_tokens=1, num_bytes=2, finished=True, prompt_text=p.problem,
-            tokenizer_id="peer@test", n=N, group_index=g,
+            prompt_id=p.id,
+            step=0,
+            source="peer",
+            index=i,
+            response="no",
+            reward=0.0,
+            advantage=0.0,
+            mean_logprob=-1.0,
+            num_tokens=1,
+            num_bytes=2,
+            finished=True,
+            prompt_text=p.problem,
+            tokenizer_id="peer@test",
+            n=N,
+            group_index=g,
         )
         for g, p in enumerate(problems)
         for i in range(N)
     ]
     TrajectoryWriter(tmp_path / "store").write_step(0, rows)
-    common = dict(per_device_train_batch_size=8, steps_per_generation=2, max_steps=4, shuffle_dataset=True,
-                  max_completion_length=6, graft_peer_match="prompt_id")
+    common = dict(
+        per_device_train_batch_size=8,
+        steps_per_generation=2,
+        max_steps=4,
+        shuffle_dataset=True,
+        max_completion_length=6,
+        graft_peer_match="prompt_id",
+    )
     graft = trl_run(
-        tiny_checkpoints["llama"], trl_config(tmp_path / "a", **common), dataset_of(problems), [tmp_path / "store"],
+        tiny_checkpoints["llama"],
+        trl_config(tmp_path / "a", **common),
+        dataset_of(problems),
+        [tmp_path / "store"],
         inject=False,
     )
     plain = trl_run(
-        tiny_checkpoints["llama"], trl_config(tmp_path / "b", **common), dataset_of(problems), None,
-        inject=False, trainer_class=GRPOTrainer,
+        tiny_checkpoints["llama"],
+        trl_config(tmp_path / "b", **common),
+        dataset_of(problems),
+        None,
+        inject=False,
+        trainer_class=GRPOTrainer,
     )
     history = [h for h in graft.trainer.state.log_history if "graft/peer_prompts_found/peer" in h]
     assert history and all(h["graft/candidates/peer"] == 0 for h in history)
@@ -472,7 +533,9 @@ def test_without_a_transfer_graft_trainer_is_grpo_trainer(tiny_checkpoints, tmp_
     assert graft.losses == plain.losses
 
 
-def test_several_iterations_reuse_the_batch_with_peer_old_logprobs(tiny_checkpoints, peer_store, order, tmp_path):
+def test_several_iterations_reuse_the_batch_with_peer_old_logprobs(
+    tiny_checkpoints, peer_store, order, tmp_path
+):
     args = trl_config(tmp_path, num_iterations=2, max_steps=2)
     run = trl_run(tiny_checkpoints["llama"], args, dataset_of(order), [StoredPeer(peer_store, "gpt2")])
     first, second = run.inputs
@@ -500,11 +563,23 @@ def test_record_store_replay_round_trip(tiny_checkpoints, tmp_path):
             return batch
 
     store = tmp_path / "gpt2-store"
-    args = trl_config(tmp_path, per_device_train_batch_size=8, steps_per_generation=2, max_steps=4,
-                      max_completion_length=6, shuffle_dataset=True)
+    args = trl_config(
+        tmp_path,
+        per_device_train_batch_size=8,
+        steps_per_generation=2,
+        max_steps=4,
+        max_completion_length=6,
+        shuffle_dataset=True,
+    )
     run = trl_run(
-        tiny_checkpoints["gpt2"], args, dataset_of(problems), None, inject=False, trainer_class=Recording,
-        record_store=store, record_source="gpt2",
+        tiny_checkpoints["gpt2"],
+        args,
+        dataset_of(problems),
+        None,
+        inject=False,
+        trainer_class=Recording,
+        record_store=store,
+        record_source="gpt2",
     )
     reader = TrajectoryStore(store)
     assert reader.verify().ok and reader.steps() == [0, 1] and reader.sources() == ["gpt2"]
@@ -526,13 +601,18 @@ def test_record_store_replay_round_trip(tiny_checkpoints, tmp_path):
             assert row.num_bytes == len(row.response.encode())
             if step == 0:  # recorded before the first update: the checkpoint's own log-probs
                 logprobs = fresh.score(fresh.encode_prompts([rollout.prompts[b]]), [ids])[0]
-                assert row.mean_logprob == pytest.approx(content_mean_logprob(logprobs, row.finished), abs=1e-4)
+                assert row.mean_logprob == pytest.approx(
+                    content_mean_logprob(logprobs, row.finished), abs=1e-4
+                )
                 assert len(row.token_logprobs) == row.num_tokens
     # replay 1: `graftrl train` takes the TRL-recorded store as a stored peer
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in problems))
+    data.write_text(
+        "".join(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n" for p in problems)
+    )
     config = {
-        "method": "graft", "seed": 0,
+        "method": "graft",
+        "seed": 0,
         "policies": [{"name": "llama", "path": str(tiny_checkpoints["llama"]), "template": TEMPLATE}],
         "peers": [{"name": "gpt2", "path": str(store), "match": "prompt_id"}],
         "data": {"train": str(data), "prompt_suffix": None},
@@ -555,9 +635,18 @@ def test_record_store_replay_round_trip(tiny_checkpoints, tmp_path):
     # replay 2: GraftGRPOTrainer on the same store (match by prompt id: any recorded step)
     replay = trl_run(
         tiny_checkpoints["llama"],
-        trl_config(tmp_path / "replay", per_device_train_batch_size=8, steps_per_generation=2, max_steps=2,
-                   max_completion_length=6, shuffle_dataset=True, graft_peer_match="prompt_id"),
-        dataset_of(problems), [store], inject=False,
+        trl_config(
+            tmp_path / "replay",
+            per_device_train_batch_size=8,
+            steps_per_generation=2,
+            max_steps=2,
+            max_completion_length=6,
+            shuffle_dataset=True,
+            graft_peer_match="prompt_id",
+        ),
+        dataset_of(problems),
+        [store],
+        inject=False,
     )
     history = [h for h in replay.trainer.state.log_history if "graft/peer_prompts_found/gpt2" in h]
     assert history and history[0]["graft/peer_prompts_found/gpt2"] == 4  # every prompt of the batch
@@ -567,7 +656,9 @@ def test_record_store_replay_round_trip(tiny_checkpoints, tmp_path):
 # ----- refusals --------------------------------------------------------------------------------
 
 
-def refusal(tiny_checkpoints, tmp_path, peer_store, order, *, dataset=None, tokenizer_hook=None, **overrides) -> str:
+def refusal(
+    tiny_checkpoints, tmp_path, peer_store, order, *, dataset=None, tokenizer_hook=None, **overrides
+) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftrl.integrations.trl import GraftGRPOTrainer
@@ -578,8 +669,11 @@ def refusal(tiny_checkpoints, tmp_path, peer_store, order, *, dataset=None, toke
         tokenizer_hook(tokenizer, model)
     with pytest.raises((TRLIntegrationError, StoreError)) as caught:
         GraftGRPOTrainer(
-            model=model, reward_funcs=lookup_reward, args=trl_config(tmp_path, **overrides),
-            train_dataset=dataset or dataset_of(order), processing_class=tokenizer,
+            model=model,
+            reward_funcs=lookup_reward,
+            args=trl_config(tmp_path, **overrides),
+            train_dataset=dataset or dataset_of(order),
+            processing_class=tokenizer,
             peer_stores=[StoredPeer(peer_store, "gpt2")],
         )
     message = str(caught.value)
@@ -599,13 +693,17 @@ def refusal(tiny_checkpoints, tmp_path, peer_store, order, *, dataset=None, toke
         ({"graft_transfer": "some"}, "graft_transfer"),
     ],
 )
-def test_unsupported_configs_are_refused_in_one_line(tiny_checkpoints, tmp_path, peer_store, order, overrides, field):
+def test_unsupported_configs_are_refused_in_one_line(
+    tiny_checkpoints, tmp_path, peer_store, order, overrides, field
+):
     assert field in refusal(tiny_checkpoints, tmp_path, peer_store, order, **overrides)
 
 
 def test_data_and_tokenizer_problems_are_refused_in_one_line(tiny_checkpoints, tmp_path, peer_store, order):
     other = [MathProblem(f"other{i}", p.problem, p.answer) for i, p in enumerate(order)]
-    assert "none of the dataset's 4 prompt ids" in refusal(tiny_checkpoints, tmp_path, peer_store, order, dataset=dataset_of(other))
+    assert "none of the dataset's 4 prompt ids" in refusal(
+        tiny_checkpoints, tmp_path, peer_store, order, dataset=dataset_of(other)
+    )
     assert "num_generations" in refusal(
         tiny_checkpoints, tmp_path, peer_store, order, num_generations=2, per_device_train_batch_size=8
     )

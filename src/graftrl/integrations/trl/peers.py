@@ -165,7 +165,9 @@ class PeerStore:
         another number of responses than ``n``; returns how many distinct ids it matches
         (``prompt_ids`` None: not checked, returns -1)."""
         if not self.places:
-            raise StoreError(f"peer store {self.path}: source {self.source!r} has no groups; record the peer first")
+            raise StoreError(
+                f"peer store {self.path}: source {self.source!r} has no groups; record the peer first"
+            )
         first = next(iter(self.places.values()))[0]
         size = len(self._group(*first))
         if size != n:

@@ -93,7 +93,10 @@ def store_rows(
         texts=texts,
         n=n,
     )
-    problems = [MathProblem(id=pid, problem=text, answer="") for pid, text in zip(prompt_ids, prompt_texts, strict=True)]
+    problems = [
+        MathProblem(id=pid, problem=text, answer="")
+        for pid, text in zip(prompt_ids, prompt_texts, strict=True)
+    ]
     records = rollout_records(step, source, problems, rollout, rewards, advantages)
     return stored_rows(records, rollout, prompt_texts, tokenizer_name)
 
@@ -119,7 +122,9 @@ class CaptureRolloutMixin:
         done = self.state.global_step * accumulation + self._step % accumulation  # type: ignore[attr-defined]
         return done // (args.steps_per_generation * self.num_iterations)  # type: ignore[attr-defined]
 
-    def _graft_score(self, prompt_ids: Tensor, prompt_mask: Tensor, completions: list[list[int]]) -> list[Tensor]:
+    def _graft_score(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completions: list[list[int]]
+    ) -> list[Tensor]:
         """Per-token log-probs (no grad, current weights, TRL's log-prob function) of each
         completion after its prompt row; prompt_ids, prompt_mask: [R, Lp] left-padded."""
         device = prompt_ids.device
@@ -176,7 +181,9 @@ class RecordTrajectoriesMixin(CaptureRolloutMixin):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        self.prompt_id_column = prompt_id_column or getattr(self.args, "graft_prompt_id_column", PROMPT_ID_COLUMN)  # type: ignore[attr-defined]
+        self.prompt_id_column = prompt_id_column or getattr(
+            self.args, "graft_prompt_id_column", PROMPT_ID_COLUMN
+        )  # type: ignore[attr-defined]
         self.record_writer = None if record_store is None else TrajectoryWriter(record_store)
         if self.record_writer is None:
             return
@@ -235,7 +242,10 @@ class RecordTrajectoriesMixin(CaptureRolloutMixin):
             rows = [sampled[r, :length].detach().float().cpu() for r, length in enumerate(lengths)]
             if all(bool(torch.isfinite(row).all()) for row in rows):
                 return rows
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+        prompts = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)
+        ]
         scorer = Policy(
             self.record_source,
             self.model,  # type: ignore[attr-defined]

@@ -34,7 +34,14 @@ from pydantic import ValidationError
 from graftrl.core import clipped_token_mask
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
-from graftrl.integrations.trl.exchange import IS_PEER, Exchange, PeerGroups, graft_exchange, peer_groups, peer_last_order
+from graftrl.integrations.trl.exchange import (
+    IS_PEER,
+    Exchange,
+    PeerGroups,
+    graft_exchange,
+    peer_groups,
+    peer_last_order,
+)
 from graftrl.integrations.trl.peers import (
     PEER_MATCHES,
     PROMPT_ID_COLUMN,
@@ -71,14 +78,18 @@ SUPPORTED_LOSSES = ("dapo", "bnpo")
 class GraftGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus GRAFT's switches (defaults: the paper's GRAFT, graftrl's ``graft:`` section)."""
 
-    graft_delta: float = field(default=_GRAFT["delta"].default, metadata={"help": _GRAFT["delta"].description})
+    graft_delta: float = field(
+        default=_GRAFT["delta"].default, metadata={"help": _GRAFT["delta"].description}
+    )
     graft_gate: bool = field(default=_GRAFT["gate"].default, metadata={"help": _GRAFT["gate"].description})
     graft_transfer: str = field(
         default=_GRAFT["transfer"].default, metadata={"help": _GRAFT["transfer"].description}
     )
     graft_peer_position: str = field(
         default=_GRAFT["peer_position"].default,
-        metadata={"help": "Where optimizer steps holding peer rows go in each generation batch: last, first or uniform."},
+        metadata={
+            "help": "Where optimizer steps holding peer rows go in each generation batch: last, first or uniform."
+        },
     )
     graft_peer_match: str = field(
         default="nearest",
@@ -143,7 +154,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
         if not peer_stores:
-            raise TRLIntegrationError("peer_stores: give at least one stored peer (a store folder or StoredPeer)")
+            raise TRLIntegrationError(
+                "peer_stores: give at least one stored peer (a store folder or StoredPeer)"
+            )
         self.peer_stores: dict[str, PeerStore] = {}
         ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
         for peer in peer_stores:
@@ -169,7 +182,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
 
         self._graft_check_single_process("GraftGRPOTrainer")
         if self._tokenizer.eos_token_id is None:
-            refuse("the tokenizer has no eos_token: a finished peer response gets the receiver's EOS; set tokenizer.eos_token")
+            refuse(
+                "the tokenizer has no eos_token: a finished peer response gets the receiver's EOS; set tokenizer.eos_token"
+            )
         if self.processing_class is not self._tokenizer:
             refuse("multimodal processors are not supported; pass a text tokenizer as processing_class")
         if args.loss_type not in SUPPORTED_LOSSES:
@@ -182,7 +197,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         if args.beta != 0.0:
             refuse("beta (KL to a reference) must be 0: graftrl's KL term covers own rows only; set beta=0.0")
         if args.use_vllm:
-            refuse("use_vllm is not supported yet (no sampler log-probs exist for peer rows); set use_vllm=False")
+            refuse(
+                "use_vllm is not supported yet (no sampler log-probs exist for peer rows); set use_vllm=False"
+            )
         if args.mask_truncated_completions:
             refuse("mask_truncated_completions is not supported (it masks own rows only); set it to False")
         if getattr(self, "tools", None) or getattr(self, "environment_factories", None) or self.rollout_func:
@@ -199,7 +216,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             batch = self._generate_and_score_completions(generation_batch)
             batch = self._graft_exchange(batch)
             rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
-            order = peer_last_order(batch[IS_PEER], rows_per_step, self.graft.peer_position, self._graft_generator(2))
+            order = peer_last_order(
+                batch[IS_PEER], rows_per_step, self.graft.peer_position, self._graft_generator(2)
+            )
             batch = {k: v[order] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in batch.items()}
             self._buffered_inputs = split_tensor_dict(batch, args.steps_per_generation)
         return self._buffered_inputs[self._step % args.steps_per_generation]
@@ -219,7 +238,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         check_binary(rewards, "GraftGRPOTrainer")
         rewards = rewards.view(-1, n)
         step = self._graft_generation_index()
-        prompt_ids = [prompt_id_of(captured.inputs[g], self.prompt_id_column) for g in range(0, len(captured.inputs), n)]
+        prompt_ids = [
+            prompt_id_of(captured.inputs[g], self.prompt_id_column) for g in range(0, len(captured.inputs), n)
+        ]
         all_failed = [p for p in range(len(prompt_ids)) if float(rewards[p].sum()) == 0]
         peers: dict[str, PeerGroups] = {}
         for name, store in self.peer_stores.items():
@@ -257,7 +278,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
                 inputs.append(example)
                 prompt_rows.append(captured.prompts[p * n + i])
                 conversational = not isinstance(captured.prompts[p * n + i], str)
-                completions.append([{"role": "assistant", "content": row.response}] if conversational else row.response)
+                completions.append(
+                    [{"role": "assistant", "content": row.response}] if conversational else row.response
+                )
                 completion_ids.append(self._encoder.encode_response(row.response, row.finished))
         self._graft_capture_paused = True
         try:
@@ -286,10 +309,14 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             old = inputs.get("old_per_token_logps")
             ratio = torch.ones_like(logps) if old is None else torch.exp(logps - old)
             mask = inputs["completion_mask"].bool()
-            clipped = clipped_token_mask(ratio, inputs["advantages"], self.epsilon_low, self.epsilon_high) & mask
+            clipped = (
+                clipped_token_mask(ratio, inputs["advantages"], self.epsilon_low, self.epsilon_high) & mask
+            )
             peer = inputs[IS_PEER].unsqueeze(-1)
             for name, rows in (("own", mask & ~peer), ("peer", mask & peer)):
                 tokens = int(rows.sum())
                 if tokens:
-                    self._metrics["train"][f"graft/clip_frac_{name}"].append(float((clipped & rows).sum()) / tokens)
+                    self._metrics["train"][f"graft/clip_frac_{name}"].append(
+                        float((clipped & rows).sum()) / tokens
+                    )
         return loss
