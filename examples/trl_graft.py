@@ -195,7 +195,7 @@ def main() -> None:
             )
         for seed in args.seeds:
             run = args.out / f"seed{seed}"
-            store = run / "gpt2-store"
+            store = run / "store"  # the recorded GPT-2 run (git-ignored under experiments/)
             started = time.perf_counter()
             _, cpu_record = train(
                 "record",
