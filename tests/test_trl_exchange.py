@@ -272,6 +272,7 @@ def test_integration_imports_without_trl_and_fails_only_when_used(monkeypatch):
     monkeypatch.setitem(sys.modules, "trl", None)  # as if TRL were not installed
     monkeypatch.delitem(sys.modules, "graftrl.integrations.trl.trainer", raising=False)
     module = importlib.import_module("graftrl.integrations.trl")
+    monkeypatch.delattr(module, "trainer", raising=False)  # imported earlier in this process
     assert module.StoredPeer is StoredPeer  # the store side needs no TRL
     with pytest.raises(ImportError, match=r"needs TRL .*pip install 'graftrl\[trl\]'") as caught:
         from graftrl.integrations.trl import GraftGRPOTrainer  # noqa: F401

@@ -161,9 +161,14 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
         for peer in peer_stores:
             store = PeerStore(peer)
-            if store.source in self.peer_stores or store.source == self.receiver_name:
+            if store.source in self.peer_stores:
                 raise TRLIntegrationError(
                     f"peer_stores: source {store.source!r} appears twice; replay each source once"
+                )
+            if store.source == self.receiver_name:
+                raise TRLIntegrationError(
+                    f"peer_stores: a source may not be named {self.receiver_name!r} (the receiver's name in "
+                    "GRAFT's plan); record the peer under another record_source"
                 )
             store.check_covers(ids, self.num_generations)
             self.peer_stores[store.source] = store
