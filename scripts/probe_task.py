@@ -4,12 +4,16 @@ Loads (or warm-starts, cached) the two embedded models for ``--task``, samples n
 prompt on ``--prompts`` RL *training* prompts (never the held-out set), and prints per model and
 per family: accuracy, all-fail share, mixed-group share; per direction: complementarity, transfer
 candidates and the balanced selection; and the compatibility score s of the transferred responses
-(all, correct, wrong) with the share the delta gate admits. It uses graftrl's own functions (the
-rollout engine, the verifier, ``Policy.encode_response`` / ``Policy.score``,
-``content_mean_logprob``, ``core.compatibility_score``, ``core.balanced_selection``), i.e. the
-numbers GRAFT's first step would see.
+(all, correct, wrong) with the share the delta gate admits; for the groups the balanced selection
+moves, the step each wrong response gets wrong first (``embedded.task.classify_worked``:
+regrouping, fact, copy, format) and their contrast on the receiver's tokenization
+(``core.contrast``: overlap, divergence, the lesson share, the advantage mass split). It uses
+graftrl's own functions (the rollout engine, the verifier, ``Policy.encode_response`` /
+``Policy.score``, ``content_mean_logprob``, ``core.compatibility_score``,
+``core.balanced_selection``, ``core.group_contrast``), i.e. the numbers GRAFT's first step would see.
 
     PYTHONPATH=src python scripts/probe_task.py --task worked --prompts 128
+    PYTHONPATH=src python scripts/probe_task.py --task worked --mastery 0.03   # a mastery point's pair
 """
 
 from __future__ import annotations
@@ -48,20 +52,34 @@ def main() -> None:
         help="then train GRAFT this many steps (the demo's settings) and print the regime per step",
     )
     ap.add_argument("--run-dir", default="runs/probe_task", help="where the --graft-steps run is written")
+    ap.add_argument(
+        "--mastery",
+        default="default",
+        help="the pair of `graftrl sweep --knob mastery`'s point (default: the task's own pair)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from graftrl.core import balanced_selection, compatibility_score, complementarity, transfer_candidates
+    from graftrl.core import (
+        balanced_selection,
+        compatibility_score,
+        compatibility_weight,
+        complementarity,
+        grpo_advantages,
+        transfer_candidates,
+    )
+    from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
     from graftrl.embedded.models import MODEL_SPECS
-    from graftrl.embedded.task import get_task, make_split
-    from graftrl.embedded.warmstart import prepare_embedded_models
+    from graftrl.embedded.task import WORKED_OUTCOMES, classify_worked, get_task, make_split
+    from graftrl.embedded.warmstart import mastery_mixes, prepare_embedded_models
     from graftrl.models.policy import Policy
     from graftrl.models.rewards import MathVerifier
     from graftrl.models.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
 
     task = get_task(args.task)
     start = time.perf_counter()
-    paths = prepare_embedded_models(args.cache_dir, task=args.task)
+    mixes = mastery_mixes(args.task, args.mastery) if args.mastery != "default" else None
+    paths = prepare_embedded_models(args.cache_dir, task=args.task, mixes=mixes)
     print(f"models ready in {time.perf_counter() - start:.0f}s: {paths}")
     train, _ = make_split(seed=0, n_train=1200, n_eval=256, task=args.task)
     problems = train[: args.prompts]
@@ -148,6 +166,34 @@ def main() -> None:
                 for f in sorted(set(families))
             },
         }
+        # What GRAFT's balanced selection would move: the error classes of the wrong responses
+        # (worked task) and the contrast of each moved group on the receiver's tokenization.
+        moved = [j for j, row in enumerate(rows) if bool(in_selection[j])]
+        if args.task == "worked":
+            classes = [
+                classify_worked(problems[rows[j] // args.n].problem, src_batch.texts[rows[j]])
+                for j in moved
+                if not bool(correct[j])
+            ]
+            d["moved_wrong_classes"] = {
+                c: round(classes.count(c) / max(len(classes), 1), 3) for c in WORKED_OUTCOMES[1:]
+            }
+            d["moved_wrong"] = len(classes)
+        advantages = grpo_advantages(rewards[source])
+        weights = compatibility_weight(s, args.delta)
+        total = GroupContrast()
+        for p in sorted({rows[j] // args.n for j in moved}):
+            members = [j for j in moved if rows[j] // args.n == p]
+            finished = [src_batch.finished[rows[j]] for j in members]
+            total += group_contrast(
+                [responses[j][:-1] if f else responses[j] for j, f in zip(members, finished, strict=True)],
+                [bool(correct[j]) for j in members],
+                [float(weights[j] * advantages[p, rows[j] % args.n]) for j in members],
+                logprobs=[scored[j].tolist() for j in members],
+            )
+        d["contrast"] = {
+            k: round(v, 3) if isinstance(v, float) else v for k, v in contrast_metrics(total).items()
+        }
         out["directions"][f"{source}->{receiver}"] = d
         print(f"\n{source} -> {receiver}: " + json.dumps(d, indent=1))
         shown = 0
@@ -167,6 +213,8 @@ def main() -> None:
         "candidates": {k: v["candidates"] for k, v in out["directions"].items()},
         "admit_all": {k: v["admit_all"] for k, v in out["directions"].items()},
         "admit_balanced": {k: v["admit_balanced"] for k, v in out["directions"].items()},
+        "moved_wrong_classes": {k: v.get("moved_wrong_classes") for k, v in out["directions"].items()},
+        "contrast_lesson": {k: v["contrast"].get("contrast_lesson") for k, v in out["directions"].items()},
     }
     out["summary"] = summary
     print("\nsummary " + json.dumps(summary))

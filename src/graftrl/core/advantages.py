@@ -27,3 +27,22 @@ def grpo_advantages(rewards: Tensor, eps: float = ADV_EPS, unbiased: bool = ADV_
     # A group whose rewards are all equal carries no signal; eps alone would not make it exactly 0.
     zero_variance = (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
     return torch.where(zero_variance, torch.zeros_like(advantages), advantages)
+
+
+def reverified_advantages(
+    stored_rewards: Tensor,
+    stored_advantages: Tensor,
+    rewards: Tensor,
+    eps: float = ADV_EPS,
+    unbiased: bool = ADV_STD_UNBIASED,
+) -> tuple[Tensor, Tensor]:
+    """A stored peer's advantages once its rewards are re-verified (algorithm.md §2.3).
+
+    stored_rewards, stored_advantages, rewards: [P, n] (the store's rewards and advantages, and
+    this run's verifier's rewards of the same responses). A group whose rewards are unchanged keeps
+    its stored (source-computed) advantages; a changed group gets eq. 1 on its re-verified rewards.
+    Returns (advantages [P, n], changed [P] bool).
+    """
+    changed = (rewards != stored_rewards).any(dim=-1)  # [P]
+    recomputed = grpo_advantages(rewards, eps, unbiased)
+    return torch.where(changed.unsqueeze(-1), recomputed, stored_advantages.float()), changed

@@ -591,6 +591,21 @@ class TrajectoryStore:
             self._load(step, name, entry)
         return self._keys[name][1]
 
+    def occurrences(self, source: str | None = None) -> dict[GroupKey, list[tuple[int, int]]]:
+        """(prompt_id, source) -> every (step, group_index) holding that group, ascending.
+
+        For matching rules other than ``groups``'s (e.g. the nearest stored step); reads each
+        step file once to index it (cached by checksum, as ``groups`` does).
+        """
+        found: dict[GroupKey, set[tuple[int, int]]] = defaultdict(set)
+        for step, (name, entry) in sorted(self._entries().items()):
+            if source is not None and "sources" in entry and source not in entry["sources"]:
+                continue
+            for prompt_id, src, group in self._group_keys(step, name, entry):
+                if source is None or src == source:
+                    found[(prompt_id, src)].add((step, group))
+        return {key: sorted(places) for key, places in found.items()}
+
     def _latest(self, prompt_ids: set[str] | None, source: str | None) -> dict[GroupKey, tuple[int, int]]:
         """(prompt_id, source) -> (step, group_index) of the latest occurrence."""
         latest: dict[GroupKey, tuple[int, int]] = {}
