@@ -71,15 +71,20 @@ def main() -> None:
     from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
     from graftrl.embedded.models import MODEL_SPECS
     from graftrl.embedded.task import WORKED_OUTCOMES, classify_worked, get_task, make_split
-    from graftrl.embedded.warmstart import mastery_mixes, prepare_embedded_models
+    from graftrl.embedded.warmstart import MASTERY_WARMSTART, mastery_mixes, prepare_embedded_models
     from graftrl.models.policy import Policy
     from graftrl.models.rewards import MathVerifier
     from graftrl.models.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
 
     task = get_task(args.task)
     start = time.perf_counter()
-    mixes = mastery_mixes(args.task, args.mastery) if args.mastery != "default" else None
-    paths = prepare_embedded_models(args.cache_dir, task=args.task, mixes=mixes)
+    drilled = args.mastery != "default"
+    paths = prepare_embedded_models(
+        args.cache_dir,
+        task=args.task,
+        mixes=mastery_mixes(args.task, args.mastery) if drilled else None,
+        settings=MASTERY_WARMSTART if drilled else None,
+    )
     print(f"models ready in {time.perf_counter() - start:.0f}s: {paths}")
     train, _ = make_split(seed=0, n_train=1200, n_eval=256, task=args.task)
     problems = train[: args.prompts]

@@ -20,16 +20,17 @@ LLAMA, GPT2 = MODEL_SPECS
 def test_mastery_moves_each_models_own_regrouping_share_and_adds_the_drills():
     assert mastery_mixes("worked", "default") == TASK_MIXES["worked"]
     own = {LLAMA: "add_carry", GPT2: "sub_borrow"}  # the step the other model lacks
+    deficit = {LLAMA: "sub_borrow", GPT2: "add_carry"}
     prints = set()
-    for point in ("0.45", "0.12", "0.04"):
+    for point in ("0.45", "0.08", "0.03"):
         mixes = mastery_mixes("worked", point)
         for name, mix in mixes.items():
             base = TASK_MIXES["worked"][name]
-            assert mix[own[name]] == float(point)
+            assert mix[own[name]] == float(point) and deficit[name] not in mix
             assert mix["add_fact"] == mix["sub_fact"] == MASTERY_DRILL_SHARE / 2
-            # everything else, the deficit included, as in the task's pair
-            assert {f: w for f, w in mix.items() if f not in (own[name], "add_fact", "sub_fact")} == {
-                f: w for f, w in base.items() if f != own[name]
+            # the no-regrouping families as in the task's pair
+            assert {f: w for f, w in mix.items() if f in ("add", "sub")} == {
+                f: w for f, w in base.items() if f in ("add", "sub")
             }
             prints.add(fingerprint(name, mix, 0, "worked"))
     assert len(prints) == 6  # every point warm-starts (and caches) its own pair
@@ -59,8 +60,9 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
 
     mixes_asked: list[dict] = []
 
-    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes):
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes, warmstart):
         mixes_asked.append(mixes)
+        assert warmstart is None  # --quick: the quick warm-start, whatever the point
         return tiny_task
 
     monkeypatch.setattr(Trainer, "train", counting_train)
@@ -71,7 +73,7 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
         "--knob",
         "mastery",
         "--points",
-        "0.12,default",
+        "0.08,default",
         "--seeds",
         "1",
         "--out",
@@ -80,14 +82,14 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert mixes_asked == [mastery_mixes("worked", "default"), mastery_mixes("worked", "0.12")]
+    assert mixes_asked == [mastery_mixes("worked", "default"), mastery_mixes("worked", "0.08")]
     assert trained == [
         f"mastery-{point}/{variant}-seed0"
-        for point in ("default", "0.12")
+        for point in ("default", "0.08")
         for variant in ("grpo", "graft", "success-only", "sgt")
     ]
     results = json.loads((out / "results.json").read_text())
-    assert results["points"] == ["default", "0.12"]
+    assert results["points"] == ["default", "0.08"]
     for summary in results["summaries"]:
         rows = json.loads((out / f"mastery-{summary['point']}" / "results.json").read_text())["rows"]
         for model, stats in summary["models"].items():

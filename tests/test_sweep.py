@@ -48,7 +48,7 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
         trained.append(f"{self.run_dir.parents[1].name}/{self.run_dir.name}")
         return original_train(self, resume)
 
-    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes):
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes, warmstart=None):
         mixes_asked.append(mixes)
         return tiny_task
 

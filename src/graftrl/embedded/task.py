@@ -324,7 +324,7 @@ SKILL_OVERLAPS = (0.0, 0.1, 0.33, 1.0)
 #: and drilled pairs whose own regrouping share falls, so the peer's failures on the receiver's
 #: missing step become failures of that step (chosen from training-side statistics only,
 #: docs/task_design.md).
-MASTERY_POINTS = ("default", "0.45", "0.12", "0.04")
+MASTERY_POINTS = ("default", "0.45", "0.08", "0.03")
 
 #: The default of the generator and warm-start functions: the task they served before tasks had
 #: names, so library callers that name no task keep their problems and models.

@@ -39,6 +39,8 @@ from graftrl.embedded.task import (
 
 __all__ = [
     "EMBEDDED_MIXES",
+    "MASTERY_DRILL_SHARE",
+    "MASTERY_WARMSTART",
     "REPORT_NAME",
     "TASK_MIXES",
     "TASK_WARMSTART_SETTINGS",
@@ -96,7 +98,12 @@ def overlap_mixes(task: str, overlap: float) -> dict[str, dict[str, float]]:
 
 
 #: Share of a mastery pair's warm-start mix given to the fact drills (each drill half of it).
-MASTERY_DRILL_SHARE = 0.2
+MASTERY_DRILL_SHARE = 0.3
+
+#: A drilled pair's stop settings: trained to a higher sampled accuracy than the task's pair, so
+#: the facts and copies are sharper; no wall-clock net (on a busy machine it would stop a run
+#: early, and the model would depend on the machine's load).
+MASTERY_WARMSTART = {"target_accuracy": 0.7, "max_steps": 800, "max_seconds": 1e9}
 
 
 def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
@@ -104,10 +111,11 @@ def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
 
     ``"default"`` is the task's own pair. A number e gives each model its own regrouping family at
     share e (the carries for the Llama, the borrows for the GPT-2: the step the *other* model
-    lacks) and the single-digit facts of both regrouping families as drills
-    (``MASTERY_DRILL_SHARE``), everything else as in the task's mix: each model then knows the
-    facts, and how often it carries or borrows right, the step its peer lacks, moves with e. The
-    deficits (each model's share of the other's regrouping family) stay as they are.
+    lacks), none of the other's regrouping family (its deficit), and the single-digit facts of
+    both regrouping families as drills (``MASTERY_DRILL_SHARE``); the no-regrouping families as in
+    the task's mix. Each model then knows the facts (with them, a few examples of the other's
+    regrouping step were enough to learn it, docs/task_design.md, so the deficit gets none), and
+    how often it carries or borrows right, the step its peer lacks, moves with e.
     """
     if point == "default":
         return {name: dict(mix) for name, mix in TASK_MIXES[task].items()}
@@ -120,8 +128,8 @@ def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
     out = {}
     for name, mix in TASK_MIXES[task].items():
         own = max((f for f in REGROUPING if f in mix), key=lambda f: mix[f])
-        moved = {**mix, own: exposure}
-        out[name] = {**moved, **{drill: MASTERY_DRILL_SHARE / len(drills) for drill in drills}}
+        kept = {f: w for f, w in mix.items() if f not in REGROUPING}
+        out[name] = {**kept, own: exposure, **{drill: MASTERY_DRILL_SHARE / len(drills) for drill in drills}}
     return out
 
 
@@ -367,11 +375,12 @@ def prepare_embedded_models(
     task: str = ORIGINAL_TASK,
     progress: bool = False,
     mixes: Mapping[str, Mapping[str, float]] | None = None,
+    settings: Mapping[str, float] | None = None,
 ) -> dict[str, Path]:
     """Warm-start both embedded models for ``task`` (or reuse the cache); their folders by spec name.
 
     ``mixes``: family mix per spec name, default the task's (``TASK_MIXES``; ``overlap_mixes``
-    gives the sweep's).
+    gives the sweep's). ``settings``: stop settings replacing the task's (e.g. ``MASTERY_WARMSTART``).
 
     A model is reused when ``cache_dir/<spec>-<fingerprint>/`` holds a report with the same
     fingerprint (spec, mix, task, seed, stop settings). Missing models are trained in parallel
@@ -379,7 +388,7 @@ def prepare_embedded_models(
     """
     cache_dir = Path(cache_dir)
     get_task(task)  # an unknown name fails here, before any training
-    settings = TASK_WARMSTART_SETTINGS[task]["quick" if quick else "full"]
+    settings = {**TASK_WARMSTART_SETTINGS[task]["quick" if quick else "full"], **(settings or {})}
     jobs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
     for name in MODEL_SPECS:

@@ -410,9 +410,11 @@ def embedded_task(
     console: Console,
     name: str = DEFAULT_TASK,
     mixes: Mapping[str, Mapping[str, float]] | None = None,
+    warmstart: Mapping[str, float] | None = None,
 ) -> CompareTask:
     """The demo's task ``name``: warm-started (cached) embedded models and a procedural
-    train/held-out split. ``mixes``: the models' warm-start family mixes, default the task's."""
+    train/held-out split. ``mixes``: the models' warm-start family mixes, default the task's;
+    ``warmstart``: stop settings replacing the task's."""
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
     from graftrl.storage.data import load_problems
@@ -421,7 +423,9 @@ def embedded_task(
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
     started = time.perf_counter()
-    paths = prepare_embedded_models(cache_dir, quick=quick, seed=0, task=name, mixes=mixes)
+    paths = prepare_embedded_models(
+        cache_dir, quick=quick, seed=0, task=name, mixes=mixes, settings=warmstart
+    )
     console.print(
         f"models ready in {time.perf_counter() - started:.0f}s: "
         + ", ".join(f"{k} -> {v}" for k, v in paths.items())

@@ -31,7 +31,7 @@ import yaml
 from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
-from graftrl.embedded.warmstart import mastery_mixes
+from graftrl.embedded.warmstart import MASTERY_WARMSTART, mastery_mixes
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.reporting.analyze import summarize_exchange
@@ -343,7 +343,15 @@ def run_mastery(
     out_dir.mkdir(parents=True, exist_ok=True)
     # every point's models first: a warm-start that fails does so before any cell trains
     tasks = {
-        p: embedded_task(point_dir(out_dir, p), cache_dir, quick, console, task, mixes=mastery_mixes(task, p))
+        p: embedded_task(
+            point_dir(out_dir, p),
+            cache_dir,
+            quick,
+            console,
+            task,
+            mixes=mastery_mixes(task, p),
+            warmstart=None if p == "default" or quick else MASTERY_WARMSTART,
+        )
         for p in ordered
     }
     final = run_points_seed_major(
