@@ -21,6 +21,7 @@ from graftrl.embedded.warmstart import (
 from graftrl.reporting.provenance import (
     code_commit,
     command_line,
+    cpu_capability,
     model_provenance,
     results_provenance,
     signature,
@@ -59,19 +60,30 @@ def test_documented_fingerprints_are_what_the_code_computes(path):
         assert len(model["weights_sha256"]) == 64
 
 
-def _warm_starts(block: object) -> list[tuple[str, str]]:
-    """Every (warm-start fingerprint, weights hash) pair inside a provenance block."""
+def _warm_starts(block: object, kernels: str | None = None) -> list[tuple[tuple[str, str | None], str]]:
+    """Every ((warm-start fingerprint, CPU kernel family), weights hash) inside a provenance block.
+
+    The kernel family is the block's ``cpu_capability`` (or the key under
+    ``models_by_cpu_capability``); None where it was not recorded."""
     if isinstance(block, dict):
         if isinstance(block.get("warm_start_fingerprint"), str):
-            return [(block["warm_start_fingerprint"], block["weights_sha256"])]
-        return [pair for value in block.values() for pair in _warm_starts(value)]
+            return [((block["warm_start_fingerprint"], kernels), block["weights_sha256"])]
+        kernels = block.get("cpu_capability", kernels)
+        pairs = []
+        for key, value in block.items():
+            if key == "models_by_cpu_capability":
+                pairs += [p for family, models in value.items() for p in _warm_starts(models, family)]
+            else:
+                pairs += _warm_starts(value, kernels)
+        return pairs
     return []
 
 
 def test_committed_results_agree_on_the_weights_of_each_warm_start():
-    """A fingerprint names one set of starting weights across docs/ and every committed
-    experiment's results.json, so results quoted side by side started from the same models."""
-    weights: dict[str, set[str]] = {}
+    """A fingerprint names one set of starting weights per CPU kernel family across docs/ and every
+    committed experiment's results.json, so results quoted side by side started from the same
+    models."""
+    weights: dict[tuple[str, str | None], set[str]] = {}
     for path in [*DOCUMENTED, *sorted((DOCS.parent / "experiments").rglob("results.json"))]:
         doc = json.loads(path.read_text())  # a provenance.json is the block itself
         for warm_start, sha in _warm_starts(doc if path in DOCUMENTED else doc.get("provenance", {})):
@@ -129,5 +141,10 @@ def test_documented_warm_start_reproduces_its_weights(path, tmp_path):
     paths = prepare_embedded_models(
         tmp_path, quick=doc["warm_start"] == "quick", seed=doc["seed"], task=doc["task"]
     )
-    for name, model in doc["models"].items():
-        assert model_provenance(paths[name]) == model, name
+    kernels = cpu_capability()
+    expected = doc.get("models_by_cpu_capability", {}).get(kernels, doc["models"])
+    for name, model in expected.items():
+        assert model_provenance(paths[name]) == model, (
+            f"{name}: the warm-start gives other weights on this machine's CPU kernels ({kernels}); "
+            "if the code did not change, add them under models_by_cpu_capability"
+        )
