@@ -271,14 +271,14 @@ class PolicyWorker:
         self.run_dir = Path(run_dir)
         spec = config.policies[index]
         # Data-parallel ranks (parallel.data > 1): this process is one rank of the policy's group,
-        # started by graftrl.training.parallel.DataParallelWorker.
+        # started by graftrl.training.ranks.DataParallelWorker.
         self.world = spec.parallel.data
         self.rank = 0
         if self.world > 1:
             if not dist.is_initialized() or dist.get_world_size() != self.world:
                 raise RuntimeError(
                     f"policy {spec.name!r}: parallel.data = {self.world} runs through "
-                    "graftrl.training.parallel.DataParallelWorker (one process per rank)"
+                    "graftrl.training.ranks.DataParallelWorker (one process per rank)"
                 )
             if policy is not None:
                 raise ValueError("parallel.data > 1 loads the policy inside each rank from `policies[].path`")
