@@ -25,7 +25,8 @@ from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
-from graftrl.training.worker import PolicyRollout, PolicyWorker
+from graftrl.training.sampling import PolicyRollout
+from graftrl.training.worker import PolicyWorker
 
 Records = dict[str, list[TrajectoryRecord]]
 """Every model's tokenizer-neutral records of a step, by model name."""
