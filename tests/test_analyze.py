@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
-from graftrl.reporting.analyze import (
+from graftrl.reporting.analysis_report import write_analysis
+from graftrl.reporting.analyze import AnalysisError, analyze_run
+from graftrl.reporting.diagnostics import (
     AdvantageMass,
-    AnalysisError,
     GateOutcome,
     advantage_mass,
-    analyze_run,
     family_progress,
     gate_by_outcome,
 )
@@ -110,8 +110,10 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
 
 
 def test_analysis_report_plots_and_numbers(run_dir, tmp_path):
-    result = analyze_run(run_dir, tmp_path / "out")
+    result = analyze_run(run_dir)
+    written = write_analysis(result, tmp_path / "out")
     text = (tmp_path / "out" / "analysis.md").read_text()
+    assert written.report == tmp_path / "out" / "analysis.md"
     positions = [text.index(section) for section in SECTIONS]
     assert positions == sorted(positions)
     for name in (
@@ -186,7 +188,8 @@ def test_store_disagreement_is_reported(run_dir, tmp_path):
     result = analyze_run(copy, store_dir=run_dir / "store")
     llama = next(c for c in result.complementarity if c.receiver == "llama")
     assert llama.mismatches == [(1, 0.5, 1.0)]
-    assert "DISAGREES at steps 1 (metrics 0.5, store 1)" in result.report.read_text()
+    report = write_analysis(result, copy / "analysis").report
+    assert "DISAGREES at steps 1 (metrics 0.5, store 1)" in report.read_text()
     assert TrajectoryStore(run_dir / "store").verify().ok
 
 
@@ -224,7 +227,7 @@ def test_metrics_only_run_with_a_torn_last_line(tmp_path):
         4 * 3 * 3.5 / 3600
     )  # phases summed without time_step
     assert result.clipping.zero_peer_share() is None and not result.exchange
-    report = result.report.read_text()
+    report = write_analysis(result, tmp_path / "analysis").report.read_text()
     assert "incomplete last line skipped" in report and "No exchange in this run" in report
     (tmp_path / "metrics.jsonl").write_text("not json\n" + text)
     with pytest.raises(AnalysisError, match=r"metrics\.jsonl line 1: not valid JSON"):

@@ -538,9 +538,12 @@ def analyze(
     ] = None,
 ) -> None:
     """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
+    from graftrl.reporting.analysis_report import write_analysis
     from graftrl.reporting.analyze import analyze_run
+    from graftrl.storage.rundir import RunDir
 
-    result = analyze_run(run_dir, out, store_dir=store)
+    result = analyze_run(run_dir, store_dir=store)
+    written = write_analysis(result, out or RunDir(run_dir).analysis)
     comp = result.compute
     console.print(
         f"{len(result.steps)} steps of {', '.join(result.models)}; "
@@ -548,7 +551,7 @@ def analyze(
     )
     if result.store_ok is False:
         console.print("[yellow]warning:[/yellow] the trajectory store has problems; see the report")
-    console.print(f"wrote {result.report} and {len(result.plots)} plots")
+    console.print(f"wrote {written.report} and {len(written.plots)} plots")
 
 
 @app.command()

@@ -46,7 +46,7 @@ from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.analyze import (
+from graftrl.reporting.diagnostics import (
     AdvantageMass,
     GateOutcome,
     advantage_mass,

@@ -247,9 +247,9 @@ def plot_histograms(
     _save(fig, path, footer)
 
 
-def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) -> dict[str, Path]:
-    """The figures of ``graftrl analyze`` in ``analysis.out_dir``: name -> PNG path of each made."""
-    out = analysis.out_dir
+def plot_run_analysis(analysis: RunAnalysis, out: Path) -> dict[str, Path]:
+    """The figures of ``graftrl analyze`` in ``out``: name -> PNG path of each made."""
+    rows = analysis.rows
     label = analysis.run_dir.name or "run"
     made: dict[str, Path] = {}
 
