@@ -16,7 +16,7 @@ import torch
 from graftrl.storage.store import StoredTrajectory
 
 if TYPE_CHECKING:
-    from graftrl.reporting.compare import CompareTask
+    from graftrl.reporting.compare_task import CompareTask
     from graftrl.training.trainer import Trainer
 
 # Every model in the tests is built here: never wait on a hub that this machine cannot reach.
@@ -198,7 +198,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 @pytest.fixture
 def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
     """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""
-    from graftrl.reporting.compare import CompareTask, DemoSettings
+    from graftrl.reporting.compare_task import CompareTask, DemoSettings
     from graftrl.reporting.provenance import results_provenance
     from graftrl.storage.data import load_problems
 

@@ -592,7 +592,8 @@ def compare(
     ] = False,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
-    from graftrl.reporting.compare import CompareError, load_matrix, run_compare
+    from graftrl.reporting.compare import run_compare
+    from graftrl.reporting.matrix import CompareError, load_matrix
 
     _check_task(task)
     if preset is not None and matrix is not None:
