@@ -226,6 +226,13 @@ REPORT_COMMANDS: dict[str, list[str]] = {
     ],
 }
 """Report -> graftrl arguments (``--out`` added); the committed cells are reused, nothing trains."""
+WARM_START_CELLS = {
+    "table2": EXPERIMENTS / "table2" / "runs" / "warm-start",
+    "table1": EXPERIMENTS / "table1" / "runs" / "warm-start",
+    "demo": EXPERIMENTS / "sweep" / "overlap-0" / "runs" / "warm-start",
+}
+"""Copied into a report's folder first: ``--reuse`` copies training cells, while the warm-start
+cell (pass@1 of the starting models) would be evaluated again."""
 ANALYZED = [
     EXPERIMENTS / "table2" / "runs" / name
     for name in (
@@ -259,6 +266,8 @@ def write_reports(out: Path, scratch: Path, only: Sequence[str]) -> None:
         target = scratch / name
         args = [str(target) if a is None else a for a in args]
         shutil.rmtree(target, ignore_errors=True)
+        if name in WARM_START_CELLS:
+            shutil.copytree(WARM_START_CELLS[name], target / "runs" / WARM_START_CELLS[name].name)
         print(f"  {name}", flush=True)
         done = subprocess.run(
             [str(launcher), "--threads", "1", *args], cwd=ROOT, env=env, capture_output=True, text=True
