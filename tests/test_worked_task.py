@@ -172,7 +172,7 @@ def test_cli_rejects_an_unknown_task(command):
 
 
 def test_demo_diagnostics_report_the_all_fail_share():
-    from graftrl.reporting.analyze import summarize_exchange
+    from graftrl.reporting.diagnostics import summarize_exchange
     from graftrl.reporting.render import diagnostics_table
 
     rows = [
