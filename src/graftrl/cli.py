@@ -317,12 +317,14 @@ def metrics_reference_command(
     markdown: Annotated[bool, typer.Option(help="Print Markdown tables (docs/metrics.md).")] = False,
 ) -> None:
     """Print every key of the run folder's logs (metrics.jsonl, validation.jsonl, ...): meaning and unit."""
-    from graftrl.storage.rundir import LOGS, keys_markdown
+    from graftrl.storage.rundir import keys_markdown, logs
+    from graftrl.training.log_schema import metric_keys
 
+    declared = metric_keys()  # the trainer's and every method's loss metrics
     if markdown:
-        print(keys_markdown(), end="")
+        print(keys_markdown(declared), end="")
         return
-    for log, keys in LOGS.items():
+    for log, keys in logs(declared).items():
         table = Table("key", "meaning", "unit", "group", title=log, title_justify="left")
         for key in keys:
             table.add_row(key.name, key.meaning, key.unit, key.group)

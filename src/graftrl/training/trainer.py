@@ -57,6 +57,7 @@ from graftrl.storage.rundir import (
 )
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
+from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
 
@@ -154,6 +155,7 @@ class Trainer:
             logging.wandb,
             logging.wandb_project,
             self.config.model_dump(mode="json"),
+            keys=metric_keys(),
         )
         if resume:
             self.force = force

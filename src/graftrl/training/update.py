@@ -23,6 +23,7 @@ from torch import Tensor
 from graftrl.config import Config
 from graftrl.errors import TrainingDivergedError
 from graftrl.methods import ExchangePlan, LossInputs, Method
+from graftrl.methods.loss_metrics import TRAINED_COUNTS, LossMetric
 from graftrl.models.policy import Policy
 from graftrl.training.parallel import split_rows, sum_across_ranks
 from graftrl.training.rows import TrainingRow
@@ -48,6 +49,57 @@ class NonfiniteGuard:
                 "optimizer steps in a row (train.max_nonfinite_steps); the weights are kept from before them: "
                 "lower optim.lr, set train.log_ratio_clamp or train.clip_ratio_c, or check the data and model"
             )
+
+
+class LossTotals:
+    """A step's totals of the sums a method's loss returns and of the worker's counts of the
+    tokens it trained, and the method's ``loss_metrics`` computed from them."""
+
+    def __init__(self, method: Method) -> None:
+        self.method = method.name or type(method).__name__
+        self.metrics: tuple[LossMetric, ...] = tuple(method.loss_metrics)
+        self.sums = tuple(dict.fromkeys(name for metric in self.metrics for name in metric.sums()))
+        self.totals = dict.fromkeys((*self.sums, *TRAINED_COUNTS), 0.0)
+        self.returned = dict.fromkeys(self.sums, 0.0)
+        """Micro-batches (of every rank) whose loss returned each sum."""
+
+    def minibatch(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Fresh (sums, returned) accumulators for one minibatch's micro-batches."""
+        return dict.fromkeys(self.sums, 0.0), dict.fromkeys(self.sums, 0.0)
+
+    def accumulate(self, into: tuple[dict[str, float], dict[str, float]], values: dict[str, Tensor]) -> None:
+        """Add one micro-batch's loss sums; a key the method does not declare is a bug in it."""
+        sums, returned = into
+        for key, value in values.items():
+            if key not in sums:
+                raise ValueError(
+                    f"method {self.method!r}: its loss returned {key!r}, which none of its loss_metrics "
+                    f"names (declared sums: {', '.join(self.sums)}); declare a LossMetric for it "
+                    "(graftrl.methods.loss_metrics) or leave it out"
+                )
+            sums[key] += float(value)
+            returned[key] += 1
+
+    def add(self, sums: dict[str, float], returned: dict[str, float]) -> None:
+        """A minibatch's sums (summed over ranks) into the step's totals."""
+        for key in self.sums:
+            self.totals[key] += sums[key]
+            self.returned[key] += returned[key]
+
+    def count(self, name: str, tokens: int) -> None:
+        """Trained tokens into one of the worker's counts (``TRAINED_COUNTS``)."""
+        self.totals[name] += tokens
+
+    def values(self) -> dict[str, float | None]:
+        """Each declared metric's value at the step (see ``LossMetric``)."""
+        out: dict[str, float | None] = {}
+        for metric in self.metrics:
+            measured = any(self.returned[name] for name in metric.sums())
+            if metric.denominator not in TRAINED_COUNTS and not measured:
+                continue  # nothing measured at this step (no KL term, no NLL row)
+            denominator = self.totals[metric.denominator]
+            out[metric.key] = self.totals[metric.numerator] / denominator if denominator else metric.empty
+        return out
 
 
 @dataclass(frozen=True)
@@ -82,10 +134,10 @@ def optimize(
         rows_of_group[row.group].append(index)
     assert policy.optimizer is not None
     policy.model.train()
-    totals: dict[str, float] = defaultdict(float)
+    totals = LossTotals(method)
+    trained_rows = 0
     losses, grad_norms = [], []
     skipped = 0  # minibatches whose loss or grad norm was NaN/inf (no optimizer step)
-    signs_reported = False  # the method's loss splits clipped peer tokens by the advantage's sign
     minibatch_index = 0
     for _ in range(train.update_epochs):
         for groups in order:
@@ -94,7 +146,7 @@ def optimize(
             nll_rows = [r for r in members if rows[r].nll]
             normalizer = sum(rows[r].length for r in kept)
             nll_normalizer = sum(rows[r].length for r in nll_rows)
-            totals["rows"] += len(kept) + len(nll_rows)
+            trained_rows += len(kept) + len(nll_rows)
             # Rows with zero advantage add only to the denominator: their gradient is exactly
             # zero, so skipping their forward pass changes nothing but the cost — except own
             # rows under a KL penalty, whose KL term still has a gradient.
@@ -104,13 +156,14 @@ def optimize(
                 key=lambda r: len(rows[r].prompt_ids) + rows[r].length,
             )
             for r in kept:
-                totals["peer_tokens" if rows[r].peer else "own_tokens"] += rows[r].length
+                totals.count("trained_peer_tokens" if rows[r].peer else "trained_own_tokens", rows[r].length)
                 if rows[r].peer and rows[r].advantage != 0:
                     sign = "pos" if rows[r].advantage > 0 else "neg"
-                    totals[f"peer_{sign}_tokens"] += rows[r].length
+                    totals.count(f"trained_peer_{sign}_tokens", rows[r].length)
             policy.optimizer.zero_grad(set_to_none=False)
             parts = [[active[i] for i in part] for part in micro_batches(policy, rows, active, ranks)]
-            loss_value = clipped_own = clipped_peer = clipped_pos = clipped_neg = 0.0
+            loss_value = 0.0
+            sums, returned = minibatch = totals.minibatch()
             for idx in parts:
                 # An idle rank runs one of the minibatch's rows with loss x 0: FSDP's collectives
                 # need every rank in every forward and backward.
@@ -131,19 +184,13 @@ def optimize(
                 if idle:
                     continue
                 loss_value += float(loss.detach())
-                clipped_own += float(m.get("own_clipped_tokens", 0.0))
-                clipped_peer += float(m.get("peer_clipped_tokens", 0.0))
-                signs_reported |= "peer_pos_clipped_tokens" in m
-                clipped_pos += float(m.get("peer_pos_clipped_tokens", 0.0))
-                clipped_neg += float(m.get("peer_neg_clipped_tokens", 0.0))
-            if ranks.world > 1:
-                loss_value, clipped_own, clipped_peer, clipped_pos, clipped_neg = sum_across_ranks(
-                    [loss_value, clipped_own, clipped_peer, clipped_pos, clipped_neg]
-                )
-            totals["own_clipped_tokens"] += clipped_own
-            totals["peer_clipped_tokens"] += clipped_peer
-            totals["peer_pos_clipped_tokens"] += clipped_pos
-            totals["peer_neg_clipped_tokens"] += clipped_neg
+                totals.accumulate(minibatch, m)
+            if ranks.world > 1:  # the minibatch's sums over every rank's micro-batches
+                reduced = sum_across_ranks([loss_value, *sums.values(), *returned.values()])
+                loss_value = reduced[0]
+                sums = dict(zip(sums, reduced[1 : 1 + len(sums)], strict=True))
+                returned = dict(zip(returned, reduced[1 + len(sums) :], strict=True))
+            totals.add(sums, returned)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), config.optim.grad_clip)
             if hasattr(grad_norm, "full_tensor"):  # DTensor: the global norm over every shard
                 grad_norm = grad_norm.full_tensor()
@@ -162,18 +209,9 @@ def optimize(
         "grad_norm": statistics.fmean(grad_norms) if grad_norms else 0.0,
         "optimizer_steps": len(losses),
         "nonfinite_skips": skipped,
-        "clip_frac_own": totals["own_clipped_tokens"] / max(totals["own_tokens"], 1),
-        "clip_frac_peer": totals["peer_clipped_tokens"] / totals["peer_tokens"]
-        if totals["peer_tokens"]
-        else None,
-        **{
-            f"clip_frac_peer_{sign}": totals[f"peer_{sign}_clipped_tokens"] / totals[f"peer_{sign}_tokens"]
-            if totals[f"peer_{sign}_tokens"] and signs_reported
-            else None
-            for sign in ("pos", "neg")
-        },
-        "train_tokens": totals["own_tokens"] + totals["peer_tokens"],
-        "train_rows": int(totals["rows"]),
+        **totals.values(),
+        "train_tokens": totals.totals["trained_own_tokens"] + totals.totals["trained_peer_tokens"],
+        "train_rows": trained_rows,
     }
 
 
