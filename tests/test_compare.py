@@ -457,12 +457,43 @@ def test_exchange_tables_gate_every_transfer_and_rebuild_the_advantages_of_whole
         run = ExperimentDir(tmp_path).run(variant.name, 0).root
         run.mkdir(parents=True)
         (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
-    gates, masses = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    gates, masses = tables.gates, tables.masses
     assert list(gates) == [variant.name for variant in matrix.variants]  # every variant logged a transfer
     assert list(masses) == ["graft", "no-gate"]  # pooled / success-only / HACPO train other weights
     assert masses["graft"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)  # one weight for all: sum stays 0
     assert masses["graft"]["gpt2"].correct == pytest.approx(0.9 * masses["no-gate"]["gpt2"].correct)
     assert masses["no-gate"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)
+    # the log predates the applied weights: recomputed with each variant's rule, and said so
+    assert tables.recomputed == [variant.name for variant in matrix.variants] and not tables.logged_masses
+    assert gates["no-gate"]["gpt2"]["correct"].admitted == 3  # w = 1: all in, though the gate passes 3 too
+    assert gates["hacpo"]["gpt2"]["wrong"].admitted == 1  # HACPO has no gate
+
+
+def test_exchange_tables_read_the_logged_weights_of_any_rule(tiny_task, tmp_path):
+    """A log with w and A (graftrl's, since issue 23): the tables read what was trained."""
+    record = {
+        "step": 0,
+        "receiver": "gpt2",
+        "source": ["llama"] * 4,
+        "s": [0.9, 0.5, 0.95, 0.6],
+        "reward": [1, 1, 0, 0],
+        "w": [0.0, 0.5, 0.95, 0.0],  # random admission: 0.5 drawn in, 0.9 left out
+        "admitted": [False, True, True, False],
+        "advantage": [0.8, 0.8, -0.8, -0.8],
+        "prompt_id": ["p0"] * 4,
+    }
+    matrix = Matrix([Variant("random-admission", "graft", {"graft.admission": "random"})])
+    run = ExperimentDir(tmp_path).run("random-admission", 0).root
+    run.mkdir(parents=True)
+    (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
+    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    gate = tables.gates["random-admission"]["gpt2"]
+    assert (gate["correct"].passed, gate["correct"].admitted) == (1, 1)  # s > 0.8: 0.9; admitted: 0.5
+    assert (gate["wrong"].passed, gate["wrong"].admitted) == (1, 1)
+    mass = tables.masses["random-admission"]["gpt2"]  # random admission: now from the log
+    assert (mass.groups, mass.correct, mass.wrong) == (1, pytest.approx(0.4), pytest.approx(-0.76))
+    assert tables.recomputed == [] and tables.logged_masses
 
 
 def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch, trained):

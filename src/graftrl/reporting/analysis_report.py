@@ -179,7 +179,7 @@ def admission_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
     scored = [ex for ex in a.exchange if ex.s]
     if not scored:
         return [*out, "No compatibility scores (no transferred responses, or no compatibility.jsonl)."]
-    out.append(f"s from compatibility.jsonl; w = 1[s > {a.delta}] * min(s, 1) (eq. 8); admitted: s > delta.")
+    out.append(weights_sentence(a))
     body = [
         [
             f"{ex.source} -> {ex.receiver}",
@@ -188,8 +188,8 @@ def admission_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
             statistics.median(ex.s),
             statistics.fmean(ex.s),
             max(ex.s),
-            sum(x > a.delta for x in ex.s) / len(ex.s),
-            statistics.fmean(ex.w),
+            ex.admission_rate if ex.w is None else sum(x > 0 for x in ex.w) / len(ex.w),
+            None if ex.w is None else statistics.fmean(ex.w),
         ]
         for ex in scored
     ]
@@ -202,6 +202,15 @@ def admission_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         _image(plots, "compatibility_s", "s histogram"),
         _image(plots, "compatibility_w", "w histogram"),
     ]
+
+
+def weights_sentence(a: RunAnalysis) -> str:
+    """Where the section's w come from: the log, or the run's rule for a log without them."""
+    if a.weights_logged:
+        return "s and the applied weight w from compatibility.jsonl; admitted: w > 0 (entered the loss)."
+    if a.weight_rule.weighs and a.weight_rule.recomputable:  # the gate, as analyze always wrote it
+        return f"s from compatibility.jsonl; w = 1[s > {a.delta}] * min(s, 1) (eq. 8); admitted: s > delta."
+    return f"s from compatibility.jsonl; w not logged: {a.weight_rule.describe()}; admitted: w > 0."
 
 
 def clipping_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:

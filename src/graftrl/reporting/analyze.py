@@ -14,9 +14,12 @@ Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
   prompt (``all_fail_frac == 0``) are undefined and left out of the mean. With a store, the value
   is recomputed from the stored rewards and compared step by step.
 - exchange per direction S -> R: candidates and selected prompts from R's metrics
-  (``candidates/S``, ``selected/S``); transferred responses and admitted ones (s > delta) from
-  compatibility.jsonl (fallback: R's ``peer_responses`` / ``peer_admitted`` when R has one source).
-- w = 1[s > delta] * min(s, 1), delta from config.yaml ``graft.delta`` (default 0.8).
+  (``candidates/S``, ``selected/S``); transferred responses and the admitted ones (w > 0: they
+  entered the loss) from compatibility.jsonl (fallback: R's ``peer_responses`` /
+  ``peer_admitted`` when R has one source).
+- w: the weight each transferred response was trained with, as compatibility.jsonl logs it; a
+  log written before it did is recomputed with the run's rule from config.yaml (``weights``:
+  eq. 8 with ``graft.delta``, default 0.8; w = 1 without the gate), with a note.
 - clipping: mean over steps of the per-step clipped-token fractions; the zero-peer-clipping share
   counts, among (step, receiver) pairs that trained on peer tokens (``clip_frac_peer`` logged),
   those with ``clip_frac_peer == 0``.
@@ -41,9 +44,10 @@ from typing import Any
 import torch
 import yaml
 
-from graftrl.core import compatibility_weight, complementarity
+from graftrl.core import complementarity
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
+from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
 from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
 
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
@@ -86,7 +90,9 @@ class Exchange:
     admitted: list[int | None]
     s: list[float]
     """Every compatibility score of the direction (from compatibility.jsonl)."""
-    w: list[float]
+    w: list[float] | None
+    """The weight each of them was trained with (None: a log without weights whose rule cannot be
+    recomputed, random admission)."""
 
     @property
     def admission_rate(self) -> float | None:
@@ -151,6 +157,10 @@ class RunAnalysis:
     models: list[str]
     steps: list[int]
     delta: float
+    weight_rule: WeightRule
+    """How the run weighed transferred responses (what ``w`` is recomputed with for an old log)."""
+    weights_logged: bool
+    """compatibility.jsonl records the applied weights (else they were recomputed)."""
     complementarity: list[Complementarity]
     exchange: list[Exchange]
     clipping: Clipping
@@ -308,17 +318,8 @@ def _complementarity_from_store(
     return out
 
 
-def weights(s: Sequence[float], delta: float) -> list[float]:
-    """w = 1[s > delta] * min(s, 1) of each score (eq. 8, ``core.compatibility_weight``).
-
-    In float64, so a logged score's weight is the score itself (or 1, or 0) to the last bit.
-    """
-    scores = torch.tensor(s, dtype=torch.float64)  # [N]
-    return compatibility_weight(scores, delta).tolist()
-
-
 def _exchange(
-    rows: Sequence[dict[str, Any]], compat: Sequence[dict[str, Any]], delta: float
+    rows: Sequence[dict[str, Any]], compat: Sequence[dict[str, Any]], rule: WeightRule
 ) -> list[Exchange]:
     compat_at = {
         (int(c["step"]), c["receiver"]): c
@@ -335,17 +336,25 @@ def _exchange(
             ex = directions.setdefault(
                 (source, receiver), Exchange(source, receiver, [], [], [], [], [], [], [])
             )
+            admitted_logged = row.get("peer_admitted") if len(sources) == 1 else None
             step = int(row["step"])
             ex.steps.append(step)
             ex.candidates.append(float(row.get(f"candidates/{source}") or 0.0))
             ex.selected.append(float(row.get(f"selected/{source}") or 0.0))
             entry = compat_at.get((step, receiver))
             if entry is not None:
-                s = [float(x) for x, src in zip(entry["s"], entry["source"], strict=True) if src == source]
-                ex.s += s
-                ex.w += weights(s, delta)
-                ex.transferred.append(len(s))
-                ex.admitted.append(sum(x > delta for x in s))
+                mine = [i for i, src in enumerate(entry["source"]) if src == source]
+                ex.s += [float(entry["s"][i]) for i in mine]
+                weights = applied_weights(entry, rule)
+                ex.transferred.append(len(mine))
+                if weights is None:  # unknown: the receiver's own count, when it has one source
+                    ex.w = None
+                    ex.admitted.append(None if admitted_logged is None else int(admitted_logged))
+                    continue
+                w = [weights[i] for i in mine]
+                if ex.w is not None:
+                    ex.w += w
+                ex.admitted.append(sum(x > 0 for x in w))
             elif len(sources) == 1 and "peer_responses" in row:
                 transferred = int(row.get("peer_responses") or 0)
                 admitted = row.get("peer_admitted")
@@ -443,9 +452,10 @@ def analyze_run(
     models = list(dict.fromkeys(r["model"] for r in raw))  # the run's order
     steps = sorted({int(r["step"]) for r in rows})
     method = str(config.get("method") or rows[0].get("method") or "?")
+    graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
     if delta is None:
-        graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
         delta = float(graft.get("delta", DEFAULT_DELTA))
+    rule = WeightRule.of(method, {**graft, "delta": delta})
 
     logged = {(int(r["step"]), r["model"]) for r in rows}
     compat: list[dict[str, Any]] = []
@@ -456,6 +466,8 @@ def analyze_run(
             for c in _latest_rows(_read_jsonl(compat_path, notes), "receiver", compat_path)
             if (int(c["step"]), c["receiver"]) in logged
         ]
+    if note := recomputed_note(compat, rule):
+        notes.append(note)
     validation: list[dict[str, Any]] = []
     validation_path = files.validation
     if validation_path.exists():
@@ -496,8 +508,10 @@ def analyze_run(
         models=models,
         steps=steps,
         delta=delta,
+        weight_rule=rule,
+        weights_logged=all(logs_weights(c) for c in compat),
         complementarity=comps,
-        exchange=_exchange(rows, compat, delta),
+        exchange=_exchange(rows, compat, rule),
         clipping=_clipping(rows, models),
         compute=_compute(rows, models, _accelerators(config, models), files.best_index, notes),
         validation=validation,

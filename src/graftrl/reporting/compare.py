@@ -9,20 +9,24 @@ runs, with its own report, ``demo.DemoReport``).
 
 The default task is the embedded one of ``graftrl demo`` (warm-started heterogeneous tiny models,
 procedural problems, held-out pass@1 with the paper's sampling protocol). The cells (``cells``)
-train, evaluate and keep done markers, so a partly finished matrix continues where it stopped;
-``compare_report`` writes results.json, results.csv, report.md and the plots.
+train, evaluate and keep done markers, so a partly finished matrix continues where it stopped.
+``CompareReport`` writes results.json after every cell, then results.csv, report.md and the plots
+(``compare_report``).
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK
+from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.cells import (
     cell_config,
     donor_cells,
@@ -30,10 +34,79 @@ from graftrl.reporting.cells import (
     run_cell,
     run_cells_in_parallel,
     warm_start_cell,
+    write_json_atomic,
 )
-from graftrl.reporting.compare_report import CompareReport, CompareRun
+from graftrl.reporting.compare_report import write_csv, write_report
 from graftrl.reporting.compare_task import CompareTask, embedded_task
 from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
+from graftrl.storage.rundir import ExperimentDir
+
+
+@dataclass
+class CompareRun:
+    """A comparison in progress: the cells run so far and their result rows, in run order."""
+
+    out_dir: Path
+    matrix: Matrix
+    task: CompareTask
+    seeds: int
+    steps: int | None
+    console: Console
+    started: float = field(default_factory=time.perf_counter)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    cells: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    """Variant -> the done record of each seed run, in seed order (set when every cell is done)."""
+    ran: list[str] = field(default_factory=list)
+    """Cells trained by this invocation ("<variant>-seed<seed>"), not reused."""
+
+    @property
+    def wall_s(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+    def results(self) -> dict[str, Any]:
+        """compare's results.json."""
+        return {
+            "rows": self.rows,
+            "variants": [asdict(v) for v in self.matrix.variants],
+            "baseline": self.matrix.baseline_name,
+            "reference": self.matrix.reference_name,
+            "task": self.task.name,
+            "settings": asdict(self.task.settings),
+            "seeds": self.seeds,
+            "steps": self.steps,
+            "ran": self.ran,
+            "total_wall_s": self.wall_s,
+            "provenance": self.task.provenance,
+        }
+
+
+class CompareReport:
+    """How a comparison is written: results.json (after every cell, so progress survives a crash),
+    then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``).
+
+    ``echo``: print report.md when done (``graftrl sweep`` prints its own summary instead).
+    """
+
+    def __init__(self, echo: bool = True) -> None:
+        self.echo = echo
+
+    def progress(self, run: CompareRun) -> None:
+        write_json_atomic(ExperimentDir(run.out_dir).results, run.results())
+
+    def finish(self, run: CompareRun) -> dict[str, Any]:
+        out_dir = run.out_dir
+        order = {WARM_START: -1, **{v.name: i for i, v in enumerate(run.matrix.variants)}}
+        run.rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
+        final = run.results()
+        write_json_atomic(ExperimentDir(out_dir).results, final)
+        write_csv(run.rows, ExperimentDir(out_dir).results_csv)
+        report = write_report(
+            out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"]
+        )
+        if self.echo:
+            run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+        run.console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
+        return final
 
 
 def run_compare(

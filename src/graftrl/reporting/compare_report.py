@@ -14,17 +14,14 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.cells import cell_config, write_json_atomic
+from graftrl.reporting.cells import cell_config
 from graftrl.reporting.compare_task import CompareTask
 from graftrl.reporting.diagnostics import (
     AdvantageMass,
@@ -32,6 +29,7 @@ from graftrl.reporting.diagnostics import (
     advantage_mass,
     family_progress,
     gate_by_outcome,
+    logs_mass,
     summarize_exchange,
 )
 from graftrl.reporting.matrix import Matrix, yaml_value
@@ -44,6 +42,7 @@ from graftrl.reporting.render import (
     progress_markdown,
     table_markdown,
 )
+from graftrl.reporting.weights import WeightRule, logs_weights
 from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
 
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
@@ -99,30 +98,48 @@ def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict
     return [record for log in logs if log.is_file() for record in read_jsonl(log)]
 
 
+@dataclass
+class TransferTables:
+    """The transfer tables of report.md, from each variant's compatibility logs (seeds run)."""
+
+    gates: dict[str, dict[str, dict[str, GateOutcome]]]
+    """Variant -> ``gate_by_outcome``, for every variant that transferred responses."""
+    masses: dict[str, dict[str, AdvantageMass]]
+    """Variant -> ``advantage_mass``, where its logs give it."""
+    recomputed: list[str]
+    """Variants whose logs predate the logged weights (w and admissions recomputed from s)."""
+    logged_masses: bool
+    """Some variant's masses use the logged w and A (any transfer rule)."""
+
+
 def _exchange_tables(
     out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
-) -> tuple[dict[str, dict[str, dict[str, GateOutcome]]], dict[str, dict[str, AdvantageMass]]]:
-    """One pass over each variant's compatibility logs (seeds run) for the two transfer tables.
+) -> TransferTables:
+    """One pass over each variant's compatibility logs for the transfer tables.
 
-    Gates: variant -> ``gate_by_outcome``, for every variant that transferred responses.
-    Masses: variant -> ``advantage_mass``, for the GRAFT variants whose logged peer responses are
-    whole source groups weighted by eq. 8 (replaced groups, every response, the gate or no gate);
-    pooled groups, success-only transfer and random admission train other weights or advantages
-    than the log can rebuild."""
-    gates, masses = {}, {}
+    Masses of logs that record each response's w and advantage come from them, whatever the rule;
+    older logs are recomputed for the GRAFT variants whose peer responses are whole source groups
+    weighted by a rule of s (replaced groups, every response, the gate or no gate): pooled groups,
+    success-only transfer and random admission train other weights or advantages than such a log
+    can rebuild."""
+    tables = TransferTables({}, {}, [], False)
     for variant in matrix.variants:
         if not (records := _compatibility_records(out_dir, variant.name, seeds)):
             continue
         config = cell_config(task, variant, 0, steps)
         graft, train = config.graft, config.train
-        gates[variant.name] = gate_by_outcome(records, graft.delta)
+        rule = WeightRule.of(variant.method, graft.model_dump())
+        tables.gates[variant.name] = gate_by_outcome(records, graft.delta, rule)
+        logged = all(logs_mass(record) for record in records)
+        if not all(logs_weights(record) for record in records):
+            tables.recomputed.append(variant.name)
         whole_groups = graft.groups == "replace" and graft.transfer == "all" and graft.admission == "gate"
-        if variant.method != "graft" or not whole_groups:
+        if not logged and (variant.method != "graft" or not whole_groups):
             continue
-        delta = graft.delta if graft.gate else None
-        if mass := advantage_mass(records, config.rollout.n, delta, train.adv_eps, train.adv_std_unbiased):
-            masses[variant.name] = mass
-    return gates, masses
+        if mass := advantage_mass(records, config.rollout.n, rule, train.adv_eps, train.adv_std_unbiased):
+            tables.masses[variant.name] = mass
+            tables.logged_masses |= logged
+    return tables
 
 
 def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
@@ -163,7 +180,7 @@ def _exchange_plots(
     return made
 
 
-def _write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
         writer.writeheader()
@@ -368,29 +385,43 @@ def regime_section(c: ReportContext) -> list[str]:
 
 def transfer_sections(c: ReportContext) -> list[str]:
     """How the gate met the transferred responses, and the advantage mass of the moved groups."""
-    gates, masses = _exchange_tables(c.out_dir, c.matrix, c.task, c.seeds, c.steps)
+    tables = _exchange_tables(c.out_dir, c.matrix, c.task, c.seeds, c.steps)
     lines = []
-    if gates:
+    if tables.gates:
         lines += [
             "Transferred responses by outcome: the share that passes the gate (s > δ, the variant's "
-            "delta; for a method without the gate, such as HACPO, the share it would pass) and the median "
-            "compatibility score s, for correct and for wrong peer responses. "
+            "delta; for a method without the gate, such as HACPO, the share it would pass), the share "
+            "admitted (trained with w > 0: the gate, no gate or random admission, as compatibility.jsonl "
+            "records it) and the median compatibility score s, for correct and for wrong peer responses. "
             "The gate should filter foreign style; when it passes fewer correct responses than wrong "
             "ones it is filtering out the lesson (docs/task_design.md).",
             "",
-            gate_markdown(gates),
+            gate_markdown(tables.gates),
             "",
         ]
-    if masses:
+    if tables.recomputed:
+        lines += [
+            f"Weights recomputed from s for {', '.join(tables.recomputed)}: their compatibility.jsonl was "
+            "written before graftrl logged the applied weight w (the gate of eq. 8 with the variant's "
+            "delta, w = 1 without it; random admission's draw cannot be recomputed: admitted left blank).",
+            "",
+        ]
+    if tables.masses:
+        which = (
+            "for every variant whose compatibility.jsonl records w and A (any transfer rule), and, "
+            "recomputed from s and the rewards, for older logs of the GRAFT variants that move whole groups"
+            if tables.logged_masses
+            else "for the GRAFT variants that move whole groups"
+        )
         lines += [
             "Advantage mass of the moved groups: per moved group, the sum of w·A over the peer's correct "
-            "responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), for the "
-            "GRAFT variants that move whole groups. GRPO's advantages sum to 0 over a group, so without "
+            f"responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), {which}. "
+            "GRPO's advantages sum to 0 over a group, so without "
             "the gate the net is 0: tokens that all the peer's responses share, a step the receiver lacks "
             "included, get no net push; only what separates the peer's correct responses from its wrong "
             "ones does.",
             "",
-            advantage_markdown(masses),
+            advantage_markdown(tables.masses),
             "",
         ]
     return lines
@@ -422,70 +453,3 @@ def plots_section(c: ReportContext, total_wall_s: float) -> list[str]:
         f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
         "",
     ]
-
-
-@dataclass
-class CompareRun:
-    """A comparison in progress: the cells run so far and their result rows, in run order."""
-
-    out_dir: Path
-    matrix: Matrix
-    task: CompareTask
-    seeds: int
-    steps: int | None
-    console: Console
-    started: float = field(default_factory=time.perf_counter)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    cells: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    """Variant -> the done record of each seed run, in seed order (set when every cell is done)."""
-    ran: list[str] = field(default_factory=list)
-    """Cells trained by this invocation ("<variant>-seed<seed>"), not reused."""
-
-    @property
-    def wall_s(self) -> float:
-        return round(time.perf_counter() - self.started, 1)
-
-    def results(self) -> dict[str, Any]:
-        """compare's results.json."""
-        return {
-            "rows": self.rows,
-            "variants": [asdict(v) for v in self.matrix.variants],
-            "baseline": self.matrix.baseline_name,
-            "reference": self.matrix.reference_name,
-            "task": self.task.name,
-            "settings": asdict(self.task.settings),
-            "seeds": self.seeds,
-            "steps": self.steps,
-            "ran": self.ran,
-            "total_wall_s": self.wall_s,
-            "provenance": self.task.provenance,
-        }
-
-
-class CompareReport:
-    """How a comparison is written: results.json (after every cell, so progress survives a crash),
-    then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``).
-
-    ``echo``: print report.md when done (``graftrl sweep`` prints its own summary instead).
-    """
-
-    def __init__(self, echo: bool = True) -> None:
-        self.echo = echo
-
-    def progress(self, run: CompareRun) -> None:
-        write_json_atomic(ExperimentDir(run.out_dir).results, run.results())
-
-    def finish(self, run: CompareRun) -> dict[str, Any]:
-        out_dir = run.out_dir
-        order = {WARM_START: -1, **{v.name: i for i, v in enumerate(run.matrix.variants)}}
-        run.rows.sort(key=lambda r: (order[r["variant"]], r["seed"], r["model"]))
-        final = run.results()
-        write_json_atomic(ExperimentDir(out_dir).results, final)
-        _write_csv(run.rows, ExperimentDir(out_dir).results_csv)
-        report = write_report(
-            out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"]
-        )
-        if self.echo:
-            run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-        run.console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
-        return final

@@ -18,6 +18,7 @@ import torch
 from graftrl.core import compatibility_weight
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
+from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights
 
 
 def family_progress(
@@ -50,36 +51,55 @@ def family_progress(
 @dataclass(frozen=True)
 class GateOutcome:
     """How the gate met the transferred responses of one outcome (correct or wrong) into one
-    receiver."""
+    receiver, and how many of them entered the loss."""
 
     responses: int
     passed: int
-    """Responses with s > delta: those the gate admits (eq. 8)."""
+    """Responses with s > delta: those the gate admits (eq. 8), whether or not the run gated."""
     median_s: float | None
+    admitted: int | None = None
+    """Responses trained with w > 0 (the gate, no gate, random admission); None when unknown."""
 
     @property
     def passed_share(self) -> float | None:
         return self.passed / self.responses if self.responses else None
 
+    @property
+    def admitted_share(self) -> float | None:
+        return self.admitted / self.responses if self.responses and self.admitted is not None else None
+
 
 def gate_by_outcome(
-    records: Sequence[Mapping[str, Any]], delta: float = DEFAULT_DELTA
+    records: Sequence[Mapping[str, Any]], delta: float = DEFAULT_DELTA, rule: WeightRule | None = None
 ) -> dict[str, dict[str, GateOutcome]]:
     """receiver -> "correct" / "wrong" -> ``GateOutcome``, over ``compatibility.jsonl`` rows (a
-    response is correct when its reward is positive).
+    response is correct when its reward is positive). Admitted: w > 0 of the logged weights, or of
+    the weights ``rule`` recomputes for a row without them (default: the gate with ``delta``).
 
     The gate is meant to remove stylistically foreign responses; when it passes fewer correct
     than wrong ones, it is removing the receiver's lesson (the informative tokens are the ones the
     receiver finds unlikely), which is what this measures.
     """
+    rule = rule or WeightRule("graft", delta=delta)
     scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"correct": [], "wrong": []})
+    admitted: dict[str, dict[str, int | None]] = defaultdict(lambda: {"correct": 0, "wrong": 0})
     for record in records:
-        for s, reward in zip(record["s"], record["reward"], strict=True):
-            scores[record["receiver"]]["correct" if reward > 0 else "wrong"].append(float(s))
+        weights = applied_weights(record, rule)
+        for k, (s, reward) in enumerate(zip(record["s"], record["reward"], strict=True)):
+            outcome = "correct" if reward > 0 else "wrong"
+            scores[record["receiver"]][outcome].append(float(s))
+            count = admitted[record["receiver"]][outcome]
+            if weights is None or count is None:
+                admitted[record["receiver"]][outcome] = None
+            else:
+                admitted[record["receiver"]][outcome] = count + int(weights[k] > 0)
     return {
         receiver: {
             outcome: GateOutcome(
-                len(values), sum(v > delta for v in values), statistics.median(values) if values else None
+                len(values),
+                sum(v > delta for v in values),
+                statistics.median(values) if values else None,
+                admitted[receiver][outcome],
             )
             for outcome, values in by_outcome.items()
         }
@@ -90,7 +110,7 @@ def gate_by_outcome(
 @dataclass(frozen=True)
 class AdvantageMass:
     """The push a receiver's moved groups carried, per moved group: sum of w * A over the peer's
-    correct responses and over its wrong ones (source advantages, eq. 1; weights w, eq. 8)."""
+    correct responses and over its wrong ones (the advantages and weights they were trained with)."""
 
     groups: int
     correct: float
@@ -101,34 +121,53 @@ class AdvantageMass:
         return self.correct + self.wrong
 
 
+def logs_mass(record: Mapping[str, Any]) -> bool:
+    """The row records what the push is made of: each response's weight, advantage and prompt."""
+    count = len(record.get("s") or [])
+    return logs_weights(record) and all(
+        len(record.get(key) or []) == count for key in ("advantage", "prompt_id")
+    )
+
+
 def advantage_mass(
     records: Sequence[Mapping[str, Any]],
     n: int,
-    delta: float | None = DEFAULT_DELTA,
+    rule: WeightRule | None = None,
     eps: float = ADV_EPS,
     unbiased: bool = ADV_STD_UNBIASED,
 ) -> dict[str, AdvantageMass] | None:
-    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows that hold whole source groups
-    of ``n`` responses in order (GRAFT's group replacement); None when a row cannot (its length is
-    not a multiple of n, e.g. success-only transfer). ``delta``: the gate's floor, w = 1[s > delta]
-    min(s, 1) (eq. 8); None: no gate, w = 1.
+    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows.
+
+    A row that records each response's w, advantage and prompt (``logs_mass``) counts as logged,
+    whatever the transfer rule (pooled advantages, success-only, random admission, no gate); its
+    moved groups are its (prompt, source) pairs. An older row is recomputed: advantages from the
+    rewards of whole source groups of ``n`` responses in order (GRAFT's group replacement), weights
+    with ``rule`` (default: the gate of eq. 8); None when a row cannot be (its length is not a
+    multiple of n, e.g. success-only transfer, or random admission's weights).
 
     GRPO's advantages sum to 0 over a group, so with w = 1 the net is exactly 0: tokens that all of
     the peer's responses share (a step the receiver lacks, say) get no net push, only what separates
     the peer's correct responses from its wrong ones does. The gate makes the net positive only by
     admitting correct responses more often than wrong ones.
     """
+    rule = rule or WeightRule("graft")
     sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # groups, correct, wrong
     for record in records:
-        s = torch.tensor(record["s"], dtype=torch.float32)  # [G * n]
-        rewards = torch.tensor(record["reward"], dtype=torch.float32)  # [G * n]
-        if len(s) % n:
-            return None
-        w = torch.ones_like(s) if delta is None else compatibility_weight(s, delta)  # [G * n]
-        weighted = w * grpo_advantages(rewards.view(-1, n), eps, unbiased).view(-1)  # [G * n]
+        rewards = torch.tensor(record["reward"], dtype=torch.float32)  # [N]
+        if logs_mass(record):
+            w, advantage = (torch.tensor(record[key], dtype=torch.float64) for key in ("w", "advantage"))
+            weighted = w * advantage  # [N]
+            groups = len(set(zip(record["prompt_id"], record["source"], strict=True)))
+        else:
+            s = torch.tensor(record["s"], dtype=torch.float32)  # [G * n]
+            if len(s) % n or not rule.recomputable:
+                return None
+            w = compatibility_weight(s, rule.delta) if rule.weighs else torch.ones_like(s)  # [G * n]
+            weighted = w * grpo_advantages(rewards.view(-1, n), eps, unbiased).view(-1)  # [G * n]
+            groups = len(s) // n
         correct = rewards > 0
         entry = sums[record["receiver"]]
-        entry[0] += len(s) // n
+        entry[0] += groups
         entry[1] += float(weighted[correct].sum())
         entry[2] += float(weighted[~correct].sum())
     return {

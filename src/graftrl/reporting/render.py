@@ -155,21 +155,25 @@ def progress_markdown(progress: Mapping[str, Mapping[str, tuple[float, float]]],
 
 def gate_markdown(gates: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """compare's report: per (variant, receiver), the transferred responses that were correct and
-    wrong, the share of each that passed the gate (s > delta) and their median s
-    (``diagnostics.gate_by_outcome``)."""
+    wrong, the share of each that passed the gate (s > delta), the share admitted (w > 0) and
+    their median s (``diagnostics.gate_by_outcome``)."""
+
+    def pct(share: float | None) -> str:
+        return "—" if share is None else f"{100 * share:.1f}"
+
     rows = []
     for variant, receivers in gates.items():
         for receiver, outcomes in receivers.items():
             cells = []
             for outcome in ("correct", "wrong"):
                 o = outcomes[outcome]
-                share = "—" if o.passed_share is None else f"{100 * o.passed_share:.1f}"
                 median = "—" if o.median_s is None else f"{o.median_s:.3f}"
-                cells += [f"{o.responses:,}", share, median]
+                cells += [f"{o.responses:,}", pct(o.passed_share), pct(o.admitted_share), median]
             rows.append(f"| {variant} | {receiver} | " + " | ".join(cells) + " |")
     header = (
-        "| variant | receiver | correct responses | correct: s > δ (%) | correct: median s "
-        "| wrong responses | wrong: s > δ (%) | wrong: median s |\n|---|---|---|---|---|---|---|---|"
+        "| variant | receiver | correct responses | correct: s > δ (%) | correct: admitted (%) | correct: median s "
+        "| wrong responses | wrong: s > δ (%) | wrong: admitted (%) | wrong: median s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([header, *rows])
 

@@ -539,6 +539,11 @@ COMPATIBILITY_KEYS: tuple[LogKey, ...] = tuple(
         ("reward", "per response: its verifier reward", "reward"),
         ("w", "per response: the weight applied to it (eq. 8 or the method's rule), 5 decimals", "weight"),
         (
+            "admitted",
+            "per response: it entered the loss (w > 0), whatever the rule (gate, random, none)",
+            "bools",
+        ),
+        (
             "advantage",
             "per response: the advantage it was trained with (the source's), 5 decimals",
             "advantage",

@@ -71,6 +71,8 @@ class CompatibilityScores:
     """Its reward."""
     w: list[float] = field(default_factory=list)
     """The weight applied to it (eq. 8, or the method's rule), rounded to 5 decimals."""
+    admitted: list[bool] = field(default_factory=list)
+    """It entered the loss (w > 0): what a report counts as admitted, whatever the rule."""
     advantage: list[float] = field(default_factory=list)
     """The advantage it was trained with (the source's), rounded to 5 decimals."""
     prompt_id: list[str] = field(default_factory=list)
@@ -228,6 +230,7 @@ def build_rows(
         s=[round(float(x), 5) for x in s],
         reward=[rec.reward for rec in peer_records],
         w=[round(float(x), 5) for x in w],
+        admitted=[bool(x > 0) for x in w],
         advantage=[round(rows[row].advantage, 5) for row in peer_rows],
         prompt_id=[rec.prompt_id for rec in peer_records],
         response=[rec.response for rec in peer_records] if config.logging.log_transfers else None,
