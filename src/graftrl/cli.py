@@ -180,10 +180,11 @@ def _setup(
         ),
     ] = None,
 ) -> None:
-    """graftrl shows its own progress; silence per-file load/save bars of transformers."""
-    from transformers.utils import logging as hf_logging
+    """graftrl shows its own progress; silence per-file load/save bars of transformers (here and in
+    the workers a command spawns)."""
+    from graftrl.console import quiet_transformers
 
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     if ctx.invoked_subcommand not in _TORCH_COMMANDS:
         return
     import torch

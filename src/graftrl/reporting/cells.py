@@ -17,13 +17,14 @@ import shutil
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from graftrl.config import ConfigError, apply_overrides, config_from_dict
+from graftrl.console import TaskBars
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.compare_task import CompareTask, evaluate_policies
 from graftrl.reporting.matrix import CompareError, Variant
@@ -126,12 +127,14 @@ def run_cell(
     resume: bool = True,
     progress: bool = True,
     donors: Mapping[str, Path] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Train and evaluate one (variant, seed) cell, or reuse its done marker. Returns (done, ran).
 
     ``resume`` False: the cell trains afresh and writes no marker (the demo's way). ``progress``
     False: no live progress bar (cells running side by side would draw over each other).
     ``donors``: finished cells elsewhere by digest (``donor_cells``), copied instead of trained.
+    ``on_step(steps done, steps)``: after every training step (a display in another process).
     """
     from graftrl.training.trainer import Trainer
 
@@ -150,7 +153,8 @@ def run_cell(
     method = "" if variant.method == variant.name else f" ({variant.method})"
     console.print(f"[bold]{variant.name}[/bold]{method} seed {seed}: {config.train.steps} steps")
     start = time.perf_counter()
-    trainer = Trainer(config, run_dir, verifier=verifier)
+    callback = None if on_step is None else (lambda step, _: on_step(step + 1, config.train.steps))
+    trainer = Trainer(config, run_dir, verifier=verifier, step_callback=callback)
     trainer.train()
     wall = time.perf_counter() - start
     scores = evaluate_policies(trainer.policies, task.heldout, verifier, task.settings, seed)
@@ -276,6 +280,16 @@ def _finished(
     return done
 
 
+class _StepReport:
+    """A cell's training steps, sent to the parent's display (picklable, unlike a closure)."""
+
+    def __init__(self, queue: Any, label: str) -> None:
+        self.queue, self.label = queue, label
+
+    def __call__(self, done: int, total: int) -> None:
+        self.queue.put((self.label, done, total))
+
+
 def _cell_job(
     task: CompareTask,
     variant: Variant,
@@ -284,16 +298,23 @@ def _cell_job(
     out_dir: Path,
     resume: bool,
     threads: int,
+    queue: Any = None,
 ) -> tuple[dict[str, Any], bool]:
     """One cell in a worker process of ``run_compare(jobs > 1)``: its own torch threads and
-    verifier, no live progress bar."""
+    verifier, no live bar of its own (its steps go to the parent's through ``queue``) and no
+    per-file bars of transformers."""
     import torch
 
+    from graftrl.console import quiet_transformers
     from graftrl.models.rewards import MathVerifier
 
+    quiet_transformers()
     torch.set_num_threads(threads)
+    report = None if queue is None else _StepReport(queue, f"{variant.name} seed {seed}")
     with MathVerifier() as verifier:
-        return run_cell(task, variant, seed, steps, out_dir, verifier, Console(), resume, progress=False)
+        return run_cell(
+            task, variant, seed, steps, out_dir, verifier, Console(), resume, progress=False, on_step=report
+        )
 
 
 def run_cells_in_parallel(
@@ -309,9 +330,9 @@ def run_cells_in_parallel(
 ) -> None:
     """Train ``cells`` in ``jobs`` spawned processes sharing this process's torch threads; cells
     finished earlier are reused here without a process. ``record(seed, variant, done, ran)`` is
-    called as each cell ends."""
+    called as each cell ends. A live bar per cell shows its training steps, and one the cells done."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     import torch
 
@@ -326,17 +347,36 @@ def run_cells_in_parallel(
         return
     threads = max(1, torch.get_num_threads() // jobs)
     console.print(f"training {len(pending)} cells, {jobs} at a time ({threads} torch thread(s) each)")
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+    context = mp.get_context("spawn")
+    bars = TaskBars(console)
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool, context.Manager() as manager:
+        queue = manager.Queue()
+
+        def drain() -> None:
+            while not queue.empty():
+                bars.update(*queue.get())
+
         futures = {
-            pool.submit(_cell_job, task, variant, seed, steps, out_dir, resume, threads): (seed, variant)
+            pool.submit(_cell_job, task, variant, seed, steps, out_dir, resume, threads, queue): (
+                seed,
+                variant,
+            )
             for seed, variant in pending
         }
+        bars.update("cells done", 0, len(futures))
+        running = set(futures)
         try:
-            for future in as_completed(futures):
-                seed, variant = futures[future]
-                done, did_run = future.result()
-                console.print(f"{variant.name} seed {seed}: done")
-                record(seed, variant, done, did_run)
+            while running:
+                finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                drain()
+                for future in finished:
+                    seed, variant = futures[future]
+                    done, did_run = future.result()
+                    console.print(f"{variant.name} seed {seed}: done")
+                    record(seed, variant, done, did_run)
+                    bars.update("cells done", len(futures) - len(running), len(futures))
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
+        finally:
+            bars.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from graftrl.console import TaskBars
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.reporting.provenance import results_provenance
@@ -129,6 +130,14 @@ class CompareTask:
     (``reporting.provenance``), recorded in results.json."""
 
 
+def warm_start_status(info: Mapping[str, Any]) -> str:
+    """A warm-start's progress in words: its sampled accuracy against the target it stops at (the
+    time left shown beside it runs to ``max_steps``, so it is at most that)."""
+    accuracy = info.get("accuracy")
+    measured = "not measured yet" if accuracy is None else f"{accuracy:.0%}"
+    return f"sampled accuracy {measured}, stops at {info['target']:.0%} (or step {info['max_steps']})"
+
+
 def embedded_task(
     out_dir: Path,
     cache_dir: Path | None,
@@ -149,9 +158,21 @@ def embedded_task(
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
     started = time.perf_counter()
-    paths = prepare_embedded_models(
-        cache_dir, quick=quick, seed=0, task=name, mixes=mixes, settings=warmstart
-    )
+    bars = TaskBars(console)
+    try:
+        paths = prepare_embedded_models(
+            cache_dir,
+            quick=quick,
+            seed=0,
+            task=name,
+            mixes=mixes,
+            settings=warmstart,
+            on_progress=lambda model, info: bars.update(
+                f"warm-start {model}", info["step"], info["max_steps"], warm_start_status(info)
+            ),
+        )
+    finally:
+        bars.close()
     console.print(
         f"models ready in {time.perf_counter() - started:.0f}s: "
         + ", ".join(f"{k} -> {v}" for k, v in paths.items())
