@@ -15,8 +15,9 @@ thread):
   so groups mix and all-fail groups get transferred): SHA-256 of each policy's final weights and
   optimizer state, and metrics.jsonl (timing and memory keys left out), compatibility.jsonl and
   samples.jsonl;
-- with ``--reports``: ``graftrl compare --report-only`` over the committed cells of
-  ``experiments/worked`` (table1, table2, the demo preset on the sweep's overlap-0 point) and
+- the reports: ``graftrl compare --report-only`` over the committed cells of
+  ``experiments/worked`` (table1, table2, the demo preset on the sweep's overlap-0 point; run
+  in-process on a task rebuilt from each results.json, so no model is warm-started) and
   ``graftrl analyze`` of committed runs: every file they write (report.md, results.json without
   its wall-clock, results.csv, analysis.md, the figures).
 
@@ -211,28 +212,12 @@ def train_variants(out: Path, only: Sequence[str]) -> None:
 
 # ----- reports --------------------------------------------------------------------------------
 
-REPORT_COMMANDS: dict[str, list[str]] = {
-    "table2": ["compare", "--preset", "table2", "--seeds", "3", "--reuse", str(EXPERIMENTS), "--report-only"],
-    "table1": ["compare", "--preset", "table1", "--seeds", "5", "--reuse", str(EXPERIMENTS), "--report-only"],
-    "demo": [
-        "compare",
-        "--preset",
-        "demo",
-        "--seeds",
-        "5",
-        "--reuse",
-        str(EXPERIMENTS / "sweep"),
-        "--report-only",
-    ],
+COMPARES: dict[str, tuple[str, int, Path, list[Path]]] = {
+    "table2": ("table2", 3, EXPERIMENTS / "table2", [EXPERIMENTS]),
+    "table1": ("table1", 5, EXPERIMENTS / "table1", [EXPERIMENTS]),
+    "demo": ("demo", 5, EXPERIMENTS / "sweep" / "overlap-0", [EXPERIMENTS / "sweep"]),
 }
-"""Report -> graftrl arguments (``--out`` added); the committed cells are reused, nothing trains."""
-WARM_START_CELLS = {
-    "table2": EXPERIMENTS / "table2" / "runs" / "warm-start",
-    "table1": EXPERIMENTS / "table1" / "runs" / "warm-start",
-    "demo": EXPERIMENTS / "sweep" / "overlap-0" / "runs" / "warm-start",
-}
-"""Copied into a report's folder first: ``--reuse`` copies training cells, while the warm-start
-cell (pass@1 of the starting models) would be evaluated again."""
+"""Report -> (preset, seeds, the committed compare it rewrites, --reuse folders)."""
 ANALYZED = [
     EXPERIMENTS / "table2" / "runs" / name
     for name in (
@@ -246,6 +231,59 @@ ANALYZED = [
 """Committed runs that ``graftrl analyze`` reads."""
 
 
+def _import_first(names: Sequence[str], attribute: str) -> Any:
+    """``attribute`` from the first of the modules that has it (a name may have moved)."""
+    import importlib
+
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, attribute):
+            return getattr(module, attribute)
+    raise ImportError(f"{attribute} is in none of {names}")
+
+
+def compare_report(name: str, target: Path) -> None:
+    """``graftrl compare --report-only`` of a committed compare, without its models: the task is
+    rebuilt from the compare's results.json (each model's weights hash, which is what a cell's
+    digest holds of it) and its data files, and the committed warm-start cell is copied in
+    (``--reuse`` copies training cells; the warm-start's evaluation would run again)."""
+    import io
+
+    from rich.console import Console
+
+    from graftrl.reporting.compare import run_compare
+    from graftrl.storage.data import load_problems
+
+    modules = ("graftrl.reporting.compare_task", "graftrl.reporting.compare")
+    compare_task, demo_config = (_import_first(modules, n) for n in ("CompareTask", "demo_config"))
+    settings_class = _import_first(modules, "DemoSettings")
+    preset, seeds, committed, reuse = COMPARES[name]
+    results = json.loads((committed / "results.json").read_text())
+    shutil.copytree(committed / "data", target / "data")
+    shutil.copytree(committed / "runs" / "warm-start", target / "runs" / "warm-start")
+    settings = settings_class(**results["settings"])
+    models = results["provenance"]["models"]
+    base = demo_config(
+        {m: Path("/no-weights") / m for m in models}, target / "data" / "train.jsonl", "grpo", 0, settings
+    )
+    provenance = {**results["provenance"], "command": f"graftrl compare --preset {preset} (identity check)"}
+    provenance.update(commit=None, dirty=None)
+    heldout = load_problems(target / "data" / "heldout.jsonl")
+    task = compare_task(results["task"], base, heldout, settings, provenance)
+    run_compare(
+        target,
+        preset,
+        seeds=seeds,
+        task=task,
+        reuse=reuse,
+        report_only=True,
+        console=Console(file=io.StringIO()),
+    )
+
+
 def write_reports(out: Path, scratch: Path, only: Sequence[str]) -> None:
     """Every report into ``scratch`` (the same path for both versions), then moved under ``out``."""
     launcher = scratch / "bin" / "graftrl"
@@ -255,25 +293,23 @@ def write_reports(out: Path, scratch: Path, only: Sequence[str]) -> None:
     env = {**os.environ, "GRAFTRL_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
-    jobs = {name: [*args, "--out", str(scratch / name)] for name, args in REPORT_COMMANDS.items()}
-    jobs |= {
-        f"analyze-{run.parent.parent.name}-{run.name}": ["analyze", str(run), "--out", None]
-        for run in ANALYZED
-    }
-    for name, args in jobs.items():
+    names = [*COMPARES, *(f"analyze-{run.parent.parent.name}-{run.name}" for run in ANALYZED)]
+    for name in names:
         if only and name not in only:
             continue
         target = scratch / name
-        args = [str(target) if a is None else a for a in args]
         shutil.rmtree(target, ignore_errors=True)
-        if name in WARM_START_CELLS:
-            shutil.copytree(WARM_START_CELLS[name], target / "runs" / WARM_START_CELLS[name].name)
         print(f"  {name}", flush=True)
-        done = subprocess.run(
-            [str(launcher), "--threads", "1", *args], cwd=ROOT, env=env, capture_output=True, text=True
-        )
-        if done.returncode:
-            raise SystemExit(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        if name in COMPARES:
+            compare_report(name, target)
+        else:
+            run = ANALYZED[names.index(name) - len(COMPARES)]
+            args = ["analyze", str(run), "--out", str(target)]
+            done = subprocess.run(
+                [str(launcher), "--threads", "1", *args], cwd=ROOT, env=env, capture_output=True, text=True
+            )
+            if done.returncode:
+                raise SystemExit(f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         for extra in (target / "runs", target / "data"):  # copies of the committed cells and data
             shutil.rmtree(extra, ignore_errors=True)
         shutil.move(str(target), reports / name)
