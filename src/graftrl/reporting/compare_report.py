@@ -1,5 +1,5 @@
-"""What `graftrl compare` writes: results.json (after every cell), results.csv, report.md (one
-render function per section) and the plots.
+"""What `graftrl compare` writes at the end (``compare.CompareReport`` calls it): report.md, one
+render function per section, results.csv and the plots.
 
 Outputs in OUT: ``results.json`` (rows ``{"variant","method","model","seed","n","pass_at_1",
 "steps","wall_s"}``; ``wall_s`` is the training wall-clock of the cell, evaluation excluded),
