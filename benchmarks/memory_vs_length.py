@@ -6,7 +6,7 @@ It builds a random-init Qwen2 model from a transformers config (vocab 151,936, t
 small hidden size on CPU, Qwen2.5-0.5B's shape with ``--preset gpu``), wraps it in
 ``graftrl.models.policy.Policy`` and runs ``Policy.response_logprobs`` on ``--rows`` rows of
 ``--prompt-tokens`` + L random tokens, then backward of a token-mean loss: the path
-``PolicyWorker._optimize`` takes for one micro-batch. Memory: on CUDA the allocator's peak
+``training.update.optimize`` takes for one micro-batch. Memory: on CUDA the allocator's peak
 (``torch.cuda.max_memory_allocated``) above what was allocated before; on CPU the rise of the
 process's peak RSS (VmHWM, reset through /proc/self/clear_refs after ``malloc_trim``) above the
 RSS before. Each setting first runs once unmeasured (warm-up).

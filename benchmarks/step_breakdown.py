@@ -160,7 +160,7 @@ def run_method(args, method: str, paths: dict[str, Path], train_file: Path, root
 
     from graftrl.config import apply_overrides, config_from_dict
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare import DemoSettings, demo_config
+    from graftrl.reporting.compare_task import DemoSettings, demo_config
     from graftrl.training.trainer import Trainer
 
     settings = DemoSettings(

@@ -254,6 +254,7 @@ def environment(json_path: str | None) -> int:
             "graftrl.cli",
             "graftrl.training.trainer",
             "graftrl.training.parallel",
+            "graftrl.training.ranks",
         ):
             importlib.import_module(module)
         import transformers

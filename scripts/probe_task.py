@@ -238,7 +238,7 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     from graftrl.config import config_from_dict
     from graftrl.embedded.task import make_split
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare import demo_config, demo_settings, write_problems
+    from graftrl.reporting.compare_task import demo_config, demo_settings, write_problems
     from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 

@@ -16,7 +16,7 @@ import torch
 from graftrl.storage.store import StoredTrajectory
 
 if TYPE_CHECKING:
-    from graftrl.reporting.compare import CompareTask
+    from graftrl.reporting.compare_task import CompareTask
     from graftrl.training.trainer import Trainer
 
 # Every model in the tests is built here: never wait on a hub that this machine cannot reach.
@@ -198,7 +198,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 @pytest.fixture
 def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
     """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""
-    from graftrl.reporting.compare import CompareTask, DemoSettings
+    from graftrl.reporting.compare_task import CompareTask, DemoSettings
     from graftrl.reporting.provenance import results_provenance
     from graftrl.storage.data import load_problems
 
@@ -219,22 +219,25 @@ def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 @pytest.fixture(autouse=True)
 def _logged_metric_keys_are_declared(monkeypatch: pytest.MonkeyPatch):
-    """Every metrics key a test's training logs must be declared in graftrl.storage.rundir.METRIC_KEYS
-    (the schema behind docs/metrics.md and the sinks); a new metric without a declaration fails here."""
+    """Every metrics key a test's training logs must be declared, in graftrl.storage.rundir.METRIC_KEYS
+    or by its method's loss_metrics (the schema behind docs/metrics.md and the sinks,
+    ``training.log_schema.metric_keys``); a new metric without a declaration fails here."""
     from graftrl.storage.metrics import MetricsLogger
     from graftrl.storage.rundir import undeclared_keys
+    from graftrl.training.log_schema import metric_keys
 
     undeclared: set[str] = set()
     original = MetricsLogger.log
 
     def log(self: MetricsLogger, row: dict) -> None:
-        undeclared.update(undeclared_keys([row]))
+        undeclared.update(undeclared_keys([row], metric_keys()))
         original(self, row)
 
     monkeypatch.setattr(MetricsLogger, "log", log)
     yield
     assert not undeclared, (
-        f"metrics keys logged but not declared in graftrl.storage.rundir.METRIC_KEYS: {sorted(undeclared)}; "
+        f"metrics keys logged but declared neither in graftrl.storage.rundir.METRIC_KEYS nor by a method's "
+        f"loss_metrics: {sorted(undeclared)}; "
         "declare them and regenerate docs/metrics.md (graftrl metrics-reference --markdown)"
     )
 

@@ -370,7 +370,7 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(policy: Policy, prompts, responses, advantages) -> dict[str, Any]:
-    """One optimizer step on a token-mean policy-gradient loss, as PolicyWorker._optimize takes it."""
+    """One optimizer step on a token-mean policy-gradient loss, as training.update.optimize takes it."""
     batch = policy.pad(prompts, responses)
     upstream = torch.tensor(advantages, device=policy.device)[:, None] * batch.response_mask
     policy.model.train()

@@ -7,22 +7,23 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import CROSSED, FIXTURES, ScriptedRewards
+from conftest import CROSSED, FIXTURES, ScriptedRewards, make_config
 from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
-from graftrl.reporting.analyze import (
+from graftrl.reporting.analysis_report import write_analysis
+from graftrl.reporting.analyze import AnalysisError, analyze_run
+from graftrl.reporting.diagnostics import (
     AdvantageMass,
-    AnalysisError,
     GateOutcome,
     advantage_mass,
-    analyze_run,
     family_progress,
     gate_by_outcome,
 )
 from graftrl.reporting.render import advantage_markdown, gate_markdown, progress_markdown
+from graftrl.reporting.weights import WeightRule
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter, tokenizer_id
 from graftrl.training.trainer import Trainer
@@ -110,8 +111,10 @@ def run_dir(tiny_checkpoints, tmp_path_factory) -> Path:
 
 
 def test_analysis_report_plots_and_numbers(run_dir, tmp_path):
-    result = analyze_run(run_dir, tmp_path / "out")
+    result = analyze_run(run_dir)
+    written = write_analysis(result, tmp_path / "out")
     text = (tmp_path / "out" / "analysis.md").read_text()
+    assert written.report == tmp_path / "out" / "analysis.md"
     positions = [text.index(section) for section in SECTIONS]
     assert positions == sorted(positions)
     for name in (
@@ -186,7 +189,8 @@ def test_store_disagreement_is_reported(run_dir, tmp_path):
     result = analyze_run(copy, store_dir=run_dir / "store")
     llama = next(c for c in result.complementarity if c.receiver == "llama")
     assert llama.mismatches == [(1, 0.5, 1.0)]
-    assert "DISAGREES at steps 1 (metrics 0.5, store 1)" in result.report.read_text()
+    report = write_analysis(result, copy / "analysis").report
+    assert "DISAGREES at steps 1 (metrics 0.5, store 1)" in report.read_text()
     assert TrajectoryStore(run_dir / "store").verify().ok
 
 
@@ -224,7 +228,7 @@ def test_metrics_only_run_with_a_torn_last_line(tmp_path):
         4 * 3 * 3.5 / 3600
     )  # phases summed without time_step
     assert result.clipping.zero_peer_share() is None and not result.exchange
-    report = result.report.read_text()
+    report = write_analysis(result, tmp_path / "analysis").report.read_text()
     assert "incomplete last line skipped" in report and "No exchange in this run" in report
     (tmp_path / "metrics.jsonl").write_text("not json\n" + text)
     with pytest.raises(AnalysisError, match=r"metrics\.jsonl line 1: not valid JSON"):
@@ -238,12 +242,13 @@ def test_analysis_uses_core_eqs_with_the_former_numbers():
     import torch
 
     from graftrl.core import complementarity
-    from graftrl.reporting.analyze import weights
+    from graftrl.reporting.weights import WeightRule
 
     rng = random.Random(0)
     scores = [0.0, 0.8, 0.8000001, 1.0, 2.5] + [rng.uniform(0, 3) for _ in range(500)]
     for delta in (0.0, 0.7, 0.8, 0.9):
-        assert weights(scores, delta) == [min(s, 1.0) if s > delta else 0.0 for s in scores]
+        weights = WeightRule("graft", delta=delta).weights(scores)
+        assert weights == [min(s, 1.0) if s > delta else 0.0 for s in scores]
     for _ in range(200):
         k_receiver = [rng.choice([0, 0, 1, 2, 4]) for _ in range(rng.randint(1, 12))]
         k_peer = [rng.choice([0, 1, 3]) for _ in k_receiver]
@@ -269,14 +274,23 @@ def test_gate_by_outcome_splits_transferred_responses_into_correct_and_wrong():
     ]
     gates = gate_by_outcome(records, delta=0.8)
     # gpt2's correct scores 0.9, 0.7, 0.8: only 0.9 passes (s > delta is strict); wrong 0.85, 0.95, 0.6
-    assert gates["gpt2"]["correct"] == GateOutcome(responses=3, passed=1, median_s=0.8)
-    assert gates["gpt2"]["wrong"] == GateOutcome(responses=3, passed=2, median_s=0.85)
+    # (no logged weights: the gate is what admitted them)
+    assert gates["gpt2"]["correct"] == GateOutcome(responses=3, passed=1, median_s=0.8, admitted=1)
+    assert gates["gpt2"]["wrong"] == GateOutcome(responses=3, passed=2, median_s=0.85, admitted=2)
     assert gates["gpt2"]["correct"].passed_share == pytest.approx(1 / 3)
-    assert gates["llama"]["wrong"] == GateOutcome(responses=0, passed=0, median_s=None)
+    assert gates["llama"]["wrong"] == GateOutcome(responses=0, passed=0, median_s=None, admitted=0)
     assert gates["llama"]["wrong"].passed_share is None
     table = gate_markdown({"graft": gates}).splitlines()
-    assert table[2] == "| graft | gpt2 | 3 | 33.3 | 0.800 | 3 | 66.7 | 0.850 |"
-    assert table[3] == "| graft | llama | 1 | 100.0 | 1.200 | 0 | — | — |"
+    assert table[2] == "| graft | gpt2 | 3 | 33.3 | 33.3 | 0.800 | 3 | 66.7 | 66.7 | 0.850 |"
+    assert table[3] == "| graft | llama | 1 | 100.0 | 100.0 | 1.200 | 0 | — | — | — |"
+    # logged weights win: random admission let in 0.7 and kept 0.9 out, whatever s > delta says
+    admitted = [{**records[0], "w": [0.0, 0.7, 0.0, 0.95]}]
+    logged = gate_by_outcome(admitted, delta=0.8)["gpt2"]
+    assert (logged["correct"].passed, logged["correct"].admitted) == (1, 1)  # 0.7 in, 0.9 out
+    assert (logged["wrong"].passed, logged["wrong"].admitted) == (2, 1)
+    # an old log of random admission: its admissions are unknown, not the gate's
+    unknown = gate_by_outcome(records, 0.8, WeightRule("graft", admission="random"))
+    assert unknown["gpt2"]["correct"].admitted is None and "| — |" in gate_markdown({"r": unknown})
 
 
 def test_advantage_mass_sums_weighted_source_advantages_per_moved_group():
@@ -295,16 +309,21 @@ def test_advantage_mass_sums_weighted_source_advantages_per_moved_group():
     a_hi, a_lo = 0.25 / 0.5, -0.75 / 0.5  # 3-of-4 group: mean 0.75, unbiased std 0.5
     correct = 0.9 * a_hi + 0.85 * a_hi + 0.0 + 1.0 * -a_lo  # s 0.5 is gated out; s 1.2 capped at 1
     wrong = 0.95 * a_lo + (0.9 * -a_hi + 0.0 + 0.81 * -a_hi)  # 1-of-4 mirrors 3-of-4; s 0.7 gated out
-    masses = advantage_mass(records, n=4, delta=0.8, eps=0.0)
+    masses = advantage_mass(records, n=4, rule=WeightRule("graft", delta=0.8), eps=0.0)
     assert masses["gpt2"].groups == 2
     assert masses["gpt2"].correct == pytest.approx(correct / 2)
     assert masses["gpt2"].wrong == pytest.approx(wrong / 2)
     assert masses["llama"] == AdvantageMass(groups=1, correct=0.0, wrong=0.0)
     # without the gate every group's advantages sum to 0: no net push on what the responses share
-    ungated = advantage_mass(records, n=4, delta=None)
+    ungated = advantage_mass(records, n=4, rule=WeightRule("graft", gate=False))
     assert ungated["gpt2"].correct > 0 and ungated["gpt2"].net == pytest.approx(0.0, abs=1e-6)
     # a row that is not whole groups (success-only transfer) cannot be rebuilt
     assert advantage_mass([{**records[1], "s": [0.9] * 3, "reward": [1] * 3}], n=4) is None
+    # unless it records what was trained: then any row counts as logged, per (prompt, source) group
+    logged = {**records[1], "source": ["gpt2"] * 3, "s": [0.9] * 3, "reward": [1, 1, 0], "w": [0.9, 0.0, 1.0]}
+    logged |= {"advantage": [0.5, 0.5, -1.0], "prompt_id": ["p", "p", "q"]}
+    mass = advantage_mass([logged], n=4)["llama"]
+    assert (mass.groups, mass.correct, mass.wrong) == (2, pytest.approx(0.45 / 2), pytest.approx(-1.0 / 2))
     table = advantage_markdown({"graft": masses}).splitlines()
     assert table[2] == (
         f"| graft | gpt2 | 2 | {correct / 2:+.2f} | {wrong / 2:+.2f} | {(correct + wrong) / 2:+.2f} |"
@@ -320,3 +339,41 @@ def test_family_progress_averages_the_first_and_last_steps_over_seeds():
     # first two steps: 0.0, 0.1, 0.2, 0.3; last two (steps 2-3; seed 1 has no value at 3): 0.5, 0.9, 0.7
     assert progress["graft"]["gpt2 · carry"] == (pytest.approx(0.15), pytest.approx(0.7))
     assert progress_markdown(progress, 2).splitlines()[2] == "| graft | 15.0 → 70.0 |"
+
+
+@pytest.mark.parametrize(
+    ("graft", "rule"),
+    [({"gate": False}, "w = 1 (no gate)"), ({"admission": "random"}, "cannot be recomputed")],
+)
+def test_analysis_reads_the_applied_weights_of_any_rule(tiny_checkpoints, tmp_path, graft, rule):
+    """compatibility.jsonl carries w and admitted; analyze counts what entered the loss, and a log
+    written before it did is recomputed with the run's rule (or left blank), with a note."""
+    config = make_config(tiny_checkpoints, "graft", steps=2)
+    config["graft"] = graft
+    run = tmp_path / "run"
+    Trainer(config_from_dict(config), run, verifier=ScriptedRewards(CROSSED)).train()
+    metrics = {(r["step"], r["model"]): r for r in read_metrics(run)}
+    logged = [json.loads(line) for line in (run / "compatibility.jsonl").read_text().splitlines()]
+    for record in logged:
+        assert record["admitted"] == [w > 0 for w in record["w"]]
+        assert sum(record["admitted"]) == metrics[(record["step"], record["receiver"])]["peer_admitted"]
+        if graft.get("gate") is False:
+            assert record["w"] == [1.0] * len(record["s"])
+    result = analyze_run(run)
+    assert result.weights_logged and not any("no applied weights" in note for note in result.notes)
+    for ex in result.exchange:
+        steps = [metrics[(step, ex.receiver)] for step in ex.steps]
+        assert ex.admitted == [row.get("peer_admitted", 0) for row in steps]
+        assert ex.w == [w for r in logged if r["receiver"] == ex.receiver for w in r["w"]]
+    text = write_analysis(result, tmp_path / "new").report.read_text()
+    assert "the applied weight w from compatibility.jsonl; admitted: w > 0" in text
+
+    # the same log as written before graftrl recorded w: recomputed (or unknown), with a note
+    old = [{k: v for k, v in r.items() if k not in ("w", "admitted")} for r in logged]
+    (run / "compatibility.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    legacy = analyze_run(run)
+    assert not legacy.weights_logged and any(rule in note for note in legacy.notes)
+    for ex, now in zip(legacy.exchange, result.exchange, strict=True):
+        assert ex.admitted == now.admitted  # no gate: all; random: the receiver's logged count
+        assert ex.w == (now.w if graft.get("gate") is False else None)
+    assert "no applied weights w" in write_analysis(legacy, tmp_path / "old").report.read_text()

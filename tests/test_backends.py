@@ -18,7 +18,7 @@ import graftrl.training.trainer as trainer_module
 from graftrl.config import config_from_dict
 from graftrl.storage.rundir import read_metrics
 from graftrl.training.backends import LocalBackend, RayBackend, Worker, WorkerGroup
-from graftrl.training.parallel import DataParallelWorker
+from graftrl.training.ranks import DataParallelWorker
 from graftrl.training.trainer import Trainer
 from graftrl.training.worker import PolicyWorker
 

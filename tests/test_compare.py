@@ -16,17 +16,11 @@ from graftrl.cli import app
 from graftrl.config import apply_overrides
 from graftrl.evaluation.stats import deltas, summarize
 from graftrl.methods import METHODS
-from graftrl.reporting.compare import (
-    ROW_KEYS,
-    CompareError,
-    CompareTask,
-    Matrix,
-    Variant,
-    cell_config,
-    check_methods,
-    parse_matrix,
-    preset_matrix,
-)
+from graftrl.reporting import cells, compare_report
+from graftrl.reporting.cells import cell_config
+from graftrl.reporting.compare_report import ROW_KEYS
+from graftrl.reporting.compare_task import CompareTask
+from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, parse_matrix, preset_matrix
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.render import table_markdown
 from graftrl.storage.rundir import ExperimentDir
@@ -338,7 +332,7 @@ def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp
         {"step": 1, "model": "b", "train_rows": 32, "optimizer_steps": 2},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    totals = compare._compute_per_model(tmp_path, batch_prompts=4, n=8)
+    totals = cells._compute_per_model(tmp_path, batch_prompts=4, n=8)
     assert totals == {
         "rollouts_per_model": ((4 + 4) * 8 + (6 + 4) * 8) / 2,
         "rows_trained_per_model": (128 + 64) / 2,
@@ -410,7 +404,7 @@ def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(
 def test_a_cells_digest_ignores_fields_at_their_defaults(tiny_task):
     """A config field added later, at a default that keeps today's behaviour, leaves finished cells
     valid; a value that changes the cell, or CELL_VERSION, changes the digest."""
-    from graftrl.reporting.compare import _cell_digest
+    from graftrl.reporting.cells import _cell_digest
 
     plain = Variant("graft", "graft")
     digest = _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None))
@@ -419,11 +413,11 @@ def test_a_cells_digest_ignores_fields_at_their_defaults(tiny_task):
     changed = Variant("graft", "graft", {"graft.delta": 0.9})
     assert _cell_digest(tiny_task, cell_config(tiny_task, changed, 0, None)) != digest
     assert _cell_digest(tiny_task, cell_config(tiny_task, plain, 1, None)) != digest
-    compare.CELL_VERSION += 1
+    cells.CELL_VERSION += 1
     try:
         assert _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None)) != digest
     finally:
-        compare.CELL_VERSION -= 1
+        cells.CELL_VERSION -= 1
 
 
 def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_path):
@@ -439,7 +433,7 @@ def test_table_2_only_when_ablations_sit_beside_the_reference(tiny_task, tmp_pat
         ]
         out = tmp_path / "-".join(variants)
         out.mkdir(exist_ok=True)
-        return compare.write_report(out, matrix, rows, {}, tiny_task, 1, None, 0.0).read_text()
+        return compare_report.write_report(out, matrix, rows, {}, tiny_task, 1, None, 0.0).read_text()
 
     assert "## Table 1" in report(["grpo", "graft"]) and "## Table 2" not in report(["grpo", "graft"])
     with_ablation = report(["grpo", "graft", "no-gate"])
@@ -463,12 +457,43 @@ def test_exchange_tables_gate_every_transfer_and_rebuild_the_advantages_of_whole
         run = ExperimentDir(tmp_path).run(variant.name, 0).root
         run.mkdir(parents=True)
         (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
-    gates, masses = compare._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    gates, masses = tables.gates, tables.masses
     assert list(gates) == [variant.name for variant in matrix.variants]  # every variant logged a transfer
     assert list(masses) == ["graft", "no-gate"]  # pooled / success-only / HACPO train other weights
     assert masses["graft"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)  # one weight for all: sum stays 0
     assert masses["graft"]["gpt2"].correct == pytest.approx(0.9 * masses["no-gate"]["gpt2"].correct)
     assert masses["no-gate"]["gpt2"].net == pytest.approx(0.0, abs=1e-6)
+    # the log predates the applied weights: recomputed with each variant's rule, and said so
+    assert tables.recomputed == [variant.name for variant in matrix.variants] and not tables.logged_masses
+    assert gates["no-gate"]["gpt2"]["correct"].admitted == 3  # w = 1: all in, though the gate passes 3 too
+    assert gates["hacpo"]["gpt2"]["wrong"].admitted == 1  # HACPO has no gate
+
+
+def test_exchange_tables_read_the_logged_weights_of_any_rule(tiny_task, tmp_path):
+    """A log with w and A (graftrl's, since issue 23): the tables read what was trained."""
+    record = {
+        "step": 0,
+        "receiver": "gpt2",
+        "source": ["llama"] * 4,
+        "s": [0.9, 0.5, 0.95, 0.6],
+        "reward": [1, 1, 0, 0],
+        "w": [0.0, 0.5, 0.95, 0.0],  # random admission: 0.5 drawn in, 0.9 left out
+        "admitted": [False, True, True, False],
+        "advantage": [0.8, 0.8, -0.8, -0.8],
+        "prompt_id": ["p0"] * 4,
+    }
+    matrix = Matrix([Variant("random-admission", "graft", {"graft.admission": "random"})])
+    run = ExperimentDir(tmp_path).run("random-admission", 0).root
+    run.mkdir(parents=True)
+    (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
+    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    gate = tables.gates["random-admission"]["gpt2"]
+    assert (gate["correct"].passed, gate["correct"].admitted) == (1, 1)  # s > 0.8: 0.9; admitted: 0.5
+    assert (gate["wrong"].passed, gate["wrong"].admitted) == (1, 1)
+    mass = tables.masses["random-admission"]["gpt2"]  # random admission: now from the log
+    assert (mass.groups, mass.correct, mass.wrong) == (1, pytest.approx(0.4), pytest.approx(-0.76))
+    assert tables.recomputed == [] and tables.logged_masses
 
 
 def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tmp_path, monkeypatch, trained):

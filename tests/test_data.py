@@ -156,7 +156,7 @@ def format_prompt(problem: str, template: str = "{problem}", suffix: str | None 
     """Fill ``template`` (a ``str.format`` string) with the problem and instruction suffix.
 
     Used only here (it left ``graftrl.storage.data``): a run formats prompts with
-    ``worker.with_suffix`` and the policy's own template (``Policy.format_prompt``).
+    ``sampling.with_suffix`` and the policy's own template (``Policy.format_prompt``).
 
     ``{problem}`` is required; ``{suffix}`` places the suffix (empty when ``suffix`` is None).
     A template without ``{suffix}`` gets a non-None suffix appended after one space, so a bare

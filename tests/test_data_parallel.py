@@ -20,7 +20,8 @@ from conftest import FIXTURES, TextRewards, comparable_metrics, make_config
 from safetensors.torch import load_file
 
 from graftrl.config import ConfigError, config_from_dict
-from graftrl.training.parallel import RankFailure, rank_bundles, rank_device, split_rows
+from graftrl.training.parallel import rank_device, split_rows
+from graftrl.training.ranks import RankFailure, rank_bundles
 from graftrl.training.trainer import Trainer
 
 # Float tolerance of a 2-rank run against a 1-rank run. The samples, rewards, plans and row sets

@@ -214,9 +214,12 @@ def test_method_loss_aggregates_own_and_peer_rows_and_adds_kl_on_own_rows():
     peer_term = 0.9 * 0.9 * 2.0 * 0.5
     k3 = math.exp(-0.5) + 0.5 - 1.0  # only the first own token differs from the reference
     kl = (k3 / 4) / 4  # own row's token-mean, over the minibatch's 4 rows
-    assert float(metrics["kl"]) == pytest.approx(kl)
     assert float(loss.detach()) == pytest.approx(-(own_term + peer_term) / 4 + 1e-3 * kl, rel=1e-6)
-    assert float(metrics["peer_s_mean"]) == pytest.approx(0.9)
+    # the sums the worker adds up over the step: k3 over the own row's 4 tokens, one row each side
+    assert float(metrics["kl_sum"]) == pytest.approx(k3) and float(metrics["kl_tokens"]) == 4
+    assert float(metrics["peer_s_sum"]) == pytest.approx(0.9) and float(metrics["peer_rows"]) == 1
+    assert float(metrics["own_s_sum"]) == pytest.approx(1.0) and float(metrics["own_rows"]) == 1
+    assert float(metrics["peer_lower_bound_sum"]) == pytest.approx(0.8)  # lower_0 x 1 peer row
     # token-mean: each row's term weighted by its 4 tokens over the 8-token normalizer
     token_method = HACPO(loss_agg="token-mean", history=dict(method.history))
     loss, _ = token_method.loss(batch)
@@ -380,7 +383,13 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     assert {b.minibatch_index for b, _ in captured} == {0, 1}
     assert all(b.kl_coef == 1e-3 and b.ref_logp is not None for b, _ in captured)
     assert any(bool(b.is_peer.any()) and bool((~b.is_peer).any()) for b, _ in captured)
-    assert any("kl" in m for _, m in captured)
+    assert any("kl_sum" in m for _, m in captured)
+    for model in ("llama", "gpt2"):  # what the loss measured reaches metrics.jsonl
+        row = rows[(0, model)]
+        assert row["kl"] >= 0 and row["own_s_mean"] > 0 and row["peer_s_mean"] > 0
+        # peer rows in minibatches 0 and 1, lower_m = 0.8 + 0.025 m: the mean lies between
+        assert 0.8 <= row["peer_lower_bound"] <= 0.825
+        assert "clip_frac_peer_pos" not in row  # its peer clip has no sign split
     # before the first update the loss's peer ratio is the trainer's compatibility score
     compat = [
         json.loads(line) for line in (tmp_path / "full" / "compatibility.jsonl").read_text().splitlines()

@@ -396,7 +396,7 @@ def test_luffy_loss_own_clipped_peer_shaped_token_mean():
     )
     loss, metrics = LUFFY().loss(batch)
     assert float(loss.detach()) == pytest.approx(-(2 + 2 * 7 / 6) / 4, rel=1e-6)
-    assert float(metrics["peer_clipped_tokens"]) == 0 and float(metrics["peer_tokens"]) == 2
+    assert float(metrics["peer_clipped_tokens"]) == 0 and "peer_s_sum" not in metrics  # no peer ratio
     loss.backward()
     hand = -(2.0 / 4) * torch.tensor([0.1 * 0.5 / 0.36, 0.1 * 0.05 / 0.0225])
     torch.testing.assert_close(logp.grad[1], hand)
@@ -493,7 +493,7 @@ def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
     )
     assert float(grpo.detach()) == pytest.approx(-1.0)
     assert float(loss.detach()) == pytest.approx(float(grpo.detach()) + 0.1 * 2.0)
-    assert float(metrics["nll"]) == pytest.approx(2.0) and float(metrics["nll_tokens"]) == 3
+    assert float(metrics["nll_sum"]) == pytest.approx(6.0) and float(metrics["nll_tokens"]) == 3
     loss.backward()
     torch.testing.assert_close(logp.grad[1:], torch.tensor([[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]]))
     # without NLL rows it is exactly the GRPO loss
@@ -504,10 +504,11 @@ def test_sgt_loss_is_grpo_plus_lambda_token_mean_nll():
 def test_sgt_nll_normalization_over_nll_tokens_or_the_whole_minibatch():
     # the NLL rows' 6 nats over their 3 tokens, or over all 5 tokens (the own row adds 2)
     batch = sgt_batch(torch.tensor(SGT_LOGP), minibatch_tokens=5)
-    assert float(SGT().loss(batch)[1]["nll"]) == pytest.approx(6 / 3)
+    assert float(SGT().loss(batch)[0]) == pytest.approx(-1.0 + 0.1 * 6 / 3)
     whole = SGT(nll_normalization="minibatch_tokens").loss(batch)
-    assert float(whole[1]["nll"]) == pytest.approx(6 / 5)
     assert float(whole[0]) == pytest.approx(-1.0 + 0.1 * 6 / 5)
+    # the logged NLL is the token-mean either way: 6 nats over 3 tokens
+    assert float(whole[1]["nll_sum"]) == pytest.approx(6.0) and float(whole[1]["nll_tokens"]) == 3
 
 
 def test_sgt_nll_groups_train_with_their_prompt():
@@ -552,7 +553,7 @@ def test_sgt_end_to_end(tiny_checkpoints, tmp_path, monkeypatch):
     def spy(self, batch):
         loss, metrics = original(self, batch)
         nll = int(batch.is_nll.sum()) if batch.is_nll is not None else 0
-        seen.append((batch.receiver, nll, float(metrics.get("nll", 0.0))))
+        seen.append((batch.receiver, nll, float(metrics.get("nll_sum", 0.0))))
         return loss, metrics
 
     monkeypatch.setattr(SGT, "loss", spy)
@@ -566,6 +567,7 @@ def test_sgt_end_to_end(tiny_checkpoints, tmp_path, monkeypatch):
         assert row["peer_responses"] == 0  # NLL rows are not scored or weighted
         assert row["optimizer_steps"] == 2  # 4 prompts, 2 per step; the NLL row rides with its prompt
         assert row["train_tokens"] > 0
+        assert row["nll"] > 0  # the NLL term's token-mean reaches metrics.jsonl
 
 
 def test_luffy_end_to_end(tiny_checkpoints, tmp_path):

@@ -31,6 +31,7 @@ from graftrl.storage.rundir import (
     read_metrics,
     undeclared_keys,
 )
+from graftrl.training.log_schema import metric_keys
 from graftrl.training.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -139,11 +140,11 @@ def test_declared_keys_match_names_and_patterns():
 
 
 def test_docs_metrics_md_is_generated_from_the_schema():
-    assert DOCS.read_text() == keys_markdown(), (
+    assert DOCS.read_text() == keys_markdown(metric_keys()), (
         "regenerate: graftrl metrics-reference --markdown > docs/metrics.md"
     )
     result = CliRunner().invoke(app, ["metrics-reference", "--markdown"])
-    assert result.exit_code == 0 and result.output == keys_markdown()
+    assert result.exit_code == 0 and result.output == keys_markdown(metric_keys())
     table = CliRunner().invoke(app, ["metrics-reference"], env={"COLUMNS": "200"})
     assert (
         table.exit_code == 0
@@ -186,14 +187,14 @@ def test_sinks_carry_the_schema(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", tensorboard)
     monkeypatch.setitem(sys.modules, "wandb", wandb)
 
-    logger = MetricsLogger(tmp_path, tensorboard=True, wandb=True)
+    logger = MetricsLogger(tmp_path, tensorboard=True, wandb=True, keys=metric_keys())
     logger.log({"step": 2, "model": "a", "method": "graft", "reward_mean": 0.5, "family_reward/add": 1.0})
     logger.log(
         {"step": 3, "model": "a", "reward_mean": 0.6, "time_step": 2.0, "loss": 0.1, "memory_peak_mb": 9}
     )
     logger.close()
     assert calls["logdir"] == str(RunDir(tmp_path).tensorboard)
-    assert calls["text"] == [("graftrl/metric_keys", keys_markdown(), 0)]
+    assert calls["text"] == [("graftrl/metric_keys", keys_markdown(metric_keys()), 0)]
     assert calls["scalar"][:2] == [("a/reward_mean", 0.5, 2), ("a/family_reward/add", 1.0, 2)]
     assert calls["log"][0] == ({"a/reward_mean": 0.5, "a/family_reward/add": 1.0}, 2)
     assert len(calls["scalar"]) == 6 and calls["log"][1][1] == 3
@@ -270,7 +271,7 @@ def test_every_logged_key_is_declared(tiny_checkpoints, tmp_path, method):
     run = short_run(tiny_checkpoints, tmp_path, method, **sections)
     metrics = read_metrics(run.root)
     assert len(metrics) == 2
-    assert undeclared_keys(metrics) == []
+    assert undeclared_keys(metrics, metric_keys()) == []
     assert undeclared_keys(read_jsonl(run.samples), SAMPLE_KEYS) == []
     assert all(any(key.startswith("family_reward/") for key in row) for row in metrics)
     if method == "graft":

@@ -54,9 +54,9 @@ def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, 
     for worker in trainer.workers:
 
         def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
-            rows, info = original(step, rollout, plan, records, *rest)
-            captured[worker.name] = (rows, rollout, records, plan)
-            return rows, info
+            batch = original(step, rollout, plan, records, *rest)
+            captured[worker.name] = (batch.rows, rollout, records, plan)
+            return batch
 
         worker._training_rows = spy
     trainer.logger = MetricsLogger(tmp_path / "run")
@@ -66,26 +66,26 @@ def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, 
     fresh = Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ")
     rows, rollout, records, plan = captured["gpt2"]
     n = 4
-    peer_rows = [r for r in range(len(rows.group)) if rows.is_peer[r]]
+    peer_rows = [row for row in rows if row.peer]
     assert len(peer_rows) == n
-    assert [plan.groups[rows.group[r]].prompt for r in peer_rows] == [1] * n
+    assert [plan.groups[row.group].prompt for row in peer_rows] == [1] * n
     for i, row in enumerate(peer_rows):
         record = records["llama"][1 * n + i]
         expected_ids = fresh.encode_response(record.response, record.finished)
-        assert rows.response_ids[row] == expected_ids
-        assert rows.prompt_ids[row] == rollout.prompt_ids[1]
-        assert rows.advantages[row] == pytest.approx(record.advantage)
+        assert row.response_ids == expected_ids
+        assert row.prompt_ids == rollout.prompt_ids[1]
+        assert row.advantage == pytest.approx(record.advantage)
         expected_old = fresh.score([rollout.prompt_ids[1]], [expected_ids])[0]
-        assert torch.allclose(rows.old_logprobs[row], expected_old, atol=1e-6)
+        assert torch.allclose(row.old_logprobs, expected_old, atol=1e-6)
         s = torch.exp(torch.tensor(content_mean_logprob(expected_old, record.finished) - record.mean_logprob))
-        assert rows.weights[row] == pytest.approx(float(compatibility_weight(s, 0.8)), abs=1e-5)
-    own_rows = [r for r in range(len(rows.group)) if not rows.is_peer[r]]
+        assert row.weight == pytest.approx(float(compatibility_weight(s, 0.8)), abs=1e-5)
+    own_rows = [row for row in rows if not row.peer]
     assert len(own_rows) == 3 * n
     for row in own_rows:
-        prompt = plan.groups[rows.group[row]].prompt
+        prompt = plan.groups[row.group].prompt
         assert prompt != 1
-        assert rows.response_ids[row] in rollout.response_ids[prompt * n : (prompt + 1) * n]
-        assert rows.weights[row] == 1.0
+        assert row.response_ids in rollout.response_ids[prompt * n : (prompt + 1) * n]
+        assert row.weight == 1.0
 
 
 def test_graft_without_transfer_is_grpo(tiny_checkpoints, tmp_path):
@@ -183,7 +183,7 @@ def test_a_checkpoint_from_before_update_state_resumes_exactly(tiny_checkpoints,
     """Checkpoints written before update_state.json existed: AdamW's state says which parameters
     had a gradient."""
     from graftrl.storage.checkpoint import write_manifest
-    from graftrl.training.worker import UPDATE_STATE
+    from graftrl.training.policy_state import UPDATE_STATE
 
     pattern = [*ALL_MIXED, *NO_SIGNAL, *ALL_MIXED]
     config = make_config(tiny_checkpoints, method="grpo", steps=3)

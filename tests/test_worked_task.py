@@ -131,7 +131,7 @@ def test_fingerprint_includes_the_task():
 
 
 def test_demo_settings_take_the_tasks_response_limit():
-    from graftrl.reporting.compare import DEFAULT, demo_settings
+    from graftrl.reporting.compare_task import DEFAULT, demo_settings
 
     assert DEFAULT.task == DEFAULT_TASK and DEFAULT.max_new_tokens == get_task(DEFAULT_TASK).max_new_tokens
     worked = demo_settings("worked")
@@ -172,7 +172,7 @@ def test_cli_rejects_an_unknown_task(command):
 
 
 def test_demo_diagnostics_report_the_all_fail_share():
-    from graftrl.reporting.analyze import summarize_exchange
+    from graftrl.reporting.diagnostics import summarize_exchange
     from graftrl.reporting.render import diagnostics_table
 
     rows = [

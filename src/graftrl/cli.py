@@ -180,10 +180,11 @@ def _setup(
         ),
     ] = None,
 ) -> None:
-    """graftrl shows its own progress; silence per-file load/save bars of transformers."""
-    from transformers.utils import logging as hf_logging
+    """graftrl shows its own progress; silence per-file load/save bars of transformers (here and in
+    the workers a command spawns)."""
+    from graftrl.console import quiet_transformers
 
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     if ctx.invoked_subcommand not in _TORCH_COMMANDS:
         return
     import torch
@@ -317,12 +318,14 @@ def metrics_reference_command(
     markdown: Annotated[bool, typer.Option(help="Print Markdown tables (docs/metrics.md).")] = False,
 ) -> None:
     """Print every key of the run folder's logs (metrics.jsonl, validation.jsonl, ...): meaning and unit."""
-    from graftrl.storage.rundir import LOGS, keys_markdown
+    from graftrl.storage.rundir import keys_markdown, logs
+    from graftrl.training.log_schema import metric_keys
 
+    declared = metric_keys()  # the trainer's and every method's loss metrics
     if markdown:
-        print(keys_markdown(), end="")
+        print(keys_markdown(declared), end="")
         return
-    for log, keys in LOGS.items():
+    for log, keys in logs(declared).items():
         table = Table("key", "meaning", "unit", "group", title=log, title_justify="left")
         for key in keys:
             table.add_row(key.name, key.meaning, key.unit, key.group)
@@ -538,9 +541,12 @@ def analyze(
     ] = None,
 ) -> None:
     """Diagnostics of a run: complementarity, exchange, s/w, clipping, curves, compute."""
+    from graftrl.reporting.analysis_report import write_analysis
     from graftrl.reporting.analyze import analyze_run
+    from graftrl.storage.rundir import RunDir
 
-    result = analyze_run(run_dir, out, store_dir=store)
+    result = analyze_run(run_dir, store_dir=store)
+    written = write_analysis(result, out or RunDir(run_dir).analysis)
     comp = result.compute
     console.print(
         f"{len(result.steps)} steps of {', '.join(result.models)}; "
@@ -548,7 +554,7 @@ def analyze(
     )
     if result.store_ok is False:
         console.print("[yellow]warning:[/yellow] the trajectory store has problems; see the report")
-    console.print(f"wrote {result.report} and {len(result.plots)} plots")
+    console.print(f"wrote {written.report} and {len(written.plots)} plots")
 
 
 @app.command()
@@ -589,7 +595,8 @@ def compare(
     ] = False,
 ) -> None:
     """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
-    from graftrl.reporting.compare import CompareError, load_matrix, run_compare
+    from graftrl.reporting.compare import run_compare
+    from graftrl.reporting.matrix import CompareError, load_matrix
 
     _check_task(task)
     if preset is not None and matrix is not None:

@@ -21,6 +21,7 @@ from graftrl.core.losses import (
     clipped_policy_loss,
     clipped_token_mask,
     k3_kl,
+    k3_sums,
     nll_loss,
     truncated_is_weights,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "hacpo_advantages",
     "hacpo_peer_terms",
     "k3_kl",
+    "k3_sums",
     "mean_token_logprob",
     "minibatch_order",
     "multi_source_selection",

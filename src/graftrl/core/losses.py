@@ -54,7 +54,9 @@ def clipped_policy_loss(
     c * a, so an exploding ratio on a bad token cannot dominate (verl's default 3.0; None = off,
     docs/algorithm.md's eq. 10). ``log_ratio_clamp``: log rho is clamped to [-x, x] before exp (None = off).
     Masked tokens are selected out before any arithmetic, so non-finite padding never matters.
-    Metrics are detached counts (sum them across calls) plus this call's fractions.
+    Metrics are detached counts and sums (add them across calls) plus this call's fractions; with
+    ``is_peer``, also per side the rows with kept tokens and the sum of their sequence ratios
+    s_j = exp(mean_t log rho_{j,t}) (how far the update has moved each row from the old policy).
     """
     kept_rows = weights > 0
     token_mask = mask.bool() & kept_rows.unsqueeze(-1)  # [B, T]
@@ -94,6 +96,12 @@ def clipped_policy_loss(
             metrics["peer_neg_clipped_tokens"] = (clipped & peer_tokens & negative).sum().float()
             metrics["own_tokens"] = own_tokens.sum().float()
             metrics["own_clipped_tokens"] = (clipped & own_tokens).sum().float()
+            row_tokens = token_mask.sum(dim=-1)  # [B]
+            s = torch.exp(log_ratio.sum(dim=-1) / row_tokens.clamp(min=1))  # [B]
+            for side, rows in (("own", ~is_peer.bool()), ("peer", is_peer.bool())):
+                trained = rows & (row_tokens > 0)  # [B]
+                metrics[f"{side}_rows"] = trained.sum().float()
+                metrics[f"{side}_s_sum"] = torch.where(trained, s, zero).sum()
     return loss, metrics
 
 
@@ -118,9 +126,24 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, normalizer: float | Tens
     selected = weights != 0
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     d = torch.where(selected, ref_logp - logp, zero).clamp(-20.0, 20.0)
-    per_token = torch.where(selected, (torch.exp(d) - d - 1.0) * weights, zero)
+    per_token = torch.where(selected, _k3(d) * weights, zero)
     denominator = weights.sum().clamp(min=1) if normalizer is None else normalizer
     return per_token.sum() / denominator
+
+
+def _k3(d: Tensor) -> Tensor:
+    """k3 = exp(d) - d - 1 of d = log pi_ref - log pi (clamped by the caller)."""
+    return torch.exp(d) - d - 1.0
+
+
+def k3_sums(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(sum of k3 over the tokens of ``mask``, their count), detached: the sums of a token-mean KL
+    estimate that add up exactly across micro-batches. logp, ref_logp, mask (bool): [B, T]."""
+    with torch.no_grad():
+        selected = mask.bool()
+        zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+        d = torch.where(selected, ref_logp - logp, zero).clamp(-20.0, 20.0)
+        return torch.where(selected, _k3(d), zero).sum(), selected.sum().float()
 
 
 def nll_loss(logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:

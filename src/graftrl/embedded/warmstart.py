@@ -15,6 +15,7 @@ tokens and the EOS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -22,8 +23,8 @@ import multiprocessing as mp
 import random
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,7 @@ def warm_start(
     check_problems: int = 128,
     task: str = ORIGINAL_TASK,
     progress: bool = False,
+    report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Supervised warm-start of ``spec_name`` on ``families_mix``; save to ``out_dir``.
 
@@ -247,6 +249,8 @@ def warm_start(
     0/1 reward. Stops once the mix-weighted accuracy reaches ``target_accuracy`` or after
     ``max_steps`` (or, as a safety net, ``max_seconds`` CPU-seconds of training steps: CPU time,
     not wall time, so that other processes on the machine do not change the model). Writes the model, the tokenizer and ``REPORT_NAME``.
+    ``report``: called after every optimizer step with ``{"step", "max_steps", "accuracy" (the
+    last check's mix-weighted sampled accuracy, None before the first), "target"}``.
 
     Returns:
         The report: spec, mix, seed, fingerprint, seconds, steps, final per-family accuracy,
@@ -280,6 +284,7 @@ def warm_start(
     train_s = 0.0
     reached = False
     acc: dict[str, float] = {}
+    sampled: float | None = None
     model.train()
     while True:
         ts = time.process_time()
@@ -303,7 +308,10 @@ def warm_start(
         step += 1
         train_s += time.process_time() - ts
         out_of_budget = step >= max_steps or train_s >= max_seconds
-        if step % check_every_steps == 0 or out_of_budget:
+        checking = step % check_every_steps == 0 or out_of_budget
+        if report is not None and not checking:
+            report({"step": step, "max_steps": max_steps, "accuracy": sampled, "target": target_accuracy})
+        if checking:
             check_round += 1
             probe = []
             for j, n in enumerate(names):
@@ -325,6 +333,9 @@ def warm_start(
                     "mix_acc": round(mixed, 4),
                 }
             )
+            sampled = mixed
+            if report is not None:
+                report({"step": step, "max_steps": max_steps, "accuracy": sampled, "target": target_accuracy})
             if progress:
                 print(f"{spec_name} {history[-1]}", flush=True)
             if mixed >= target_accuracy:
@@ -379,11 +390,14 @@ def prepare_embedded_models(
     progress: bool = False,
     mixes: Mapping[str, Mapping[str, float]] | None = None,
     settings: Mapping[str, float] | None = None,
+    on_progress: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Path]:
     """Warm-start both embedded models for ``task`` (or reuse the cache); their folders by spec name.
 
     ``mixes``: family mix per spec name, default the task's (``TASK_MIXES``; ``overlap_mixes``
     gives the sweep's). ``settings``: stop settings replacing the task's (e.g. ``MASTERY_WARMSTART``).
+    ``on_progress(spec name, report)``: each model's ``warm_start`` reports, in this process
+    (a display; workers send theirs through a queue).
 
     A model is reused when ``cache_dir/<spec>-<fingerprint>/`` holds a report with the same
     fingerprint (spec, mix, task, seed, stop settings). Missing models are trained in parallel
@@ -418,15 +432,13 @@ def prepare_embedded_models(
             }
     if jobs:
         if parallel and len(jobs) > 1:
-            with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
-                futures = [pool.submit(warm_start, threads=1, **kw) for kw in jobs.values()]
-                for f in futures:
-                    f.result()
+            _warm_start_in_workers(jobs, on_progress)
         else:
             import torch
 
-            for kw in jobs.values():  # in this process, on the threads it was given (--threads)
-                warm_start(threads=torch.get_num_threads(), **kw)
+            for name, kw in jobs.items():  # in this process, on the threads it was given (--threads)
+                report = (lambda info, name=name: on_progress(name, info)) if on_progress else None
+                warm_start(threads=torch.get_num_threads(), report=report, **kw)
         for name in jobs:
             report = json.loads((paths[name] / REPORT_NAME).read_text())
             if not report["reached_target"]:
@@ -437,6 +449,52 @@ def prepare_embedded_models(
                     file=sys.stderr,
                 )
     return paths
+
+
+class _QueueReport:
+    """A worker's ``warm_start`` reports, sent to the parent (picklable, unlike a closure)."""
+
+    def __init__(self, queue: Any, name: str) -> None:
+        self.queue, self.name = queue, name
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        self.queue.put((self.name, info))
+
+
+def _quiet_warm_start(**kw: Any) -> dict[str, Any]:
+    """``warm_start`` in a worker process of graftrl's: without transformers' per-file bars."""
+    from graftrl.console import quiet_transformers
+
+    quiet_transformers()
+    return warm_start(**kw)
+
+
+def _warm_start_in_workers(
+    jobs: Mapping[str, dict[str, Any]], on_progress: Callable[[str, dict[str, Any]], None] | None
+) -> None:
+    """Each model in its own process (one thread each); their reports drained here as they come."""
+    context = mp.get_context("spawn")
+    reporting = context.Manager() if on_progress is not None else contextlib.nullcontext()
+    with ProcessPoolExecutor(len(jobs), mp_context=context) as pool, reporting as manager:
+        queue = manager.Queue() if manager is not None else None
+        pending = {
+            pool.submit(
+                _quiet_warm_start, threads=1, report=_QueueReport(queue, name) if queue else None, **kw
+            )
+            for name, kw in jobs.items()
+        }
+
+        def drain() -> None:
+            while queue is not None and not queue.empty():
+                assert on_progress is not None
+                on_progress(*queue.get())
+
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            drain()
+            for future in done:
+                future.result()
+        drain()
 
 
 def _main() -> None:

@@ -2,6 +2,7 @@
 
 Nothing else in graftrl imports these libraries. Each integration imports without its library
 installed and fails only when a part that needs it is used, with a one-line install hint.
-Integrations sit beside the CLI at the top of the layers: they may import storage, core, methods
-and models (and never training, reporting or the CLI).
+Integrations sit beside the CLI at the top of the layers: they may import storage, core, methods,
+models and training's rollout -> record converter (``training.trajectories``, so a recorded run's
+rows are the trainer's), never reporting or the CLI (tests/test_layers.py).
 """

@@ -23,9 +23,11 @@ from graftrl.core import (
     clipped_policy_loss,
     compatibility_score,
     k3_kl,
+    k3_sums,
     minibatch_order,
     pooled_minibatch_order,
 )
+from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S, PEER_S, LossMetric
 
 M = TypeVar("M", bound="Method")
 
@@ -207,6 +209,9 @@ class Method:
     (``peer_weights``) and a line in compatibility.jsonl. With this and
     ``needs_peer_old_logprobs`` both False the receiver never scores peer rows: each enters with
     w = 1."""
+    loss_metrics: ClassVar[tuple[LossMetric, ...]] = CLIPPING
+    """The metrics.jsonl keys of the loss (``loss_metrics.LossMetric``): each the ratio of two sums
+    the loss returns (or of a sum and the worker's count of trained tokens)."""
 
     def __init__(self, options: ConfigSection | None = None, /, **fields: Any) -> None:
         if self.section is None:
@@ -289,8 +294,16 @@ class Method:
         return minibatch_order(is_peer, prompts_per_minibatch, self.peer_position, generator)  # type: ignore[arg-type]
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-        """(loss to minimise, detached metrics) of one micro-batch."""
+        """(loss to minimise, detached sums) of one micro-batch: the sums ``loss_metrics`` name,
+        which the worker adds over the step's micro-batches, minibatches and ranks."""
         raise NotImplementedError
+
+    @classmethod
+    def loss_sums(cls, values: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The entries of ``values`` that ``loss_metrics`` name (a core loss function returns more:
+        counts of its own call and fractions)."""
+        names = {name for metric in cls.loss_metrics for name in metric.sums()}
+        return {key: value for key, value in values.items() if key in names}
 
     # ----- state across steps ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -305,8 +318,10 @@ class Method:
 class ClippedSurrogate(Method):
     """The DAPO/GRAFT clipped surrogate (eq. 10), with the k3 KL of own rows when configured."""
 
+    loss_metrics = (*CLIPPING, *CLIPPING_BY_SIGN, OWN_S, PEER_S, KL)
+
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, metrics = clipped_policy_loss(
+        loss, core = clipped_policy_loss(
             batch.logp,
             batch.old_logp,
             batch.advantages,
@@ -320,11 +335,12 @@ class ClippedSurrogate(Method):
             clip_ratio_c=batch.clip_ratio_c,
             log_ratio_clamp=batch.log_ratio_clamp,
         )
+        metrics = self.loss_sums(core)
         if batch.ref_logp is not None and batch.kl_coef > 0:
             own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)
             kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
             loss = loss + batch.kl_coef * kl
-            metrics["kl"] = kl.detach()
+            metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
         return loss, metrics
 
 

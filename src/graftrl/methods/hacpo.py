@@ -70,6 +70,7 @@ from graftrl.core import (
     hacpo_advantages,
     hacpo_peer_terms,
     k3_kl,
+    k3_sums,
     stepwise_lower_bound,
 )
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
@@ -84,6 +85,7 @@ from graftrl.methods.base import (
     WholePromptMinibatches,
     register_method,
 )
+from graftrl.methods.loss_metrics import CLIPPING, KL, OWN_S, PEER_S, LossMetric
 
 
 class HacpoConfig(ConfigSection):
@@ -116,6 +118,16 @@ class HacpoConfig(ConfigSection):
     prompts (K x n rows each) per step (graftrl before 0.2: 2 steps at the same sizes)."""
 
 
+PEER_LOWER_BOUND = LossMetric(
+    "peer_lower_bound",
+    "peer_lower_bound_sum",
+    "peer_rows",
+    "mean over the peer rows trained of the lower bound lower_m of their ratio clip [lower_m, 1] "
+    "(HACPO's stepwise clip: it rises with the optimizer step m)",
+    "ratio",
+)
+
+
 @register_method("hacpo")
 class HACPO(WholePromptMinibatches, Method):
     """K >= 2 agents; each trains on every prompt's pooled group with capability corrections.
@@ -124,6 +136,7 @@ class HACPO(WholePromptMinibatches, Method):
     the capability tracker's state."""
 
     section = HacpoConfig
+    loss_metrics = (*CLIPPING, OWN_S, PEER_S, KL, PEER_LOWER_BOUND)  # its peer clip has no sign split
     allows_tis = False  # own rows use GSPO's sequence ratio, peer rows the source's behaviour mean
     needs_peer_old_logprobs = False  # the peer term compares with the source's mean (the record)
     # Peers are still scored: s is the peer ratio at the first optimizer step (compatibility.jsonl).
@@ -284,18 +297,21 @@ class HACPO(WholePromptMinibatches, Method):
             kl_mask = (mask & is_own.unsqueeze(-1)).to(logp.dtype)
 
         with torch.no_grad():
-            own_rows, peer_rows = is_own, is_peer
+            zero = own_s.new_zeros(())
             metrics: dict[str, Tensor] = {
-                "own_tokens": (lengths * own_rows).sum(),
-                "peer_tokens": (lengths * peer_rows).sum(),
-                "own_clipped_tokens": (lengths * (own_clipped & own_rows)).sum(),
-                "peer_clipped_tokens": (lengths * (peer_clipped & peer_rows)).sum(),
-                "own_s_mean": own_s[own_rows].mean() if bool(own_rows.any()) else own_s.new_zeros(()),
-                "peer_s_mean": peer_s[peer_rows].mean() if bool(peer_rows.any()) else own_s.new_zeros(()),
-                "peer_lower_bound": own_s.new_tensor(lower),
+                "own_clipped_tokens": (lengths * (own_clipped & is_own)).sum(),
+                "peer_clipped_tokens": (lengths * (peer_clipped & is_peer)).sum(),
+                "own_rows": is_own.sum().float(),
+                "own_s_sum": torch.where(is_own, own_s, zero).sum(),
+                "peer_rows": is_peer.sum().float(),
+                "peer_s_sum": torch.where(is_peer, peer_s, zero).sum(),
+                "peer_lower_bound_sum": lower * is_peer.sum().float(),
             }
         if batch.ref_logp is not None and batch.kl_coef > 0:
             kl = k3_kl(logp, batch.ref_logp, kl_mask, normalizer=denominator)
             loss = loss + batch.kl_coef * kl
-            metrics["kl"] = kl.detach()
+            # the token-mean over own tokens whatever loss_agg weighs them with
+            metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(
+                logp, batch.ref_logp, mask & is_own.unsqueeze(-1)
+            )
         return loss, metrics

@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from graftrl.core import k3_kl
+from graftrl.core import k3_kl, k3_sums
 from graftrl.core.luffy import GAMMA, luffy_policy_loss
 from graftrl.methods.base import (
     ConfigSection,
@@ -31,6 +31,7 @@ from graftrl.methods.base import (
     register_method,
 )
 from graftrl.methods.graft import GRAFT, GraftConfig
+from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S
 
 
 class LuffyConfig(ConfigSection):
@@ -49,6 +50,7 @@ class LUFFY(Method):
     section, or keyword arguments here)."""
 
     section = LuffyConfig
+    loss_metrics = (*CLIPPING, *CLIPPING_BY_SIGN, OWN_S, KL)  # peer tokens have no ratio (no s)
     allows_tis = False  # peer tokens have no ratio; own rows keep the rollout's behaviour log-probs
     needs_peer_old_logprobs = False  # f(pi_theta) only: no ratio to an old policy on peer tokens
     scores_peers = False  # no compatibility gate or weight
@@ -84,7 +86,7 @@ class LUFFY(Method):
         return GRAFT(balance=self.balance).plan(outcomes, generator)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, metrics = luffy_policy_loss(
+        loss, core = luffy_policy_loss(
             batch.logp,
             batch.old_logp,
             batch.advantages,
@@ -98,11 +100,12 @@ class LUFFY(Method):
             clip_ratio_c=batch.clip_ratio_c,
             log_ratio_clamp=batch.log_ratio_clamp,
         )
+        metrics = self.loss_sums(core)
         if batch.ref_logp is not None and batch.kl_coef > 0:
             own_mask = (
                 batch.mask.bool() & ~batch.is_peer.bool().unsqueeze(-1) & (batch.weights > 0).unsqueeze(-1)
             )
             kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
             loss = loss + batch.kl_coef * kl
-            metrics["kl"] = kl.detach()
+            metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
         return loss, metrics

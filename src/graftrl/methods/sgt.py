@@ -49,6 +49,7 @@ from graftrl.methods.base import (
     own_groups,
     register_method,
 )
+from graftrl.methods.loss_metrics import LossMetric
 
 
 class SGTConfig(ConfigSection):
@@ -68,11 +69,22 @@ class SGTConfig(ConfigSection):
     step; default), or all its tokens, surrogate and NLL (one token-mean over a mixed batch)."""
 
 
+NLL = LossMetric(
+    "nll",
+    "nll_sum",
+    "nll_tokens",
+    "token-mean negative log-likelihood of the peer successes trained with SGT's NLL term (before "
+    "`sgt.nll_coef`)",
+    "nats",
+)
+
+
 @register_method("sgt")
 class SGT(ClippedSurrogate):
     """GRPO on own groups + nll_coef * token-mean NLL of one drawn peer success per eligible prompt."""
 
     section = SGTConfig
+    loss_metrics = (*ClippedSurrogate.loss_metrics, NLL)
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -135,6 +147,6 @@ class SGT(ClippedSurrogate):
             denominator = batch.nll_normalizer if tokens_only else batch.minibatch_tokens
             nll = nll_loss(batch.logp, nll_mask, normalizer=denominator)
             loss = loss + self.nll_coef * nll
-            metrics["nll"] = nll.detach()
+            metrics["nll_sum"] = nll_loss(batch.logp.detach(), nll_mask, normalizer=1.0)
             metrics["nll_tokens"] = nll_mask.sum().float()
         return loss, metrics

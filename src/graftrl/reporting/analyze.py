@@ -1,8 +1,8 @@
-"""`graftrl analyze RUN_DIR`: the paper's diagnostics for one run, as plots and analysis.md.
+"""`graftrl analyze RUN_DIR`: the paper's diagnostics for one run.
 
 This module reads the run and computes the numbers (``RunAnalysis`` and its parts, from pure
-functions of the loaded rows; the equations from ``graftrl.core``); ``render`` writes them as
-analysis.md and ``plots`` draws the figures.
+functions of the loaded rows; the equations from ``graftrl.core``); it writes nothing:
+``analysis_report`` writes them as analysis.md and ``plots`` draws the figures.
 
 Inputs (all in the run folder): metrics.jsonl (required), compatibility.jsonl, validation.jsonl,
 config.yaml, best/best.json and a trajectory store (``store/``), each used when present.
@@ -14,9 +14,12 @@ Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
   prompt (``all_fail_frac == 0``) are undefined and left out of the mean. With a store, the value
   is recomputed from the stored rewards and compared step by step.
 - exchange per direction S -> R: candidates and selected prompts from R's metrics
-  (``candidates/S``, ``selected/S``); transferred responses and admitted ones (s > delta) from
-  compatibility.jsonl (fallback: R's ``peer_responses`` / ``peer_admitted`` when R has one source).
-- w = 1[s > delta] * min(s, 1), delta from config.yaml ``graft.delta`` (default 0.8).
+  (``candidates/S``, ``selected/S``); transferred responses and the admitted ones (w > 0: they
+  entered the loss) from compatibility.jsonl (fallback: R's ``peer_responses`` /
+  ``peer_admitted`` when R has one source).
+- w: the weight each transferred response was trained with, as compatibility.jsonl logs it; a
+  log written before it did is recomputed with the run's rule from config.yaml (``weights``:
+  eq. 8 with ``graft.delta``, default 0.8; w = 1 without the gate), with a note.
 - clipping: mean over steps of the per-step clipped-token fractions; the zero-peer-clipping share
   counts, among (step, receiver) pairs that trained on peer tokens (``clip_frac_peer`` logged),
   those with ``clip_frac_peer == 0``.
@@ -29,26 +32,22 @@ Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
-from graftrl.core import compatibility_weight, complementarity
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
+from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
+from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
 from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
 
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
-_STORE_TOLERANCE = 1e-6
 
 
 class AnalysisError(UserError):
@@ -58,22 +57,6 @@ class AnalysisError(UserError):
 # ------------------------------------------------------------------------------------------
 # Results
 # ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Complementarity:
-    receiver: str
-    peer: str
-    by_step: dict[int, float]
-    """Metrics value at every step where the receiver had an all-fail prompt."""
-    store_by_step: dict[int, float] | None = None
-    """Recomputed from the store's rewards (None without a store)."""
-    mismatches: list[tuple[int, float, float]] = field(default_factory=list)
-    """(step, metrics value, store value) where the two disagree."""
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.fmean(self.by_step.values()) if self.by_step else None
 
 
 @dataclass
@@ -87,7 +70,9 @@ class Exchange:
     admitted: list[int | None]
     s: list[float]
     """Every compatibility score of the direction (from compatibility.jsonl)."""
-    w: list[float]
+    w: list[float] | None
+    """The weight each of them was trained with (None: a log without weights whose rule cannot be
+    recomputed, random admission)."""
 
     @property
     def admission_rate(self) -> float | None:
@@ -148,11 +133,14 @@ class Compute:
 @dataclass
 class RunAnalysis:
     run_dir: Path
-    out_dir: Path
     method: str
     models: list[str]
     steps: list[int]
     delta: float
+    weight_rule: WeightRule
+    """How the run weighed transferred responses (what ``w`` is recomputed with for an old log)."""
+    weights_logged: bool
+    """compatibility.jsonl records the applied weights (else they were recomputed)."""
     complementarity: list[Complementarity]
     exchange: list[Exchange]
     clipping: Clipping
@@ -161,13 +149,10 @@ class RunAnalysis:
     store_report: str | None
     store_ok: bool | None
     notes: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """metrics.jsonl, one row per (step, model) (a step logged twice by a resume: the later row)."""
     sources: list[str] = field(default_factory=list)
     """The files the analysis read (metrics.jsonl first)."""
-    plots: dict[str, Path] = field(default_factory=dict)
-
-    @property
-    def report(self) -> Path:
-        return self.out_dir / "analysis.md"
 
 
 # ------------------------------------------------------------------------------------------
@@ -239,91 +224,8 @@ def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
 # ------------------------------------------------------------------------------------------
 
 
-def complementarity_by_step(
-    rows: Sequence[Mapping[str, Any]], models: Sequence[str]
-) -> list[Complementarity]:
-    """Each (receiver, peer) pair's logged complementarity, at the steps where it is defined.
-
-    A step where the receiver had no all-fail prompt (``all_fail_frac == 0``) is left out.
-    """
-    fail_frac = {(int(r["step"]), r["model"]): r.get("all_fail_frac") for r in rows}
-    comps: list[Complementarity] = []
-    for receiver in models:
-        peers = sorted(
-            {
-                k.split("/", 1)[1]
-                for r in rows
-                if r["model"] == receiver
-                for k in r
-                if k.startswith("complementarity/")
-            }
-        )
-        for peer in peers:
-            by_step = {
-                int(r["step"]): float(r[f"complementarity/{peer}"])
-                for r in rows
-                if r["model"] == receiver
-                and r.get(f"complementarity/{peer}") is not None
-                and fail_frac.get((int(r["step"]), receiver)) != 0
-            }
-            comps.append(Complementarity(receiver, peer, by_step))
-    return comps
-
-
-def _complementarity_from_store(
-    store: Any, steps: Sequence[int], pairs: Sequence[tuple[str, str]], notes: list[str]
-) -> dict[tuple[str, str], dict[int, float]]:
-    """(receiver, peer) -> step -> complementarity recomputed from stored rewards."""
-    from graftrl.storage.store import StoreError
-
-    out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    stored = set(store.steps())
-    for step in steps:
-        if step not in stored:
-            continue
-        try:
-            rows = store.read_step(step, token_logprobs=False)
-        except StoreError as error:
-            notes.append(f"store step {step} skipped in the complementarity check: {error}")
-            continue
-        successes: dict[str, dict[int, tuple[str, float]]] = defaultdict(dict)
-        for row in rows:
-            prompt, k = successes[row.source].get(row.group_index, (row.prompt_id, 0.0))
-            successes[row.source][row.group_index] = (prompt, k + row.reward)
-        for receiver, peer in pairs:
-            own, other = successes.get(receiver), successes.get(peer)
-            if not own or not other:
-                continue
-            if {g: p for g, (p, _) in own.items()} == {g: p for g, (p, _) in other.items()}:
-                k_peer = {g: k for g, (_, k) in other.items()}
-                k_own = [(g, k) for g, (_, k) in own.items()]
-            else:  # groups not aligned by batch position: match by prompt id
-                k_peer_by_prompt = {p: k for _, (p, k) in sorted(other.items())}
-                k_peer = {g: k_peer_by_prompt.get(p, 0.0) for g, (p, _) in own.items()}
-                k_own = [(g, k) for g, (_, k) in own.items()]
-            groups = [g for g, _ in k_own]
-            value = float(
-                complementarity(
-                    torch.tensor([k for _, k in k_own]),  # [P] receiver successes per group
-                    torch.tensor([k_peer[g] for g in groups]),  # [P] the peer's on the same prompts
-                )
-            )
-            if not math.isnan(value):  # NaN: the receiver had no all-fail prompt (undefined)
-                out[(receiver, peer)][step] = value
-    return out
-
-
-def weights(s: Sequence[float], delta: float) -> list[float]:
-    """w = 1[s > delta] * min(s, 1) of each score (eq. 8, ``core.compatibility_weight``).
-
-    In float64, so a logged score's weight is the score itself (or 1, or 0) to the last bit.
-    """
-    scores = torch.tensor(s, dtype=torch.float64)  # [N]
-    return compatibility_weight(scores, delta).tolist()
-
-
 def _exchange(
-    rows: Sequence[dict[str, Any]], compat: Sequence[dict[str, Any]], delta: float
+    rows: Sequence[dict[str, Any]], compat: Sequence[dict[str, Any]], rule: WeightRule
 ) -> list[Exchange]:
     compat_at = {
         (int(c["step"]), c["receiver"]): c
@@ -340,17 +242,25 @@ def _exchange(
             ex = directions.setdefault(
                 (source, receiver), Exchange(source, receiver, [], [], [], [], [], [], [])
             )
+            admitted_logged = row.get("peer_admitted") if len(sources) == 1 else None
             step = int(row["step"])
             ex.steps.append(step)
             ex.candidates.append(float(row.get(f"candidates/{source}") or 0.0))
             ex.selected.append(float(row.get(f"selected/{source}") or 0.0))
             entry = compat_at.get((step, receiver))
             if entry is not None:
-                s = [float(x) for x, src in zip(entry["s"], entry["source"], strict=True) if src == source]
-                ex.s += s
-                ex.w += weights(s, delta)
-                ex.transferred.append(len(s))
-                ex.admitted.append(sum(x > delta for x in s))
+                mine = [i for i, src in enumerate(entry["source"]) if src == source]
+                ex.s += [float(entry["s"][i]) for i in mine]
+                weights = applied_weights(entry, rule)
+                ex.transferred.append(len(mine))
+                if weights is None:  # unknown: the receiver's own count, when it has one source
+                    ex.w = None
+                    ex.admitted.append(None if admitted_logged is None else int(admitted_logged))
+                    continue
+                w = [weights[i] for i in mine]
+                if ex.w is not None:
+                    ex.w += w
+                ex.admitted.append(sum(x > 0 for x in w))
             elif len(sources) == 1 and "peer_responses" in row:
                 transferred = int(row.get("peer_responses") or 0)
                 admitted = row.get("peer_admitted")
@@ -422,14 +332,10 @@ def _compute(
 
 
 def analyze_run(
-    run_dir: str | Path,
-    out_dir: str | Path | None = None,
-    *,
-    store_dir: str | Path | None = None,
-    delta: float | None = None,
+    run_dir: str | Path, *, store_dir: str | Path | None = None, delta: float | None = None
 ) -> RunAnalysis:
-    """Analyse a run folder; writes plots and ``analysis.md`` into ``out_dir`` (default
-    ``run_dir/analysis``) and returns the numbers behind them."""
+    """The numbers of ``graftrl analyze`` for a run folder (``analysis_report.write_analysis``
+    writes them as analysis.md and figures)."""
     run_dir = Path(run_dir)
     files = RunDir(run_dir)
     metrics_path = files.metrics
@@ -452,9 +358,10 @@ def analyze_run(
     models = list(dict.fromkeys(r["model"] for r in raw))  # the run's order
     steps = sorted({int(r["step"]) for r in rows})
     method = str(config.get("method") or rows[0].get("method") or "?")
+    graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
     if delta is None:
-        graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
         delta = float(graft.get("delta", DEFAULT_DELTA))
+    rule = WeightRule.of(method, {**graft, "delta": delta})
 
     logged = {(int(r["step"]), r["model"]) for r in rows}
     compat: list[dict[str, Any]] = []
@@ -465,6 +372,8 @@ def analyze_run(
             for c in _latest_rows(_read_jsonl(compat_path, notes), "receiver", compat_path)
             if (int(c["step"]), c["receiver"]) in logged
         ]
+    if note := recomputed_note(compat, rule):
+        notes.append(note)
     validation: list[dict[str, Any]] = []
     validation_path = files.validation
     if validation_path.exists():
@@ -482,18 +391,7 @@ def analyze_run(
         from graftrl.storage.store import StoreError, TrajectoryStore
 
         try:
-            store = TrajectoryStore(store_root)
-            report = store.verify()
-            store_report, store_ok = str(report), report.ok
-            recomputed = _complementarity_from_store(
-                store, steps, [(c.receiver, c.peer) for c in comps], notes
-            )
-            for c in comps:
-                c.store_by_step = recomputed.get((c.receiver, c.peer), {})
-                for step, value in sorted(c.store_by_step.items()):
-                    logged_value = c.by_step.get(step)
-                    if logged_value is None or abs(logged_value - value) > _STORE_TOLERANCE:
-                        c.mismatches.append((step, math.nan if logged_value is None else logged_value, value))
+            store_report, store_ok = check_against_store(comps, TrajectoryStore(store_root), steps, notes)
         except StoreError as error:
             store_report, store_ok = str(error), False
     elif store_dir is not None:
@@ -501,19 +399,21 @@ def analyze_run(
 
     analysis = RunAnalysis(
         run_dir=run_dir,
-        out_dir=Path(out_dir) if out_dir is not None else files.analysis,
         method=method,
         models=models,
         steps=steps,
         delta=delta,
+        weight_rule=rule,
+        weights_logged=all(logs_weights(c) for c in compat),
         complementarity=comps,
-        exchange=_exchange(rows, compat, delta),
+        exchange=_exchange(rows, compat, rule),
         clipping=_clipping(rows, models),
         compute=_compute(rows, models, _accelerators(config, models), files.best_index, notes),
         validation=validation,
         store_report=store_report,
         store_ok=store_ok,
         notes=notes,
+        rows=rows,
     )
     analysis.sources = [files.metrics.name] + [
         name
@@ -526,12 +426,6 @@ def analyze_run(
         )
         if present
     ]
-    analysis.out_dir.mkdir(parents=True, exist_ok=True)
-    from graftrl.reporting.plots import plot_run_analysis
-    from graftrl.reporting.render import render_markdown
-
-    analysis.plots = plot_run_analysis(analysis, rows)
-    analysis.report.write_text(render_markdown(analysis, rows))
     return analysis
 
 
@@ -544,179 +438,3 @@ def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:
         if isinstance(v, int | float) and not isinstance(v, bool) and k != "step" and not k.startswith("time")
     )
     return list(keys)
-
-
-def family_progress(
-    curves: Mapping[str, Sequence[Mapping[str, Any]]], window: int = 10, prefix: str = "family_reward/"
-) -> dict[str, dict[str, tuple[float, float]]]:
-    """variant -> "<model> · <family>" -> (mean over its first ``window`` steps, over its last
-    ``window``) of the training reward on that family, pooled over the runs labelled
-    "<variant> seed <s>": did the model learn the family during training, not only at the end."""
-    values: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for label, rows in curves.items():
-        variant = label.split(" seed ")[0]
-        for row in rows:
-            for key, value in row.items():
-                if key.startswith(prefix) and value is not None:
-                    values[variant][f"{row['model']} · {key[len(prefix) :]}"].append(
-                        (int(row["step"]), value)
-                    )
-    progress: dict[str, dict[str, tuple[float, float]]] = {}
-    for variant, families in values.items():
-        for family, points in sorted(families.items()):
-            steps = sorted({step for step, _ in points})
-            first, last = set(steps[:window]), set(steps[-window:])
-            progress.setdefault(variant, {})[family] = (
-                statistics.fmean(v for step, v in points if step in first),
-                statistics.fmean(v for step, v in points if step in last),
-            )
-    return progress
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    """How the gate met the transferred responses of one outcome (correct or wrong) into one
-    receiver."""
-
-    responses: int
-    passed: int
-    """Responses with s > delta: those the gate admits (eq. 8)."""
-    median_s: float | None
-
-    @property
-    def passed_share(self) -> float | None:
-        return self.passed / self.responses if self.responses else None
-
-
-def gate_by_outcome(
-    records: Sequence[Mapping[str, Any]], delta: float = DEFAULT_DELTA
-) -> dict[str, dict[str, GateOutcome]]:
-    """receiver -> "correct" / "wrong" -> ``GateOutcome``, over ``compatibility.jsonl`` rows (a
-    response is correct when its reward is positive).
-
-    The gate is meant to remove stylistically foreign responses; when it passes fewer correct
-    than wrong ones, it is removing the receiver's lesson (the informative tokens are the ones the
-    receiver finds unlikely), which is what this measures.
-    """
-    scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"correct": [], "wrong": []})
-    for record in records:
-        for s, reward in zip(record["s"], record["reward"], strict=True):
-            scores[record["receiver"]]["correct" if reward > 0 else "wrong"].append(float(s))
-    return {
-        receiver: {
-            outcome: GateOutcome(
-                len(values), sum(v > delta for v in values), statistics.median(values) if values else None
-            )
-            for outcome, values in by_outcome.items()
-        }
-        for receiver, by_outcome in sorted(scores.items())
-    }
-
-
-@dataclass(frozen=True)
-class AdvantageMass:
-    """The push a receiver's moved groups carried, per moved group: sum of w * A over the peer's
-    correct responses and over its wrong ones (source advantages, eq. 1; weights w, eq. 8)."""
-
-    groups: int
-    correct: float
-    wrong: float
-
-    @property
-    def net(self) -> float:
-        return self.correct + self.wrong
-
-
-def advantage_mass(
-    records: Sequence[Mapping[str, Any]],
-    n: int,
-    delta: float | None = DEFAULT_DELTA,
-    eps: float = ADV_EPS,
-    unbiased: bool = ADV_STD_UNBIASED,
-) -> dict[str, AdvantageMass] | None:
-    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows that hold whole source groups
-    of ``n`` responses in order (GRAFT's group replacement); None when a row cannot (its length is
-    not a multiple of n, e.g. success-only transfer). ``delta``: the gate's floor, w = 1[s > delta]
-    min(s, 1) (eq. 8); None: no gate, w = 1.
-
-    GRPO's advantages sum to 0 over a group, so with w = 1 the net is exactly 0: tokens that all of
-    the peer's responses share (a step the receiver lacks, say) get no net push, only what separates
-    the peer's correct responses from its wrong ones does. The gate makes the net positive only by
-    admitting correct responses more often than wrong ones.
-    """
-    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # groups, correct, wrong
-    for record in records:
-        s = torch.tensor(record["s"], dtype=torch.float32)  # [G * n]
-        rewards = torch.tensor(record["reward"], dtype=torch.float32)  # [G * n]
-        if len(s) % n:
-            return None
-        w = torch.ones_like(s) if delta is None else compatibility_weight(s, delta)  # [G * n]
-        weighted = w * grpo_advantages(rewards.view(-1, n), eps, unbiased).view(-1)  # [G * n]
-        correct = rewards > 0
-        entry = sums[record["receiver"]]
-        entry[0] += len(s) // n
-        entry[1] += float(weighted[correct].sum())
-        entry[2] += float(weighted[~correct].sum())
-    return {
-        receiver: AdvantageMass(int(groups), correct / groups, wrong / groups)
-        for receiver, (groups, correct, wrong) in sorted(sums.items())
-        if groups
-    }
-
-
-def summarize_exchange(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """The regime statistics of docs/task_design.md over runs labelled "<method> seed <s>".
-
-    method -> receiver -> mean per-step all-fail share and complementarity (any peer), GRAFT's
-    selected prompts per step, the transferred / admitted response totals of the receiver (all
-    sources together; ``Exchange`` splits them per direction for one run) and the mean share of
-    clipped token ratios on its own and on peer rows.
-    """
-    out: dict[str, Any] = {}
-    for label, rows in curves.items():
-        method = label.split()[0]
-        for row in rows:
-            entry = out.setdefault(method, {}).setdefault(
-                row["model"],
-                {
-                    "all_fail": [],
-                    "complementarity": [],
-                    "selected": [],
-                    "peer_responses": [],
-                    "admitted": [],
-                    "clip_frac_own": [],
-                    "clip_frac_peer": [],
-                },
-            )
-            for key in ("clip_frac_own", "clip_frac_peer"):
-                if row.get(key) is not None:
-                    entry[key].append(row[key])
-            if row.get("all_fail_frac") is not None:
-                entry["all_fail"].append(row["all_fail_frac"])
-            entry["complementarity"] += [
-                v for k, v in row.items() if k.startswith("complementarity/") and v is not None
-            ]
-            entry["selected"] += [v for k, v in row.items() if k.startswith("selected/")]
-            entry["peer_responses"].append(row.get("peer_responses", 0))
-            entry["admitted"].append(row.get("peer_admitted", 0))
-    summary: dict[str, Any] = {}
-    for method, models in out.items():
-        for model, entry in models.items():
-            transferred = sum(entry["peer_responses"])
-            summary.setdefault(method, {})[model] = {
-                "all_fail_mean": statistics.fmean(entry["all_fail"]) if entry["all_fail"] else None,
-                "complementarity_mean": statistics.fmean(entry["complementarity"])
-                if entry["complementarity"]
-                else None,
-                "selected_prompts_per_step": statistics.fmean(entry["selected"])
-                if entry["selected"]
-                else 0.0,
-                "transferred_responses": transferred,
-                "admitted_responses": sum(entry["admitted"]),
-                "admit_rate": sum(entry["admitted"]) / transferred if transferred else None,
-                "clip_frac_own": statistics.fmean(entry["clip_frac_own"]) if entry["clip_frac_own"] else None,
-                "clip_frac_peer": statistics.fmean(entry["clip_frac_peer"])
-                if entry["clip_frac_peer"]
-                else None,
-            }
-    return summary

@@ -34,9 +34,10 @@ from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES,
 from graftrl.embedded.warmstart import MASTERY_WARMSTART, mastery_mixes
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
-from graftrl.reporting.analyze import summarize_exchange
-from graftrl.reporting.compare import PAIRED_NOTE, CompareTask, embedded_task
+from graftrl.reporting.compare_report import PAIRED_NOTE
+from graftrl.reporting.compare_task import CompareTask, embedded_task
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
+from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.sweep import run_points_seed_major
 from graftrl.storage.data import load_problems

@@ -247,9 +247,9 @@ def plot_histograms(
     _save(fig, path, footer)
 
 
-def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) -> dict[str, Path]:
-    """The figures of ``graftrl analyze`` in ``analysis.out_dir``: name -> PNG path of each made."""
-    out = analysis.out_dir
+def plot_run_analysis(analysis: RunAnalysis, out: Path) -> dict[str, Path]:
+    """The figures of ``graftrl analyze`` in ``out``: name -> PNG path of each made."""
+    rows = analysis.rows
     label = analysis.run_dir.name or "run"
     made: dict[str, Path] = {}
 
@@ -280,10 +280,17 @@ def plot_run_analysis(analysis: RunAnalysis, rows: Sequence[Mapping[str, Any]]) 
         scores = {ex.receiver: ex.s for ex in analysis.exchange}
         if any(scores.values()):
             plot_compatibility_histogram(scores, path("compatibility_s"), analysis.delta)
+        weights = {f"{ex.source} -> {ex.receiver}": ex.w for ex in analysis.exchange if ex.w}
+        if weights:
+            rule = analysis.weight_rule
             plot_histograms(
-                {f"{ex.source} -> {ex.receiver}": ex.w for ex in analysis.exchange},
+                weights,
                 path("compatibility_w"),
-                xlabel=f"weight w = 1[s > {analysis.delta}] min(s, 1)",
+                xlabel="weight w applied (compatibility.jsonl)"
+                if analysis.weights_logged
+                else f"weight w = 1[s > {analysis.delta}] min(s, 1)"
+                if rule.weighs
+                else "weight w = 1 (no gate)",
             )
     clip_panels: dict[str, dict[str, tuple[list[int], list[float]]]] = {
         "own tokens": {},

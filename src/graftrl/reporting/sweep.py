@@ -31,8 +31,10 @@ from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
 from graftrl.embedded.warmstart import overlap_mixes
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
-from graftrl.reporting.analyze import summarize_exchange
-from graftrl.reporting.compare import PAIRED_NOTE, CompareReport, CompareTask, embedded_task, run_compare
+from graftrl.reporting.compare import CompareReport, run_compare
+from graftrl.reporting.compare_report import PAIRED_NOTE
+from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.storage.rundir import ExperimentDir, read_metrics
 

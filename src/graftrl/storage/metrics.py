@@ -1,16 +1,18 @@
 """Metrics sinks: ``metrics.jsonl`` always; TensorBoard and W&B when asked.
 
-The keys and their meaning are declared once, in ``graftrl.storage.rundir.METRIC_KEYS``: TensorBoard
+The keys and their meaning are declared once (``graftrl.storage.rundir.METRIC_KEYS``, and each method's
+loss metrics, which the trainer hands in): TensorBoard
 gets them as a text table (its TEXT tab), W&B each scalar's declared summary (``define_metric``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from graftrl.storage.rundir import RunDir, append_jsonl, find_key, keys_markdown
+from graftrl.storage.rundir import METRIC_KEYS, LogKey, RunDir, append_jsonl, find_key, keys_markdown
 
 
 def _clean(value: Any) -> Any:
@@ -29,8 +31,12 @@ class MetricsLogger:
         wandb: bool = False,
         wandb_project: str = "graftrl",
         config: dict[str, Any] | None = None,
+        keys: Sequence[LogKey] = METRIC_KEYS,
     ) -> None:
+        """``keys``: the declared metrics keys (the trainer passes ``training.log_schema.metric_keys``,
+        which adds each method's loss metrics)."""
         run = RunDir(run_dir)
+        self.keys = tuple(keys)
         self.path = run.metrics
         self._tb = None
         self._wandb = None
@@ -40,7 +46,7 @@ class MetricsLogger:
             except ImportError as error:  # pragma: no cover - depends on the extra
                 raise RuntimeError("logging.tensorboard needs `pip install graftrl[tensorboard]`") from error
             self._tb = SummaryWriter(str(run.tensorboard))
-            self._tb.add_text("graftrl/metric_keys", keys_markdown(), 0)
+            self._tb.add_text("graftrl/metric_keys", keys_markdown(self.keys), 0)
         if wandb:
             try:
                 import wandb as wandb_module
@@ -67,7 +73,7 @@ class MetricsLogger:
         if name in self._wandb_defined:
             return
         self._wandb_defined.add(name)
-        declared = find_key(key)
+        declared = find_key(key, self.keys)
         if declared is not None and declared.summary != "last":
             self._wandb.define_metric(name, summary=declared.summary)
 

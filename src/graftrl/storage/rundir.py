@@ -481,23 +481,6 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             "minibatches whose loss or gradient norm was NaN/inf (no optimizer step)",
             "count",
         ),
-        ("clip_frac_own", "share of the policy's own trained tokens whose ratio was clipped", FRACTION),
-        (
-            "clip_frac_peer",
-            "share of peer trained tokens whose ratio was clipped (null: no peer tokens)",
-            FRACTION,
-        ),
-        (
-            "clip_frac_peer_pos",
-            "the same over peer tokens with a positive advantage, whose push up clipping stops "
-            "(null: none, or the method's loss does not split them)",
-            FRACTION,
-        ),
-        (
-            "clip_frac_peer_neg",
-            "the same over peer tokens with a negative advantage, whose push down clipping stops",
-            FRACTION,
-        ),
         ("train_tokens", "response tokens trained on, own and peer, over all epochs", "tokens"),
         ("train_rows", "rows (responses) trained on, own, peer and NLL, over all epochs", "responses"),
         ("tis_weight_mean", "mean truncated importance weight of own tokens (rollout.tis_cap)", "ratio"),
@@ -525,7 +508,8 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         ),
     )
 )
-"""Every key of a ``metrics.jsonl`` row (also the TensorBoard / W&B scalars, as ``<model>/<key>``)."""
+"""The trainer's keys of a ``metrics.jsonl`` row (also the TensorBoard / W&B scalars, as
+``<model>/<key>``); each method's loss adds its own (``graftrl.training.log_schema.metric_keys``)."""
 
 VALIDATION_KEYS: tuple[LogKey, ...] = tuple(
     _keys(
@@ -554,6 +538,11 @@ COMPATIBILITY_KEYS: tuple[LogKey, ...] = tuple(
         ("s", "per response: compatibility score s (eq. 7), 5 decimals", "ratio"),
         ("reward", "per response: its verifier reward", "reward"),
         ("w", "per response: the weight applied to it (eq. 8 or the method's rule), 5 decimals", "weight"),
+        (
+            "admitted",
+            "per response: it entered the loss (w > 0), whatever the rule (gate, random, none)",
+            "bools",
+        ),
         (
             "advantage",
             "per response: the advantage it was trained with (the source's), 5 decimals",
@@ -605,8 +594,15 @@ def _code_placeholders(text: str) -> str:
     return re.sub(r"(<[a-z_]+>)", r"`\1`", text)
 
 
-def keys_markdown() -> str:
-    """The declared keys of every log as Markdown tables (``docs/metrics.md``, `graftrl metrics-reference`)."""
+def logs(metric_keys: Sequence[LogKey] = METRIC_KEYS) -> dict[str, tuple[LogKey, ...]]:
+    """``LOGS`` with ``metric_keys`` as metrics.jsonl's keys (``training.log_schema`` adds each
+    method's loss metrics to the trainer's)."""
+    return {**LOGS, "metrics.jsonl": tuple(metric_keys)}
+
+
+def keys_markdown(metric_keys: Sequence[LogKey] = METRIC_KEYS) -> str:
+    """The declared keys of every log as Markdown tables (``docs/metrics.md``, `graftrl metrics-reference`);
+    ``metric_keys``: those of metrics.jsonl (``training.log_schema.metric_keys`` adds the methods')."""
     out = [
         "# Run-folder logs and their keys",
         "",
@@ -615,7 +611,7 @@ def keys_markdown() -> str:
         "policy, a stored peer, a problem family or a benchmark. TensorBoard and W&B get the",
         "`metrics.jsonl` scalars as `<model>/<key>`.",
     ]
-    for log, keys in LOGS.items():
+    for log, keys in logs(metric_keys).items():
         out += ["", f"## `{log}`", "", "| key | meaning | unit | group |", "|---|---|---|---|"]
         out += [f"| `{k.name}` | {_code_placeholders(k.meaning)} | {k.unit} | {k.group} |" for k in keys]
     return "\n".join(out) + "\n"

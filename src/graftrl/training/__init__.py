@@ -1,10 +1,14 @@
 """Training engine: one step of rollouts, exchange and updates, repeated, resumable.
 
-Owns the per-policy worker (``worker``: rollout, re-tokenize, score, update), the one rollout ->
-record converter (``trajectories``: exchanged records and store rows), FSDP2 data parallelism
-(``parallel``), the local and Ray backends that host workers behind one typed interface,
-``WorkerGroup`` (``backends``), periodic validation (``validation``), the loop with checkpoints
-and logs (``trainer``) and the JSONL trajectory importer that scores foreign responses with the
-source model (``importer``). May import ``methods``, ``models``, ``evaluation``, ``storage``,
-``config`` and below; never reporting.
+Owns the per-policy worker (``worker``) and its phases: the rollout (``sampling``), the rows a
+receiver trains on (``rows``: re-tokenized, re-scored, weighted), the optimizer steps and the loss
+metrics' sums (``update``), the policy's checkpoint part (``policy_state``), the step's peak memory
+(``peak_memory``) and every seed (``randomness``); the one rollout -> record converter
+(``trajectories``: exchanged records and store rows), FSDP2 data parallelism (``parallel``: what a
+rank calls; ``ranks``: the rank processes and their proxies), the local and Ray backends that
+host workers behind one typed interface, ``WorkerGroup`` (``backends``), periodic validation
+(``validation``), the loop with checkpoints and logs (``trainer``), the metrics keys it logs
+(``log_schema``: its own and each method's loss metrics) and the JSONL trajectory importer that
+scores foreign responses with the source model (``importer``). May import ``methods``,
+``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting.
 """

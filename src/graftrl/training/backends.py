@@ -5,7 +5,7 @@ every policy's worker and returns the results in policy order. ``LocalBackend`` 
 one after another in the trainer's process; ``RayBackend`` runs them concurrently (each policy on
 its own CPUs/GPUs, one actor each) and ships large shared arguments once through the object
 store. A worker is a ``PolicyWorker`` (graftrl.training.worker), or for a policy with
-``parallel.data: N > 1`` a ``DataParallelWorker`` (graftrl.training.parallel) with the same calls
+``parallel.data: N > 1`` a ``DataParallelWorker`` (graftrl.training.ranks) with the same calls
 (``Worker``).
 """
 
@@ -24,8 +24,9 @@ from graftrl.methods import ExchangePlan, Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
-from graftrl.training.parallel import DataParallelWorker, RayDataParallelWorker
-from graftrl.training.worker import PolicyRollout, PolicyWorker
+from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
+from graftrl.training.sampling import PolicyRollout
+from graftrl.training.worker import PolicyWorker
 
 Records = dict[str, list[TrajectoryRecord]]
 """Every model's tokenizer-neutral records of a step, by model name."""
@@ -134,7 +135,7 @@ class LocalBackend(WorkerGroup):
     """Every policy in this process; workers are plain objects (tests can reach into them).
 
     A policy with ``parallel.data: N > 1`` is a ``DataParallelWorker``: N spawned rank processes
-    driven in lockstep (graftrl.training.parallel)."""
+    driven in lockstep (graftrl.training.ranks)."""
 
     name = "local"
 

@@ -57,7 +57,9 @@ from graftrl.storage.rundir import (
 )
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
-from graftrl.training.worker import PolicyRollout, step_seed
+from graftrl.training.log_schema import metric_keys
+from graftrl.training.randomness import PLAN_STREAM, step_seed
+from graftrl.training.sampling import PolicyRollout
 
 __all__ = ["Trainer", "step_seed"]
 
@@ -153,6 +155,7 @@ class Trainer:
             logging.wandb,
             logging.wandb_project,
             self.config.model_dump(mode="json"),
+            keys=metric_keys(),
         )
         if resume:
             self.force = force
@@ -209,7 +212,7 @@ class Trainer:
             outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
             stored_info[f"stored_reward_changes/{name}"] = changed
 
-        generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, 0))
+        generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
         updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
         metrics: dict[str, dict[str, Any]] = {}

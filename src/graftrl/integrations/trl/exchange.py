@@ -10,7 +10,7 @@ response i of prompt p): ``prompt_ids`` / ``prompt_mask`` [B, Lp] left-padded, `
 completion tokens of the batch: the ``dapo`` loss's token-mean denominator) and, when TRL computed
 them, ``old_per_token_logps`` [B, Lc].
 
-What changes (algorithm.md §2.1-2.3, the rows ``graftrl train`` builds in ``PolicyWorker._training_rows``):
+What changes (algorithm.md §2.1-2.3, the rows ``graftrl train`` builds in ``training.rows.build_rows``):
 
 - on each prompt GRAFT selects (the receiver failed all n, the peer's group is mixed), the n own
   rows are replaced by the peer's n responses re-tokenized with the receiver's tokenizer (its EOS

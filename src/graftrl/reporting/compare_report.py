@@ -1,0 +1,455 @@
+"""What `graftrl compare` writes at the end (``compare.CompareReport`` calls it): report.md, one
+render function per section, results.csv and the plots.
+
+Outputs in OUT: ``results.json`` (rows ``{"variant","method","model","seed","n","pass_at_1",
+"steps","wall_s"}``; ``wall_s`` is the training wall-clock of the cell, evaluation excluded),
+``results.csv`` (the same rows), ``report.md`` (Table 1: pass@1 mean ± std over seeds per model,
+Δ vs the GRPO n = 8 baseline; Table 2: Δ vs full GRAFT; wall-clock and rollouts per variant;
+per-family pass@1 and training reward; the regime, gate and advantage-mass diagnostics) and
+plots ``training_curves.png`` (reward per step, mean over seeds) and ``pass_at_1.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graftrl.evaluation.stats import WARM_START, family_rows, summarize
+from graftrl.reporting.cells import cell_config
+from graftrl.reporting.compare_task import CompareTask
+from graftrl.reporting.diagnostics import (
+    AdvantageMass,
+    GateOutcome,
+    advantage_mass,
+    family_progress,
+    gate_by_outcome,
+    logs_mass,
+    summarize_exchange,
+)
+from graftrl.reporting.matrix import Matrix, yaml_value
+from graftrl.reporting.provenance import signature, written_by
+from graftrl.reporting.render import (
+    advantage_markdown,
+    diagnostics_markdown,
+    gate_markdown,
+    paired_markdown,
+    progress_markdown,
+    table_markdown,
+)
+from graftrl.reporting.weights import WeightRule, logs_weights
+from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
+
+ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
+"""Columns of results.csv (results.json rows hold the same keys)."""
+
+
+PAIRED_NOTE = (
+    "mean [95% paired t interval over seeds] in points; `*` marks an interval that excludes 0, "
+    "the only differences the seeds run resolve"
+)
+
+
+PROGRESS_WINDOW = 10
+"""Steps at each end of training over which the report averages the per-family training reward."""
+
+
+def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
+    """variant -> per (step, model) reward on the shared prompt batch, mean over the seeds run."""
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        points: dict[tuple[int, str], list[float]] = defaultdict(list)
+        for seed in range(seeds):
+            run = ExperimentDir(out_dir).run(name, seed)
+            if run.holds_run():
+                for row in read_metrics(run.root):
+                    # the reward on the step's shared batch (dynamic sampling trains on other prompts)
+                    value = row.get("shared_reward_mean", row.get("reward_mean"))
+                    if value is not None:
+                        points[(row["step"], row["model"])].append(value)
+        if points:
+            curves[name] = [
+                {"step": step, "model": model, "reward_mean": statistics.fmean(v)}
+                for (step, model), v in sorted(points.items())
+            ]
+    return curves
+
+
+def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[dict[str, Any]]]:
+    """Metrics rows per "<variant> seed <s>" (the per-family curves and the exchange diagnostics)."""
+    out = ExperimentDir(out_dir)
+    return {
+        f"{name} seed {seed}": read_metrics(out.run(name, seed).root)
+        for name in names
+        for seed in range(seeds)
+        if out.run(name, seed).holds_run()
+    }
+
+
+def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict[str, Any]]:
+    """Every ``compatibility.jsonl`` row of ``variant``'s runs over seeds 0..seeds-1."""
+    out = ExperimentDir(out_dir)
+    logs = [RunDir(out.run(variant, seed).root).compatibility for seed in range(seeds)]
+    return [record for log in logs if log.is_file() for record in read_jsonl(log)]
+
+
+@dataclass
+class TransferTables:
+    """The transfer tables of report.md, from each variant's compatibility logs (seeds run)."""
+
+    gates: dict[str, dict[str, dict[str, GateOutcome]]]
+    """Variant -> ``gate_by_outcome``, for every variant that transferred responses."""
+    masses: dict[str, dict[str, AdvantageMass]]
+    """Variant -> ``advantage_mass``, where its logs give it."""
+    recomputed: list[str]
+    """Variants whose logs predate the logged weights (w and admissions recomputed from s)."""
+    logged_masses: bool
+    """Some variant's masses use the logged w and A (any transfer rule)."""
+
+
+def _exchange_tables(
+    out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
+) -> TransferTables:
+    """One pass over each variant's compatibility logs for the transfer tables.
+
+    Masses of logs that record each response's w and advantage come from them, whatever the rule;
+    older logs are recomputed for the GRAFT variants whose peer responses are whole source groups
+    weighted by a rule of s (replaced groups, every response, the gate or no gate): pooled groups,
+    success-only transfer and random admission train other weights or advantages than such a log
+    can rebuild."""
+    tables = TransferTables({}, {}, [], False)
+    for variant in matrix.variants:
+        if not (records := _compatibility_records(out_dir, variant.name, seeds)):
+            continue
+        config = cell_config(task, variant, 0, steps)
+        graft, train = config.graft, config.train
+        rule = WeightRule.of(variant.method, graft.model_dump())
+        tables.gates[variant.name] = gate_by_outcome(records, graft.delta, rule)
+        logged = all(logs_mass(record) for record in records)
+        if not all(logs_weights(record) for record in records):
+            tables.recomputed.append(variant.name)
+        whole_groups = graft.groups == "replace" and graft.transfer == "all" and graft.admission == "gate"
+        if not logged and (variant.method != "graft" or not whole_groups):
+            continue
+        if mass := advantage_mass(records, config.rollout.n, rule, train.adv_eps, train.adv_std_unbiased):
+            tables.masses[variant.name] = mass
+            tables.logged_masses |= logged
+    return tables
+
+
+def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
+    """Receiver -> every compatibility score s logged by ``variant``'s runs over seeds 0..seeds-1."""
+    from graftrl.reporting.plots import read_compatibility
+
+    scores: dict[str, list[float]] = defaultdict(list)
+    for seed in range(seeds):
+        for receiver, values in read_compatibility(ExperimentDir(out_dir).run(variant, seed).root).items():
+            scores[receiver] += values
+    return dict(scores)
+
+
+def _exchange_plots(
+    out_dir: Path,
+    metrics: Mapping[str, Sequence[Mapping[str, Any]]],
+    baseline: str | None,
+    reference: str | None,
+    seeds: int,
+    footer: str,
+) -> dict[str, str]:
+    """The demo's exchange figures for the baseline and the reference variant (GRPO and GRAFT in
+    the demo preset): complementarity per step and the reference's compatibility scores."""
+    from graftrl.reporting.plots import plot_compatibility_histogram, plot_complementarity
+
+    made = {}
+    pair = {name for name in (baseline, reference) if name}
+    runs = {label: rows for label, rows in metrics.items() if label.split(" seed ")[0] in pair}
+    if any(key.startswith("complementarity/") for rows in runs.values() for row in rows for key in row):
+        plot_complementarity(runs, out_dir / "complementarity.png", footer=footer)
+        made["complementarity.png"] = (
+            f"share of all-fail prompts the peer solves, {' and '.join(sorted(pair))}"
+        )
+    scores = compatibility_scores(out_dir, reference, seeds) if reference else {}
+    if scores:
+        plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=footer)
+        made["compatibility_hist.png"] = f"compatibility scores s of {reference}'s transferred responses"
+    return made
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
+        writer.writeheader()
+        # per_family ({family: pass@1}) as a JSON object in its cell
+        writer.writerows({**row, "per_family": json.dumps(row.get("per_family") or {})} for row in rows)
+
+
+def _mean_of(done: Sequence[Mapping[str, Any]], key: str) -> str:
+    """A compute column: the mean over seeds, blank for cells finished before it was recorded."""
+    values = [d[key] for d in done if key in d]
+    return f"{statistics.fmean(values):,.0f}" if values else ""
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What the sections of report.md read: the matrix, its result rows and the cells' runs."""
+
+    out_dir: Path
+    matrix: Matrix
+    rows: Sequence[Mapping[str, Any]]
+    task: CompareTask
+    seeds: int
+    steps: int | None
+    summary: Mapping[str, Any]
+    """Variant -> model -> pass@1 mean ± std over seeds (``stats.summarize``)."""
+    extra: Mapping[str, Mapping[str, str]]
+    """Variant -> the columns beside pass@1 (method, overrides, compute, seeds, wall-clock)."""
+    metrics: Mapping[str, Sequence[Mapping[str, Any]]]
+    """"<variant> seed <s>" -> its metrics.jsonl rows."""
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v in self.matrix.variants]
+
+    @property
+    def baseline(self) -> str | None:
+        return self.matrix.baseline_name
+
+    @property
+    def reference(self) -> str | None:
+        return self.matrix.reference_name
+
+
+def write_report(
+    out_dir: Path,
+    matrix: Matrix,
+    rows: Sequence[Mapping[str, Any]],
+    cells: Mapping[str, Sequence[Mapping[str, Any]]],
+    task: CompareTask,
+    seeds: int,
+    steps: int | None,
+    total_wall_s: float,
+) -> Path:
+    """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), and the plots."""
+    names = [v.name for v in matrix.variants]
+    context = ReportContext(
+        out_dir,
+        matrix,
+        rows,
+        task,
+        seeds,
+        steps,
+        summarize(rows),
+        _extra_columns(matrix, cells),
+        _family_runs(out_dir, names, seeds),
+    )
+    lines = [
+        *header_section(context),
+        *table1_section(context),
+        *table2_section(context),
+        *results_section(context),
+        *family_section(context),
+        *progress_section(context),
+        *regime_section(context),
+        *transfer_sections(context),
+        *missing_section(context),
+        *plots_section(context, total_wall_s),
+    ]
+    report = ExperimentDir(out_dir).report
+    report.write_text("\n".join(lines))
+    return report
+
+
+def _extra_columns(
+    matrix: Matrix, cells: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, dict[str, str]]:
+    """Variant -> its columns beside pass@1, from the done markers of its cells."""
+    extra: dict[str, dict[str, str]] = {}
+    for variant in matrix.variants:
+        done = cells.get(variant.name, [])
+        walls = [float(r["wall_s"]) for d in done for r in d["rows"][:1]]
+        extra[variant.name] = {
+            "method": variant.method,
+            "overrides": ", ".join(f"`{k}={yaml_value(v)}`" for k, v in variant.set.items()) or "",
+            "n": str(done[0]["rows"][0]["n"]) if done else "",
+            "rollouts/model": _mean_of(done, "rollouts_per_model"),
+            "rows trained/model": _mean_of(done, "rows_trained_per_model"),
+            "optimizer steps/model": _mean_of(done, "optimizer_steps_per_model"),
+            "seeds": str(len(done)),
+            "train wall-clock (s/seed)": f"{statistics.fmean(walls):.1f}" if walls else "",
+            "total (s)": f"{sum(walls):.1f}" if walls else "",
+        }
+    extra[WARM_START] = {"method": "—", "seeds": "1"}
+    return extra
+
+
+def header_section(c: ReportContext) -> list[str]:
+    s, base = c.task.settings, c.task.base_config
+    return [
+        f"# graftrl compare: {c.matrix.source or 'matrix'} on the {c.task.name} task",
+        "",
+        f"{written_by(c.task.provenance)}; the cells' digests, starting weights and warm-start fingerprints "
+        "are in results.json.",
+        "",
+        f"Seeds: {c.seeds} per variant (the `seeds` column counts those finished). Steps: {c.steps or base['train']['steps']}; per step, every model gets "
+        f"{base['train']['batch_prompts']} prompts x n rollouts ({base['rollout']['n']} unless a row "
+        f"sets `rollout.n`), minibatch {base['train']['minibatch_prompts']} prompts. Held-out pass@1: "
+        f"{len(c.task.heldout)} problems x {s.eval_samples} samples at T = 0.6, top-p 0.95, "
+        f"{s.max_new_tokens} new tokens; mean ± std over seeds (sample std), in percent. "
+        "Wall-clock is training only (evaluation excluded), per seed.",
+        "",
+    ]
+
+
+def table1_section(c: ReportContext) -> list[str]:
+    if c.baseline is None:
+        return []
+    return [
+        f"## Table 1: pass@1 per model, Δ vs {c.baseline}",
+        "",
+        table_markdown(c.summary, c.baseline, [WARM_START, *c.names], c.extra, f"Δ vs {c.baseline}"),
+        "",
+        f"Paired by seed (same warm-start, prompts and evaluation problems), Δ vs {c.baseline}: {PAIRED_NOTE}.",
+        "",
+        paired_markdown(c.rows, c.baseline, c.names),
+        "",
+    ]
+
+
+def table2_section(c: ReportContext) -> list[str]:
+    # with only the baseline beside it, Table 2 would mirror Table 1 (the demo preset)
+    if c.reference is None or not set(c.names) - {c.baseline, c.reference}:
+        return []
+    return [
+        f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})",
+        "",
+        table_markdown(c.summary, c.reference, c.names, c.extra, f"Δ vs {c.reference}"),
+        "",
+        f"Paired by seed, Δ vs {c.reference}: {PAIRED_NOTE}.",
+        "",
+        paired_markdown(c.rows, c.reference, c.names),
+        "",
+    ]
+
+
+def results_section(c: ReportContext) -> list[str]:
+    """The table without deltas, for a matrix with neither a baseline nor a reference."""
+    if c.baseline is not None or c.reference is not None:
+        return []
+    return ["## Results", "", table_markdown(c.summary, None, [WARM_START, *c.names], c.extra), ""]
+
+
+def family_section(c: ReportContext) -> list[str]:
+    if not (by_family := family_rows(c.rows)):
+        return []
+    versus = c.baseline or c.reference
+    lines = ["## Held-out pass@1 per problem family", ""]
+    lines += [table_markdown(summarize(by_family), versus, [WARM_START, *c.names]), ""]
+    if versus:
+        lines += [paired_markdown(by_family, versus, c.names), ""]
+    return lines
+
+
+def progress_section(c: ReportContext) -> list[str]:
+    if not (progress := family_progress(c.metrics, PROGRESS_WINDOW)):
+        return []
+    return [
+        f"Training reward per problem family (percent, pooled over the seeds run): mean over the first "
+        f"{PROGRESS_WINDOW} steps → over the last {PROGRESS_WINDOW}; the curves are in `family_curves.png`.",
+        "",
+        progress_markdown(progress, PROGRESS_WINDOW),
+        "",
+    ]
+
+
+def regime_section(c: ReportContext) -> list[str]:
+    if not (diagnostics := summarize_exchange(c.metrics)):
+        return []
+    return [
+        "## Regime and exchange diagnostics (training prompts; mean per step over the seeds run)",
+        "",
+        "All-fail share: the receiver's prompts on which all n of its rollouts failed. Complementarity: "
+        "of those, the share on which a peer's group is mixed. Groups moved: prompt groups replaced by a "
+        "peer's per step; peer responses: their total; admitted: the share with compatibility weight "
+        "w > 0 (the gate). Clipped own / peer: trained tokens whose ratio was clipped, on own and on "
+        "peer rows (percent).",
+        "",
+        diagnostics_markdown(diagnostics, c.names),
+        "",
+    ]
+
+
+def transfer_sections(c: ReportContext) -> list[str]:
+    """How the gate met the transferred responses, and the advantage mass of the moved groups."""
+    tables = _exchange_tables(c.out_dir, c.matrix, c.task, c.seeds, c.steps)
+    lines = []
+    if tables.gates:
+        lines += [
+            "Transferred responses by outcome: the share that passes the gate (s > δ, the variant's "
+            "delta; for a method without the gate, such as HACPO, the share it would pass), the share "
+            "admitted (trained with w > 0: the gate, no gate or random admission, as compatibility.jsonl "
+            "records it) and the median compatibility score s, for correct and for wrong peer responses. "
+            "The gate should filter foreign style; when it passes fewer correct responses than wrong "
+            "ones it is filtering out the lesson (docs/task_design.md).",
+            "",
+            gate_markdown(tables.gates),
+            "",
+        ]
+    if tables.recomputed:
+        lines += [
+            f"Weights recomputed from s for {', '.join(tables.recomputed)}: their compatibility.jsonl was "
+            "written before graftrl logged the applied weight w (the gate of eq. 8 with the variant's "
+            "delta, w = 1 without it; random admission's draw cannot be recomputed: admitted left blank).",
+            "",
+        ]
+    if tables.masses:
+        which = (
+            "for every variant whose compatibility.jsonl records w and A (any transfer rule), and, "
+            "recomputed from s and the rewards, for older logs of the GRAFT variants that move whole groups"
+            if tables.logged_masses
+            else "for the GRAFT variants that move whole groups"
+        )
+        lines += [
+            "Advantage mass of the moved groups: per moved group, the sum of w·A over the peer's correct "
+            f"responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), {which}. "
+            "GRPO's advantages sum to 0 over a group, so without "
+            "the gate the net is 0: tokens that all the peer's responses share, a step the receiver lacks "
+            "included, get no net push; only what separates the peer's correct responses from its wrong "
+            "ones does.",
+            "",
+            advantage_markdown(tables.masses),
+            "",
+        ]
+    return lines
+
+
+def missing_section(c: ReportContext) -> list[str]:
+    missing = [n for n in c.names if n not in c.summary]
+    return [f"Not run yet: {', '.join(missing)}.", ""] if missing else []
+
+
+def plots_section(c: ReportContext, total_wall_s: float) -> list[str]:
+    """Draws the plots and lists them, then the invocation's wall-clock."""
+    from graftrl.reporting.plots import plot_family_curves, plot_pass_at_1, plot_training_curves
+
+    made_by = signature(c.task.provenance)
+    plots = {"training_curves.png": "reward per step, mean over seeds", "pass_at_1.png": "per seed"}
+    curves = _curves(c.out_dir, c.names, c.seeds)
+    if curves:
+        plot_training_curves(curves, c.out_dir / "training_curves.png", footer=made_by)
+    if c.rows:
+        plot_pass_at_1(
+            [{**r, "method": r["variant"]} for r in c.rows], c.out_dir / "pass_at_1.png", footer=made_by
+        )
+    if plot_family_curves(c.metrics, c.out_dir / "family_curves.png", footer=made_by):
+        plots["family_curves.png"] = "training reward per problem family"
+    plots.update(_exchange_plots(c.out_dir, c.metrics, c.baseline, c.reference, c.seeds, made_by))
+    return [
+        "Plots: " + ", ".join(f"`{name}` ({what})" for name, what in plots.items()) + ".",
+        f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",
+        "",
+    ]
