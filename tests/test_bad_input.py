@@ -214,10 +214,12 @@ CASES = {
 
 
 def digest(folder: Path) -> dict[str, str]:
+    """Every file's hash, but the run lock's: each process that takes the lock (a refused resume
+    too, which takes it before it checks) writes its pid and start time there."""
     return {
         str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path.name != "run.lock"
     }
 
 
