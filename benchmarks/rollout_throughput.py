@@ -7,11 +7,17 @@ timed calls. Generated tokens count every sampled token (a terminal EOS included
 engine start and a weight sync (``sync_weights``, done after every optimizer update in training)
 are timed too.
 
+``hf-dynamic`` is the HF engine with ``generate``'s own DynamicCache (the sampler before issue 25,
+``HFRolloutEngine(preallocate_cache=False)``); the HF engines are timed alternately, call by call,
+and their samples are checked to be identical (same seeds, same ids, log-probs and texts).
+
 vLLM lives in its own environment (it pins its own transformers); run the script with that
 interpreter to get both engines, with graftrl's source on the path:
 
     PYTHONPATH=src .venv-vllm/bin/python benchmarks/rollout_throughput.py --prompts 64 --n 8
     PYTHONPATH=src .venv/bin/python benchmarks/rollout_throughput.py          # HF only (says why)
+    PYTHONPATH=src .venv/bin/python benchmarks/rollout_throughput.py --engines hf,hf-dynamic \
+        --task worked --max-new-tokens 80 --threads 1                       # the KV cache, demo sizes
 """
 
 from __future__ import annotations
@@ -43,7 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--engines", default="hf,vllm")
+    ap.add_argument("--engines", default="hf,vllm", help="hf, hf-dynamic (generate's own cache), vllm")
+    ap.add_argument(
+        "--task", default=None, help="embedded task of the prompts (default: the original, arith)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -72,7 +81,8 @@ def resolve_model(args) -> Path:
 def problems_for(args) -> list[str]:
     from graftrl.embedded.task import make_split
 
-    train, _ = make_split(seed=0, n_train=max(args.prompts, 1200), n_eval=256)
+    task = {"task": args.task} if args.task else {}
+    train, _ = make_split(seed=0, n_train=max(args.prompts, 1200), n_eval=256, **task)
     return [p.problem for p in train[: args.prompts]]
 
 
@@ -100,34 +110,59 @@ def vllm_engine(policy, args):
 
 
 def measure(engine, policy, problems, params, args, sync) -> dict[str, Any]:
-    accepts_seed = "seed" in inspect.signature(engine.generate).parameters
+    return measure_alternating({"engine": engine}, policy, problems, params, args, sync)["engine"]
 
-    def call(seed: int):
-        if accepts_seed:
+
+def measure_alternating(engines: dict[str, Any], policy, problems, params, args, sync) -> dict[str, Any]:
+    """Each engine's figures, the engines called in turn (A B A B ...) so load drifts hit all alike."""
+    import torch
+
+    def call(engine, seed: int):
+        if "seed" in inspect.signature(engine.generate).parameters:
             return engine.generate(policy, problems, params, seed=seed)
         return engine.generate(policy, problems, params)
 
     for i in range(args.warmup):
-        call(args.seed + 1000 + i)
-    times, tokens, rows, finished = [], [], [], []
+        for engine in engines.values():
+            call(engine, args.seed + 1000 + i)
+    figures = {name: {"times": [], "cpu": [], "tokens": [], "rows": [], "finished": []} for name in engines}
+    samples: dict[str, list[Any]] = {name: [] for name in engines}
     for i in range(args.repeats):
-        sync()
-        start = time.perf_counter()
-        batch = call(args.seed + i)
-        sync()
-        times.append(time.perf_counter() - start)
-        tokens.append(sum(len(r) for r in batch.response_ids))
-        rows.append(len(batch.response_ids))
-        finished.append(sum(batch.finished) / max(len(batch.finished), 1))
-    total_t = sum(times)
-    return {
-        "call_s_median": C.median(times),
-        "tokens_per_s": sum(tokens) / total_t,
-        "rows_per_s": sum(rows) / total_t,
-        "mean_response_tokens": sum(tokens) / sum(rows),
-        "finished_frac": C.mean(finished),
-        "calls": len(times),
-    }
+        for name, engine in engines.items():
+            f = figures[name]
+            sync()
+            start, cpu = time.perf_counter(), time.process_time()
+            batch = call(engine, args.seed + i)
+            sync()
+            f["times"].append(time.perf_counter() - start)
+            f["cpu"].append(time.process_time() - cpu)
+            f["tokens"].append(sum(len(r) for r in batch.response_ids))
+            f["rows"].append(len(batch.response_ids))
+            f["finished"].append(sum(batch.finished) / max(len(batch.finished), 1))
+            samples[name].append(batch)
+    out = {}
+    for name, f in figures.items():
+        total_t = sum(f["times"])
+        out[name] = {
+            "call_s_median": C.median(f["times"]),
+            "cpu_s_median": C.median(f["cpu"]),
+            "tokens_per_s": sum(f["tokens"]) / total_t,
+            "rows_per_s": sum(f["rows"]) / total_t,
+            "mean_response_tokens": sum(f["tokens"]) / sum(f["rows"]),
+            "finished_frac": C.mean(f["finished"]),
+            "calls": len(f["times"]),
+        }
+    if "hf" in samples and "hf-dynamic" in samples:
+        out["hf"]["identical_to_hf_dynamic"] = all(
+            ours.response_ids == theirs.response_ids
+            and ours.texts == theirs.texts
+            and all(
+                torch.equal(a, b)
+                for a, b in zip(ours.behaviour_logprobs, theirs.behaviour_logprobs, strict=True)
+            )
+            for ours, theirs in zip(samples["hf"], samples["hf-dynamic"], strict=True)
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -154,15 +189,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     results: dict[str, Any] = {}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if "hf" in engines:
-        results["hf"] = measure(HFRolloutEngine(args.max_batch_size), policy, problems, params, args, sync)
+    hf = {
+        name: HFRolloutEngine(args.max_batch_size, preallocate_cache=name == "hf")
+        for name in ("hf", "hf-dynamic")
+        if name in engines
+    }
+    if hf:
+        results.update(measure_alternating(hf, policy, problems, params, args, sync))
         if cuda:
             results["hf"]["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     vllm_note = None
     if "vllm" in engines:
         engine, started = vllm_engine(policy, args)
         if engine is None:
-            vllm_note = f"vLLM engine not measured: graftrl.models.rollout_vllm is not importable here ({started})."
+            vllm_note = (
+                f"vLLM engine not measured: graftrl.models.rollout_vllm is not importable here ({started})."
+            )
         else:
             try:
                 results["vllm"] = measure(engine, policy, problems, params, args, sync)
@@ -186,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r["tokens_per_s"],
                 r["rows_per_s"],
                 r["call_s_median"],
+                r.get("cpu_s_median"),
                 r["mean_response_tokens"],
                 r["finished_frac"],
                 r.get("engine_start_s"),
@@ -199,6 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "tokens/s",
                 "rows/s",
                 "call s (median)",
+                "CPU s (median)",
                 "tokens/row",
                 "finished",
                 "start s",
@@ -212,6 +256,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         )
     )
+    if "hf" in results and "hf-dynamic" in results:
+        hf_, dyn = results["hf"], results["hf-dynamic"]
+        print(
+            f"hf / hf-dynamic: call {C.fmt(hf_['call_s_median'] / dyn['call_s_median'])}, "
+            f"CPU {C.fmt(hf_['cpu_s_median'] / dyn['cpu_s_median'])}; "
+            f"samples identical: {hf_['identical_to_hf_dynamic']}"
+        )
     if "hf" in results and "vllm" in results:
         print(f"vLLM / HF tokens/s: {C.fmt(results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s'])}")
     if vllm_note:
