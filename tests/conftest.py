@@ -195,6 +195,14 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return build_checkpoints(tmp_path_factory.mktemp("checkpoints"), hidden=32, heads=2)
 
 
+@pytest.fixture(scope="session")
+def fresh_embedded_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty model cache for the slow tier's full warm-starts, shared by its tests: the default
+    pair is warm-started once per session, by the code under test, from random init (the
+    provenance test checks those weights byte for byte; the full demo then reuses them)."""
+    return tmp_path_factory.mktemp("embedded-cache")
+
+
 @pytest.fixture
 def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
     """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""

@@ -14,9 +14,10 @@ ROW_KEYS = {"method", "model", "seed", "n", "pass_at_1", "steps", "wall_s"}
 PLOTS = ("training_curves.png", "complementarity.png", "compatibility_hist.png", "pass_at_1.png")
 
 
-def run_demo_cli(tmp_path, *args):
+def run_demo_cli(tmp_path, *args, cache=None):
     out = tmp_path / "demo"
-    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--cache", str(tmp_path / "cache"), *args])
+    cache = cache or tmp_path / "cache"
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), "--cache", str(cache), *args])
     assert result.exit_code == 0, result.output
     return out, json.loads((out / "results.json").read_text()), result.output
 
@@ -59,8 +60,10 @@ def test_quick_demo(tmp_path):
 
 
 @pytest.mark.slow
-def test_full_demo_shows_an_exchange(tmp_path):
-    out, results, _ = run_demo_cli(tmp_path, "--seeds", "1")
+def test_full_demo_shows_an_exchange(tmp_path, fresh_embedded_cache):
+    # the session's cache: the default pair is warm-started once for the slow tier (here, or in
+    # the provenance test when it ran first)
+    out, results, _ = run_demo_cli(tmp_path, "--seeds", "1", cache=fresh_embedded_cache)
     check_outputs(out, results, seeds=1)
     graft = results["diagnostics"]["graft"]
     for model in ("llama-char", "gpt2-bpe"):
