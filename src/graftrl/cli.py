@@ -183,8 +183,10 @@ def _setup(
     """graftrl shows its own progress; silence per-file load/save bars of transformers (here and in
     the workers a command spawns)."""
     from graftrl.console import quiet_transformers
+    from graftrl.interrupts import install
 
     quiet_transformers()
+    install()  # Ctrl-C stops a run even when a finalizer swallowed the KeyboardInterrupt
     if ctx.invoked_subcommand not in _TORCH_COMMANDS:
         return
     import torch

@@ -29,6 +29,8 @@ from graftrl.console import progress_bar
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
 from graftrl.errors import CheckpointError
 from graftrl.files import atomic_write, folder_bytes, is_disk_full, sha256_file
+from graftrl.interrupts import clear as clear_interrupt
+from graftrl.interrupts import raise_if_interrupted
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import (
@@ -169,12 +171,14 @@ class Trainer:
         self.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
         total = self.config.train.steps
         every = self.config.checkpoint.every
+        clear_interrupt()
         try:
             with progress_bar(logging.progress, status=True) as progress:
                 task = progress.add_task(
                     f"{self.config.method} train", total=total, completed=self.start_step, status=""
                 )
                 for step in range(self.start_step, total):
+                    raise_if_interrupted()
                     metrics = self.step(step)
                     status = "  ".join(f"{name} r={m['reward_mean']:.2f}" for name, m in metrics.items())
                     progress.update(task, advance=1, status=status)
@@ -183,6 +187,7 @@ class Trainer:
                     if self.validator is not None and self.validator.due(step):
                         self.validate(step)  # after the step: not part of its timings
                     if (every and (step + 1) % every == 0) or step + 1 == total:
+                        raise_if_interrupted()  # an interrupt swallowed during the step stops here
                         self.save_checkpoint(step)
         finally:
             self.logger.close()
