@@ -5,7 +5,7 @@ P prompts, n rollouts per prompt, B responses, T tokens.
 
 from graftrl.core.advantages import grpo_advantages
 from graftrl.core.compatibility import compatibility_score, compatibility_weight, mean_token_logprob
-from graftrl.core.diagnostics import complementarity, group_outcome_fractions
+from graftrl.core.diagnostics import complementarity, group_outcome_fractions, weight_summary
 from graftrl.core.hacpo import (
     capability_baseline,
     capability_ratios,
@@ -62,4 +62,5 @@ __all__ = [
     "token_logprobs",
     "transfer_candidates",
     "truncated_is_weights",
+    "weight_summary",
 ]

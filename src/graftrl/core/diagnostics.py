@@ -1,4 +1,4 @@
-"""Per-step diagnostics of algorithm.md §5 that are pure functions of rewards."""
+"""Per-step diagnostics of algorithm.md §5: pure functions of rewards, and of a step's s and w."""
 
 from __future__ import annotations
 
@@ -21,3 +21,21 @@ def group_outcome_fractions(rewards: Tensor) -> tuple[Tensor, Tensor]:
     successes = rewards.sum(dim=-1)
     n = rewards.shape[-1]
     return (successes == 0).float().mean(), (successes == n).float().mean()
+
+
+def weight_summary(s: Tensor, w: Tensor) -> dict[str, float]:
+    """What a step's exchange admitted and how compatible it was (the exchange metrics).
+
+    s, w: [N] compatibility scores and applied weights of the step's peer responses, N > 0.
+    ``peer_admitted`` counts the responses that entered the loss (w > 0).
+    """
+    admitted = w > 0
+    return {
+        "peer_admitted": int(admitted.sum()),
+        "admit_rate": float(admitted.float().mean()),
+        "s_mean": float(s.mean()),
+        "s_median": float(s.median()),
+        "s_min": float(s.min()),
+        "s_max": float(s.max()),
+        "w_mean": float(w.mean()),
+    }

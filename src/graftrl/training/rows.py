@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.core import truncated_is_weights
+from graftrl.core import truncated_is_weights, weight_summary
 from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
 from graftrl.methods import ExchangePlan, Method, PeerLikelihoods
 from graftrl.models.policy import Policy
@@ -211,15 +211,7 @@ def build_rows(
     w = method.peer_weights(s, generator)
     for k, row in enumerate(peer_rows):
         rows[row] = replace(rows[row], weight=float(w[k]))
-    info.update(
-        peer_admitted=int((w > 0).sum()),
-        admit_rate=float((w > 0).float().mean()),
-        s_mean=float(s.mean()),
-        s_median=float(s.median()),
-        s_min=float(s.min()),
-        s_max=float(s.max()),
-        w_mean=float(w.mean()),
-    )
+    info.update(weight_summary(s, w))
     if contrast:
         info.update(moved_contrast(plan, records, rows, moved_rows, policy, config, scored))
     # The driver appends it to compatibility.jsonl (one writer, whatever the backend).

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graftrl.core import minibatch_order
+from graftrl.core import minibatch_order, weight_summary
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, reverified_advantages
 from graftrl.methods import ExchangePlan, GroupOutcomes, Method, PeerLikelihoods
 from graftrl.models.rollout import content_mean_logprob
@@ -240,16 +240,9 @@ def _metrics(plan: ExchangePlan, peers: Mapping[str, PeerGroups], exchange: Exch
         metrics[f"stored_reward_changes/{name}"] = float(group.reward_changes)
     metrics["peer_responses"] = float(len(exchange.sources))
     s, w = exchange.s, exchange.w
-    metrics["peer_admitted"] = float((w > 0).sum()) if len(w) else 0.0
+    metrics["peer_admitted"] = 0.0
     if len(s):
-        metrics.update(
-            admit_rate=float((w > 0).float().mean()),
-            s_mean=float(s.mean()),
-            s_median=float(s.median()),
-            s_min=float(s.min()),
-            s_max=float(s.max()),
-            w_mean=float(w.mean()),
-        )
+        metrics.update({key: float(value) for key, value in weight_summary(s, w).items()})
     return metrics
 
 
