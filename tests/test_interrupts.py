@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
+from conftest import SRC
 
 from graftrl import interrupts
 
@@ -52,8 +54,12 @@ def test_an_interrupt_raises_where_it_arrives(graftrl_sigint):
     interrupts.raise_if_interrupted()  # cleared: a new run in this process starts clean
 
 
-def test_without_install_the_check_never_fires():
-    # graftrl used as a library: the process's own SIGINT handling, and no flag
-    interrupts.clear()
-    interrupts.raise_if_interrupted()
-    assert signal.getsignal(signal.SIGINT) is not interrupts._on_sigint
+def test_the_library_leaves_a_users_sigint_alone():
+    """Only graftrl's commands install the handler: importing the trainer does not."""
+    script = (
+        "import signal, graftrl.training.trainer, graftrl.integrations.trl; "
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
