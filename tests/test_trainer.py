@@ -291,3 +291,25 @@ def test_per_family_reward_on_the_shared_batch(tiny_checkpoints, tmp_path):
             assert rows[model][f"family_reward/{family}"] == pytest.approx(expected)
             all_fail = sum(sum(g) == 0 for g in groups) / len(groups)
             assert rows[model][f"family_all_fail/{family}"] == pytest.approx(all_fail)
+
+
+def test_problems_handed_over_in_code_are_what_a_resume_checks(tiny_checkpoints, tmp_path):
+    """A trainer given its problems in code (benchmarks, a user's own loop) does not read
+    ``data.train``, which need not exist; a resume compares the problems' content instead."""
+    import dataclasses
+
+    from graftrl.config import ConfigError
+    from graftrl.storage.data import load_problems
+
+    problems = load_problems(FIXTURES / "math_small.jsonl")
+    raw = make_config(tiny_checkpoints, steps=2)
+    raw["data"]["train"] = str(tmp_path / "absent.jsonl")
+    raw["checkpoint"] = {"every": 1}
+    config = config_from_dict(raw)
+    Trainer(config, tmp_path / "run", problems=problems, verifier=ScriptedRewards(CROSSED)).train()
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    changed = [dataclasses.replace(problems[0], answer="0"), *problems[1:]]
+    with pytest.raises(ConfigError, match=r"data\.train"):
+        Trainer(config, tmp_path / "run", problems=changed, verifier=ScriptedRewards(CROSSED)).train(
+            resume=True
+        )

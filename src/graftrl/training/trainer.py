@@ -14,6 +14,7 @@ interface (graftrl.training.backends): in this process or in Ray actors.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 import time
@@ -66,6 +67,10 @@ from graftrl.training.sampling import PolicyRollout
 __all__ = ["Trainer", "step_seed"]
 
 
+PROBLEMS_IN_CODE = "(problems passed to Trainer)"
+"""The data path recorded for a run whose problems were handed over in code."""
+
+
 class Trainer:
     """Runs Algorithm 1 for a config and writes everything into ``run_dir``."""
 
@@ -85,6 +90,8 @@ class Trainer:
         self.files = RunDir(self.run_dir)
         """Every path of the run folder (graftrl.storage.rundir)."""
         self.problems = list(problems) if problems is not None else load_problems(config.data.train)
+        self._problems_in_code = problems is not None
+        """Problems handed over in code: the run reads them, not ``data.train`` (which may not exist)."""
         self.method = build_method(config.method, config)
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
@@ -379,11 +386,17 @@ class Trainer:
         return self.files.checkpoints
 
     def inputs(self) -> dict[str, dict[str, str]]:
-        """The content of what the run reads besides its models: the training data and every
-        stored peer's store, name -> {"path", "sha256"} (hashed once per process)."""
+        """The content of what the run reads besides its models: the training data (the file, or
+        the problems handed to the trainer in code) and every stored peer's store,
+        name -> {"path", "sha256"} (hashed once per process)."""
         if self._inputs is None:
-            data = Path(self.config.data.train)
-            self._inputs = {"data.train": {"path": str(data), "sha256": sha256_file(data)[0]}}
+            if self._problems_in_code:
+                listed = json.dumps([dataclasses.asdict(p) for p in self.problems], sort_keys=True)
+                digest = hashlib.sha256(listed.encode()).hexdigest()
+                self._inputs = {"data.train": {"path": PROBLEMS_IN_CODE, "sha256": digest}}
+            else:
+                data = Path(self.config.data.train)
+                self._inputs = {"data.train": {"path": str(data), "sha256": sha256_file(data)[0]}}
             for peer, store in self.stored_peers.values():
                 self._inputs[f"peers.{peer.name}"] = {"path": str(peer.path), "sha256": store.fingerprint()}
         return self._inputs
