@@ -182,12 +182,13 @@ class Stopwatch:
         return _Span()
 
 
-def embedded_paths(cache_dir: str | None) -> dict[str, Path]:
-    """The warm-started embedded models (trained once, ~3.3 min on 2 cores, then cached)."""
+def embedded_paths(cache_dir: str | None, task: str | None = None) -> dict[str, Path]:
+    """The warm-started embedded models of ``task`` (default: the original, arith; trained once,
+    then cached)."""
     from graftrl.embedded.warmstart import prepare_embedded_models
 
     cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "graftrl" / "embedded"
-    return prepare_embedded_models(cache)
+    return prepare_embedded_models(cache, **({"task": task} if task else {}))
 
 
 def embedded_train_file(out_dir: Path, n_train: int = 1200, seed: int = 0) -> Path:

@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--engines", default="hf,vllm", help="hf, hf-dynamic (generate's own cache), vllm")
     ap.add_argument(
-        "--task", default=None, help="embedded task of the prompts (default: the original, arith)"
+        "--task", default=None, help="embedded task of the prompts and models (default: the original, arith)"
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="auto")
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def resolve_model(args) -> Path:
     if Path(args.model).is_dir():
         return Path(args.model)
-    paths = C.embedded_paths(args.cache_dir)
+    paths = C.embedded_paths(args.cache_dir, args.task)  # the task's own models (their context fits)
     if args.model not in paths:
         raise SystemExit(f"--model {args.model!r}: not a folder nor one of {sorted(paths)}")
     return paths[args.model]
