@@ -155,6 +155,7 @@ class Trainer:
             self._train(resume, force)
 
     def _train(self, resume: bool, force: bool) -> None:
+        clear_interrupt()  # an interrupt from before this run (same process) is not this run's
         if resume and not force:
             self.check_identity()  # before config.yaml is replaced
         logging = self.config.logging
@@ -178,7 +179,6 @@ class Trainer:
         self.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
         total = self.config.train.steps
         every = self.config.checkpoint.every
-        clear_interrupt()
         try:
             with progress_bar(logging.progress, status=True) as progress:
                 task = progress.add_task(
