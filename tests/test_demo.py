@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from graftrl.cli import app
+from graftrl.embedded.shipped import REBUILD_ENV
 
 ROW_KEYS = {"method", "model", "seed", "n", "pass_at_1", "steps", "wall_s"}
 PLOTS = ("training_curves.png", "complementarity.png", "compatibility_hist.png", "pass_at_1.png")
@@ -60,9 +61,11 @@ def test_quick_demo(tmp_path):
 
 
 @pytest.mark.slow
-def test_full_demo_shows_an_exchange(tmp_path, fresh_embedded_cache):
+def test_full_demo_shows_an_exchange(tmp_path, fresh_embedded_cache, monkeypatch):
     # the session's cache: the default pair is warm-started once for the slow tier (here, or in
-    # the provenance test when it ran first)
+    # the provenance test when it ran first), not installed from the shipped copy, so that the
+    # provenance test checks a warm-start of this code's
+    monkeypatch.setenv(REBUILD_ENV, "1")
     out, results, _ = run_demo_cli(tmp_path, "--seeds", "1", cache=fresh_embedded_cache)
     check_outputs(out, results, seeds=1)
     graft = results["diagnostics"]["graft"]

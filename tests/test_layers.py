@@ -9,7 +9,14 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src"
 
 LAYERS = [
-    ("graftrl", "graftrl.errors", "graftrl.files", "graftrl.console", "graftrl.interrupts"),
+    (
+        "graftrl",
+        "graftrl.errors",
+        "graftrl.files",
+        "graftrl.console",
+        "graftrl.interrupts",
+        "graftrl.machine",
+    ),
     ("graftrl.core",),
     ("graftrl.methods",),
     ("graftrl.storage",),

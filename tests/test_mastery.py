@@ -11,7 +11,13 @@ from typer.testing import CliRunner
 import graftrl.reporting.mastery as mastery
 from graftrl.cli import app
 from graftrl.embedded.models import MODEL_SPECS
-from graftrl.embedded.warmstart import MASTERY_DRILL_SHARE, TASK_MIXES, fingerprint, mastery_mixes
+from graftrl.embedded.warmstart import (
+    MASTERY_DEFICIT_SHARE,
+    MASTERY_DRILL_SHARE,
+    TASK_MIXES,
+    fingerprint,
+    mastery_mixes,
+)
 from graftrl.training.trainer import Trainer
 
 LLAMA, GPT2 = MODEL_SPECS
@@ -26,7 +32,8 @@ def test_mastery_moves_each_models_own_regrouping_share_and_adds_the_drills():
         mixes = mastery_mixes("worked", point)
         for name, mix in mixes.items():
             base = TASK_MIXES["worked"][name]
-            assert mix[own[name]] == float(point) and deficit[name] not in mix
+            assert mix[own[name]] == float(point) and mix[deficit[name]] == MASTERY_DEFICIT_SHARE
+            assert MASTERY_DEFICIT_SHARE < 0.025  # below what taught a drilled model the step
             assert mix["add_fact"] == mix["sub_fact"] == MASTERY_DRILL_SHARE / 2
             # the no-regrouping families as in the task's pair
             assert {f: w for f, w in mix.items() if f in ("add", "sub")} == {

@@ -18,10 +18,10 @@ from graftrl.embedded.warmstart import (
     fingerprint,
     prepare_embedded_models,
 )
+from graftrl.machine import cpu_kernels
 from graftrl.reporting.provenance import (
     code_commit,
     command_line,
-    cpu_capability,
     model_provenance,
     results_provenance,
     signature,
@@ -63,15 +63,16 @@ def test_documented_fingerprints_are_what_the_code_computes(path):
 def _warm_starts(block: object, kernels: str | None = None) -> list[tuple[tuple[str, str | None], str]]:
     """Every ((warm-start fingerprint, CPU kernel family), weights hash) inside a provenance block.
 
-    The kernel family is the block's ``cpu_capability`` (or the key under
-    ``models_by_cpu_capability``); None where it was not recorded."""
+    The kernels are the block's ``cpu_capability`` and ``cpu_vendor`` (or the key under
+    ``models_by_cpu``, ``graftrl.machine.cpu_kernels()``); None where they were not recorded."""
     if isinstance(block, dict):
         if isinstance(block.get("warm_start_fingerprint"), str):
             return [((block["warm_start_fingerprint"], kernels), block["weights_sha256"])]
-        kernels = block.get("cpu_capability", kernels)
+        if "cpu_capability" in block:
+            kernels = " ".join(filter(None, (block["cpu_capability"], block.get("cpu_vendor"))))
         pairs = []
         for key, value in block.items():
-            if key == "models_by_cpu_capability":
+            if key == "models_by_cpu":
                 pairs += [p for family, models in value.items() for p in _warm_starts(models, family)]
             else:
                 pairs += _warm_starts(value, kernels)
@@ -137,15 +138,20 @@ def test_reports_name_the_command_and_the_commit_that_wrote_them():
 def test_documented_warm_start_reproduces_its_weights(path, fresh_embedded_cache):
     """The warm-start is deterministic: the documented fingerprint, trained afresh by the current
     code (into the session's empty cache, which the full demo test then reuses), gives the
-    documented weights to the byte (~5 minutes on 2 cores)."""
+    documented weights to the byte (~5 minutes on 2 cores), never from the shipped copy (whose
+    bytes tests/test_shipped_weights.py checks against the same hashes)."""
     doc = json.loads(path.read_text())
     paths = prepare_embedded_models(
-        fresh_embedded_cache, quick=doc["warm_start"] == "quick", seed=doc["seed"], task=doc["task"]
+        fresh_embedded_cache,
+        quick=doc["warm_start"] == "quick",
+        seed=doc["seed"],
+        task=doc["task"],
+        shipped=False,
     )
-    kernels = cpu_capability()
-    expected = doc.get("models_by_cpu_capability", {}).get(kernels, doc["models"])
+    kernels = cpu_kernels()
+    expected = doc.get("models_by_cpu", {}).get(kernels, doc["models"])
     for name, model in expected.items():
         assert model_provenance(paths[name]) == model, (
             f"{name}: the warm-start gives other weights on this machine's CPU kernels ({kernels}); "
-            "if the code did not change, add them under models_by_cpu_capability"
+            "if the code did not change, add them under models_by_cpu"
         )

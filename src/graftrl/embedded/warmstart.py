@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
+from graftrl.embedded.shipped import REBUILD_ENV, install_shipped
 from graftrl.embedded.task import (
     DEFAULT_TASK,
     ORIGINAL_TASK,
@@ -41,6 +42,7 @@ from graftrl.embedded.task import (
 
 __all__ = [
     "EMBEDDED_MIXES",
+    "MASTERY_DEFICIT_SHARE",
     "MASTERY_DRILL_SHARE",
     "MASTERY_WARMSTART",
     "REPORT_NAME",
@@ -102,6 +104,11 @@ def overlap_mixes(task: str, overlap: float) -> dict[str, dict[str, float]]:
 #: Share of a mastery pair's warm-start mix given to the fact drills (each drill half of it).
 MASTERY_DRILL_SHARE = 0.3
 
+#: Share of a drilled model's mix given to its deficit (the peer's regrouping family): enough that
+#: the receiver has seen the step's words and scores its peer's solutions near the gate's δ, too
+#: little to learn the step (docs/task_design.md, "The mastery knob").
+MASTERY_DEFICIT_SHARE = 0.004
+
 #: A drilled pair's stop settings: trained to a higher sampled accuracy than the task's pair, so
 #: the facts and copies are sharper; no wall-clock net (on a busy machine it would stop a run
 #: early, and the model would depend on the machine's load).
@@ -113,11 +120,12 @@ def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
 
     ``"default"`` is the task's own pair. A number e gives each model its own regrouping family at
     share e (the carries for the Llama, the borrows for the GPT-2: the step the *other* model
-    lacks), none of the other's regrouping family (its deficit), and the single-digit facts of
-    both regrouping families as drills (``MASTERY_DRILL_SHARE``); the no-regrouping families as in
-    the task's mix. Each model then knows the facts (with them, a few examples of the other's
-    regrouping step were enough to learn it, docs/task_design.md, so the deficit gets none), and
-    how often it carries or borrows right, the step its peer lacks, moves with e.
+    lacks), the other's regrouping family (its deficit) at the small ``MASTERY_DEFICIT_SHARE``, and
+    the single-digit facts of both regrouping families as drills (``MASTERY_DRILL_SHARE``); the
+    no-regrouping families as in the task's mix. Each model then knows the facts (with them, 2.5%
+    of the other's regrouping step was enough to learn it, docs/task_design.md, hence the much
+    smaller deficit share), and how often it carries or borrows right, the step its peer lacks,
+    moves with e.
     """
     if point == "default":
         return {name: dict(mix) for name, mix in TASK_MIXES[task].items()}
@@ -130,8 +138,10 @@ def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
     out = {}
     for name, mix in TASK_MIXES[task].items():
         own = max((f for f in REGROUPING if f in mix), key=lambda f: mix[f])
+        deficit = {f: MASTERY_DEFICIT_SHARE for f in REGROUPING if f != own and MASTERY_DEFICIT_SHARE > 0}
         kept = {f: w for f, w in mix.items() if f not in REGROUPING}
-        out[name] = {**kept, own: exposure, **{drill: MASTERY_DRILL_SHARE / len(drills) for drill in drills}}
+        drilled = {drill: MASTERY_DRILL_SHARE / len(drills) for drill in drills}
+        out[name] = {**kept, own: exposure, **deficit, **drilled}
     return out
 
 
@@ -391,6 +401,7 @@ def prepare_embedded_models(
     mixes: Mapping[str, Mapping[str, float]] | None = None,
     settings: Mapping[str, float] | None = None,
     on_progress: Callable[[str, dict[str, Any]], None] | None = None,
+    shipped: bool = True,
 ) -> dict[str, Path]:
     """Warm-start both embedded models for ``task`` (or reuse the cache); their folders by spec name.
 
@@ -400,7 +411,9 @@ def prepare_embedded_models(
     (a display; workers send theirs through a queue).
 
     A model is reused when ``cache_dir/<spec>-<fingerprint>/`` holds a report with the same
-    fingerprint (spec, mix, task, seed, stop settings). Missing models are trained in parallel
+    fingerprint (spec, mix, task, seed, stop settings). A missing model that graftrl ships
+    (``embedded.shipped``: the default pair) is installed from the verified artifact unless
+    ``shipped`` is False or ``GRAFTRL_REBUILD_EMBEDDED=1``; the others are trained in parallel
     processes (one thread each), which is faster on 2 cores than one after the other.
     """
     cache_dir = Path(cache_dir)
@@ -420,7 +433,14 @@ def prepare_embedded_models(
         )
         out = cache_dir / f"{name}-{fp}"
         paths[name] = out
-        if not _cached(out, fp):
+        if _cached(out, fp):
+            continue
+        if shipped and install_shipped(out.name, out):
+            print(
+                f"{name}: the shipped warm-start (SHA-256 verified); {REBUILD_ENV}=1 trains it here instead",
+                file=sys.stderr,
+            )
+        else:
             jobs[name] = {
                 "spec_name": name,
                 "families_mix": mix,
@@ -506,10 +526,17 @@ def _main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sequential", action="store_true")
     ap.add_argument("--task", default=DEFAULT_TASK)
+    ap.add_argument("--rebuild", action="store_true", help="warm-start even a model graftrl ships")
     args = ap.parse_args()
     t = time.perf_counter()
     paths = prepare_embedded_models(
-        args.cache_dir, args.quick, args.seed, parallel=not args.sequential, task=args.task, progress=True
+        args.cache_dir,
+        args.quick,
+        args.seed,
+        parallel=not args.sequential,
+        task=args.task,
+        progress=True,
+        shipped=not args.rebuild,
     )
     for name, p in paths.items():
         rep = json.loads((p / REPORT_NAME).read_text())

@@ -2,12 +2,12 @@
 
 Every results.json of `graftrl compare`, `graftrl sweep` and `graftrl demo` carries
 ``provenance``: the command that wrote it, the git commit of the graftrl source that ran (and
-whether that source had uncommitted changes), the package version, the torch version and the CPU
-kernel family torch dispatched to, and per policy the SHA-256 of its starting weights plus, for an
+whether that source had uncommitted changes), the package version, the torch version, the CPU
+kernel family torch dispatched to and the CPU's vendor (``graftrl.machine``), and per policy the SHA-256 of its starting weights plus, for an
 embedded warm-start, the fingerprint of the settings that made it. A documented figure can then be
 checked against the current code: the same fingerprint must warm-start to the same weights on the
-same kernel family (``tests`` do that for the fingerprints in ``docs/``). Across kernel families
-(AVX2, AVX512) float sums differ in their last bits, so a warm-start's weights do too.
+same CPU kernels (``tests`` do that for the fingerprints in ``docs/``). Across kernel families
+(AVX2, AVX512) and CPU vendors float sums differ in their last bits, so a warm-start's weights do too.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import graftrl
 from graftrl.embedded.warmstart import REPORT_NAME
 from graftrl.files import sha256_bytes, sha256_file
+from graftrl.machine import cpu_capability, cpu_vendor
 
 SOURCE_ROOT = Path(graftrl.__file__).resolve().parents[2]
 """The checkout graftrl runs from (``src/graftrl`` two levels up), when it is one."""
@@ -101,14 +102,6 @@ def model_provenance(folder: str | Path) -> dict[str, Any]:
     return {"weights_sha256": weights_sha256(folder), "warm_start_fingerprint": fingerprint}
 
 
-def cpu_capability() -> str:
-    """The CPU kernel family torch dispatches to here (``AVX2``, ``AVX512``, ...): the same code and
-    seed give bit-identical weights within one family, not across them."""
-    import torch
-
-    return str(torch.backends.cpu.get_cpu_capability())
-
-
 def results_provenance(policies: Mapping[str, str | Path]) -> dict[str, Any]:
     """The ``provenance`` block of a results.json: command, code commit, versions, CPU kernels,
     each policy's start."""
@@ -120,5 +113,6 @@ def results_provenance(policies: Mapping[str, str | Path]) -> dict[str, Any]:
         "graftrl_version": graftrl.__version__,
         "torch_version": torch.__version__,
         "cpu_capability": cpu_capability(),
+        "cpu_vendor": cpu_vendor(),
         "models": {name: model_provenance(path) for name, path in policies.items()},
     }

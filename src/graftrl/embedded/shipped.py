@@ -1,0 +1,133 @@
+"""The default pair's warm-started weights, shipped with graftrl as a verified artifact.
+
+The first ``graftrl demo`` would otherwise spend about 40% of its time warm-starting the two
+embedded models. The default pair (``docs/demo/worked/provenance.json``) is shipped in
+``shipped/<spec>-<fingerprint>/`` beside this module: the folder ``warm_start`` saved, file for
+file, as warm-started on the CPU kernels named in ``manifest.json`` (``graftrl.machine.cpu_kernels``),
+which also holds each file's SHA-256.
+
+A folder is installed into the model cache only where it is exactly what a local warm-start would
+write: on a machine with the same CPU kernels (other kernels give other last bits, and then other
+results than a local warm-start, so there the pair is warm-started as before), and only when every
+file matches its hash (a damaged or edited artifact is never trained from). Anything else (another
+task, seed, mix or a quick warm-start) has another fingerprint and is warm-started as before.
+``GRAFTRL_REBUILD_EMBEDDED=1`` (or ``shipped=False``) skips the artifact: the slow test tier does
+so and compares the warm-start's bytes with the documented ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from graftrl.files import sha256_file
+from graftrl.machine import cpu_kernels
+
+__all__ = [
+    "MANIFEST_NAME",
+    "REBUILD_ENV",
+    "SHIPPED_DIR",
+    "install_shipped",
+    "rebuild_requested",
+    "ship",
+    "shipped_kernels",
+    "shipped_models",
+    "verify_shipped",
+]
+
+#: Where the shipped folders and their manifest live (package data).
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+MANIFEST_NAME = "manifest.json"
+#: Set to 1 to warm-start locally even where a shipped pair matches the fingerprint.
+REBUILD_ENV = "GRAFTRL_REBUILD_EMBEDDED"
+
+
+def _manifest(root: Path) -> dict:
+    manifest = root / MANIFEST_NAME
+    return json.loads(manifest.read_text()) if manifest.is_file() else {"cpu_kernels": None, "models": {}}
+
+
+def shipped_models(root: Path = SHIPPED_DIR) -> dict[str, dict[str, str]]:
+    """The manifest's models: ``{"<spec>-<fingerprint>": {file name: sha256}}`` (empty when none)."""
+    return _manifest(root)["models"]
+
+
+def shipped_kernels(root: Path = SHIPPED_DIR) -> str | None:
+    """The CPU kernels the shipped folders were warm-started on (``cpu_kernels()`` there)."""
+    return _manifest(root)["cpu_kernels"]
+
+
+def verify_shipped(folder: Path, files: Mapping[str, str]) -> list[str]:
+    """The files of ``folder`` that are missing or whose SHA-256 differs from the manifest's."""
+    return [
+        name
+        for name, digest in files.items()
+        if not (folder / name).is_file() or sha256_file(folder / name)[0] != digest
+    ]
+
+
+def rebuild_requested() -> bool:
+    return os.environ.get(REBUILD_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+def install_shipped(key: str, out_dir: Path, root: Path = SHIPPED_DIR) -> bool:
+    """Copy the shipped folder ``key`` (``<spec>-<fingerprint>``) to ``out_dir`` once verified.
+
+    Returns False, installing nothing, when no such folder is shipped, a rebuild was asked for
+    (``REBUILD_ENV``), this machine's CPU kernels are not the artifact's, or a file fails its hash
+    (then with a one-line warning): the caller warm-starts instead. The copy is made beside ``out_dir`` and renamed into place, so an
+    interrupted install leaves no half-written model in the cache.
+    """
+    files = shipped_models(root).get(key)
+    if files is None or rebuild_requested():
+        return False
+    if (shipped_on := shipped_kernels(root)) != (here := cpu_kernels()):
+        print(
+            f"note: graftrl ships {key} as warm-started on {shipped_on} CPU kernels; this machine's "
+            f"({here}) would train other last bits, so it is warm-started here",
+            file=sys.stderr,
+        )
+        return False
+    source = root / key
+    if bad := verify_shipped(source, files):
+        print(
+            f"warning: the shipped warm-start {key} fails its SHA-256 check ({', '.join(bad)}); "
+            "warm-starting it here instead (reinstall graftrl to restore the artifact)",
+            file=sys.stderr,
+        )
+        return False
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=out_dir.parent))
+    try:
+        for name in files:
+            shutil.copyfile(source / name, staging / name)
+        if bad := verify_shipped(staging, files):  # the copy, too, before it is used
+            raise OSError(f"copy of {', '.join(bad)} differs from the shipped bytes")
+        shutil.rmtree(out_dir, ignore_errors=True)  # a stale folder whose report had another fingerprint
+        staging.rename(out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
+def ship(folders: list[Path], root: Path = SHIPPED_DIR) -> dict[str, dict[str, str]]:
+    """Make ``root`` hold exactly ``folders`` (models warm-started on this machine, each named
+    ``<spec>-<fingerprint>``) and a manifest of this machine's CPU kernels and their files' SHA-256;
+    returns the manifest's models. The maintainers' step (``scripts/ship_warmstart.py``)."""
+    models = {}
+    for folder in folders:
+        target = root / folder.name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(folder, target)
+        models[folder.name] = {f.name: sha256_file(f)[0] for f in sorted(target.iterdir()) if f.is_file()}
+    for stale in root.iterdir() if root.is_dir() else []:
+        if stale.is_dir() and stale.name not in models:
+            shutil.rmtree(stale)
+    manifest = {"cpu_kernels": cpu_kernels(), "models": models}
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return models
