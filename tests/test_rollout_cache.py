@@ -12,7 +12,7 @@ from graftrl.embedded.models import build_spec
 from graftrl.embedded.task import make_problems, supervised_text
 from graftrl.models import kv_cache
 from graftrl.models.policy import Policy
-from graftrl.models.rollout import HFRolloutEngine, RolloutBatch, SamplingParams
+from graftrl.models.rollout import PREALLOCATE_FROM_TOKENS, HFRolloutEngine, RolloutBatch, SamplingParams
 
 TEMPLATE = "{problem}="
 
@@ -59,7 +59,7 @@ def test_preallocated_cache_samples_exactly_as_generate(policies, name, temperat
     params = SamplingParams(n=4, temperature=temperature, top_p=top_p, max_new_tokens=24)
     # 24 rows per generate call: the 10 prompts x 4 samples take two chunks of different widths
     reference_engine = HFRolloutEngine(max_batch_size=24, preallocate_cache=False)
-    fast_engine = HFRolloutEngine(max_batch_size=24)
+    fast_engine = HFRolloutEngine(max_batch_size=24, preallocate_cache=True)
 
     reference = reference_engine.generate(policy, PROMPTS, params, seed=5)
     assert not writes
@@ -84,7 +84,9 @@ def test_preallocated_cache_under_bf16_autocast(policies):
     policy = Policy(base.name, base.model, base.tokenizer, template=TEMPLATE, compute_dtype=torch.bfloat16)
     params = SamplingParams(n=3, temperature=0.8, max_new_tokens=12)
     reference = HFRolloutEngine(preallocate_cache=False).generate(policy, PROMPTS[:4], params, seed=2)
-    assert_identical(reference, HFRolloutEngine().generate(policy, PROMPTS[:4], params, seed=2))
+    assert_identical(
+        reference, HFRolloutEngine(preallocate_cache=True).generate(policy, PROMPTS[:4], params, seed=2)
+    )
 
 
 def test_layer_grows_past_its_capacity():
@@ -97,3 +99,16 @@ def test_layer_grows_past_its_capacity():
         assert torch.equal(got_keys, torch.cat(keys[: step + 1], dim=-2))
         assert torch.equal(got_values, torch.cat(values[: step + 1], dim=-2))
     assert layer.get_seq_length() == 6
+
+
+@pytest.mark.parametrize(
+    ("max_new_tokens", "preallocated"),
+    [(PREALLOCATE_FROM_TOKENS - 1, False), (PREALLOCATE_FROM_TOKENS, True)],
+)
+def test_the_default_preallocates_only_long_calls(policies, max_new_tokens, preallocated, monkeypatch):
+    made = []
+    real = kv_cache.preallocated_cache
+    monkeypatch.setattr("graftrl.models.rollout.preallocated_cache", lambda *a: made.append(1) or real(*a))
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens)
+    HFRolloutEngine().generate(policies["gpt2-bpe"], PROMPTS[:2], params, seed=0)
+    assert bool(made) == preallocated

@@ -138,6 +138,13 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
 
 
+#: The preallocated KV cache saves ``DynamicLayer``'s whole-cache copy per step, but attention then
+#: reads keys and values through a strided view, and the buffers are fresh memory each call: on
+#: short responses that costs more than it saves. Measured side by side (benchmarks/README.md,
+#: "HF sampler"): 7-12% slower at 26 tokens per row on two CPUs, 15% faster (AVX2) or even
+#: (AVX-512) at 70. The samples are the same either way.
+PREALLOCATE_FROM_TOKENS = 64
+
 ChunkResults = dict[int, tuple[list[list[int]], list[Tensor], list[bool]]]
 """Generate-call chunk index -> (response ids, behaviour log-probs, finished) of its rows."""
 
@@ -183,12 +190,18 @@ class HFRolloutEngine:
     It samples from the trainer's own model object, so ``sync_weights`` has nothing to do.
     """
 
-    def __init__(self, max_batch_size: int = 512, preallocate_cache: bool = True) -> None:
+    def __init__(self, max_batch_size: int = 512, preallocate_cache: bool | None = None) -> None:
         self.max_batch_size = max_batch_size
         """Rows (prompt x sample) generated per ``generate`` call."""
         self.preallocate_cache = preallocate_cache
         """Give ``generate`` a KV cache allocated once per call (``models.kv_cache``): the same
-        samples, without a full cache copy per step. False: ``generate``'s own DynamicCache."""
+        samples, without a full cache copy per step. False: ``generate``'s own DynamicCache.
+        None (default): preallocate for calls of at least ``PREALLOCATE_FROM_TOKENS`` new tokens."""
+
+    def _preallocates(self, params: SamplingParams) -> bool:
+        if self.preallocate_cache is not None:
+            return self.preallocate_cache
+        return params.max_new_tokens >= PREALLOCATE_FROM_TOKENS
 
     def reseed(self, seed: int) -> None:
         """Unseeded calls sample from torch's global generator: seed it."""
@@ -262,7 +275,9 @@ class HFRolloutEngine:
             return_dict_in_generate=False,
         )
         model = policy.model
-        cache = preallocated_cache(model, width + params.max_new_tokens) if self.preallocate_cache else None
+        cache = (
+            preallocated_cache(model, width + params.max_new_tokens) if self._preallocates(params) else None
+        )
         extra = {} if cache is None else {cache_argument(model): cache}
         with policy.autocast(), dropped_mask_warning_silenced():
             sequences = model.generate(

@@ -156,7 +156,10 @@ def embedded_task(
 
     settings = demo_settings(name, quick)
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
-    console.print(f"[bold]warm-starting the embedded models[/bold] for task {name!r} (cached in {cache_dir})")
+    console.print(
+        f"[bold]preparing the embedded models[/bold] for task {name!r}: cached in {cache_dir}, "
+        "else installed from graftrl's shipped pair or warm-started"
+    )
     started = time.perf_counter()
     bars = TaskBars(console)
     try:
