@@ -323,11 +323,15 @@ def run_trl(
         callbacks=[Timer()],
     )
     spans: dict[str, list[float]] = {
+        "sampling": [],
         "generate": [],
         "reward": [],
         "old_logprob": [],
         "generate_and_score": [],
     }
+    # sampling = prompts tokenized, generated, completions decoded: the scope of graftrl's rollout
+    # phase (its engine encodes and decodes too); generate = the model's generate call alone
+    _time_method(trainer, "_generate", spans["sampling"])
     _time_method(trainer, "_generate_single_turn", spans["generate"])
     _time_method(trainer, "_calculate_rewards", spans["reward"])
     _time_method(trainer, "_generate_and_score_completions", spans["generate_and_score"])
@@ -379,6 +383,7 @@ def run_trl(
     return {
         "step_s": walls[measured],
         "phases": {
+            "sampling": spans["sampling"][measured],
             "generate": spans["generate"][measured],
             "reward": spans["reward"][measured],
             "old_logprob": spans["old_logprob"][measured],
@@ -464,6 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "trl": {
             "step_median_s": t_step,
+            "sampling_s": C.median(pooled("trl", "phases", "sampling")),
             "generate_s": C.median(pooled("trl", "phases", "generate")),
             "reward_s": C.median(pooled("trl", "phases", "reward")),
             "old_logprob_s": C.median(pooled("trl", "phases", "old_logprob")),
@@ -499,7 +505,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [
                     "TRL GRPOTrainer",
                     t["step_median_s"],
-                    t["generate_s"],
+                    t["sampling_s"],
                     t["reward_s"],
                     t["old_logprob_s"],
                     t["train_s"],
@@ -516,6 +522,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     print(f"graftrl / TRL step-time ratio: {C.fmt(summary['ratio_graftrl_over_trl'])}  (TRL {info['trl']})")
+    if g["rollout_s"] and t["sampling_s"]:
+        summary["sampling_ratio_graftrl_over_trl"] = g["rollout_s"] / t["sampling_s"]
+        print(
+            f"graftrl / TRL sampling ratio: {C.fmt(summary['sampling_ratio_graftrl_over_trl'])} (both: prompts "
+            f"tokenized, generated, completions decoded; TRL's generate call alone: {C.fmt(t['generate_s'])} s)"
+        )
     print(
         "TRL's update column is the rest of its step (optimizer steps, loss, metrics bookkeeping); graftrl has "
         "no old log-prob pass (it keeps the sampler's log-probs) and skips zero-advantage rows in the update."
