@@ -55,6 +55,13 @@ def test_sampling_is_seeded_and_stops_at_eos(policies):
         assert eos not in ids[:-1]
         assert finished == (ids[-1:] == [eos])
         assert finished or len(ids) == 6
+    # the texts are each row's own decode, without its EOS (decoded in one batch call)
+    for policy_ in policies.values():
+        batch = HFRolloutEngine().generate(policy_, ["1+1", "2+2", "10+7"], params, seed=3)
+        assert batch.texts == [
+            policy_.decode_response(ids[:-1] if done else ids)
+            for ids, done in zip(batch.response_ids, batch.finished, strict=True)
+        ]
 
 
 def test_top_p_keeps_behaviour_logprobs_of_the_full_distribution(policies):

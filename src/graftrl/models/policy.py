@@ -334,6 +334,10 @@ class Policy:
     def decode_response(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def decode_responses(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        """``decode_response`` of every row, in one tokenizer call."""
+        return self.tokenizer.batch_decode([list(ids) for ids in rows], skip_special_tokens=True)
+
     # ----- batching -----------------------------------------------------------------------
     def pad(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> PaddedBatch:
         pad_id = int(self.tokenizer.pad_token_id)

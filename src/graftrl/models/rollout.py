@@ -250,10 +250,9 @@ class HFRolloutEngine:
             response_ids += ids
             logprobs += lps
             finished += done
-        texts = [
-            policy.decode_response(ids[:-1] if done else ids)
-            for ids, done in zip(response_ids, finished, strict=True)
-        ]
+        texts = policy.decode_responses(
+            [ids[:-1] if done else ids for ids, done in zip(response_ids, finished, strict=True)]
+        )
         return RolloutBatch(prompt_ids, response_ids, logprobs, finished, texts, params.n)
 
     def _generate_chunk(
@@ -289,10 +288,8 @@ class HFRolloutEngine:
             )
         generated = sequences[:, width:]  # [P*n, steps]
         step_logprobs = recorder.finish(generated[:, -1]).cpu()
-        generated = generated.cpu()
         out_ids, out_logprobs, out_finished = [], [], []
-        for row in range(generated.shape[0]):
-            tokens = generated[row].tolist()
+        for row, tokens in enumerate(generated.tolist()):
             done = eos in tokens
             length = tokens.index(eos) + 1 if done else len(tokens)
             out_ids.append(tokens[:length])
