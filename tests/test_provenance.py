@@ -61,7 +61,7 @@ def test_documented_fingerprints_are_what_the_code_computes(path):
 
 
 def _warm_starts(block: object, kernels: str | None = None) -> list[tuple[tuple[str, str | None], str]]:
-    """Every ((warm-start fingerprint, CPU kernel family), weights hash) inside a provenance block.
+    """Every ((warm-start fingerprint, CPU kernels), weights hash) inside a provenance block.
 
     The kernels are the block's ``cpu_capability`` and ``cpu_vendor`` (or the key under
     ``models_by_cpu``, ``graftrl.machine.cpu_kernels()``); None where they were not recorded."""
@@ -81,7 +81,7 @@ def _warm_starts(block: object, kernels: str | None = None) -> list[tuple[tuple[
 
 
 def test_committed_results_agree_on_the_weights_of_each_warm_start():
-    """A fingerprint names one set of starting weights per CPU kernel family across docs/ and every
+    """A fingerprint names one set of starting weights per CPU kernels across docs/ and every
     committed experiment's results.json, so results quoted side by side started from the same
     models."""
     weights: dict[tuple[str, str | None], set[str]] = {}
