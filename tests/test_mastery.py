@@ -67,7 +67,8 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
 
     mixes_asked: list[dict] = []
 
-    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes, warmstart):
+    def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes, warmstart, pin_dir):
+        assert pin_dir == out_dir / mastery.PINNED_MODELS  # each point pins its starting weights
         mixes_asked.append(mixes)
         assert warmstart is None  # --quick: the quick warm-start, whatever the point
         return tiny_task
@@ -118,10 +119,50 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
         "## Held-out pass@1",
         "## The receiver's deficit family",
         "## What the moved groups carried",
+        "## The demo's default (issue 21's rule)",
     ):
         assert heading in report
     assert (out / "mastery.png").stat().st_size > 1000
+    assert [row["point"] for row in results["demo_default"]["points"]] == ["default", "0.08"]
 
     trained.clear()
     assert CliRunner().invoke(app, args).exit_code == 0
     assert trained == []
+
+
+def _receiver(all_fail=0.3, compl=0.9, admitted=0.6, regrouping=0.6, low=0.01):
+    return {
+        "all_fail_share": all_fail,
+        "complementarity": compl,
+        "admitted_share": admitted,
+        "moved_errors": None if regrouping is None else {"regrouping": regrouping},
+        "vs_grpo": {"graft": {"mean": low + 0.02, "low": low, "high": low + 0.04}},
+    }
+
+
+def test_the_demo_default_rule_reads_the_regime_first_and_needs_every_seed():
+    good = {"point": "0.03", "models": {"a": _receiver(), "b": _receiver(regrouping=0.7)}}
+    assert mastery.regime_misses(good["models"]["a"]) == []
+    assert mastery.regime_misses(_receiver(all_fail=0.61, regrouping=None)) == [
+        "all_fail_share",
+        "regrouping_share",
+    ]
+    assert mastery.regime_misses(_receiver(admitted=0.4, regrouping=0.5)) == []  # bounds are inclusive
+
+    decided = mastery.demo_default([good], seeds=5, seeds_planned=5)
+    assert decided["point"] == "0.03" and decided["points"][0]["min_regrouping_share"] == 0.6
+    assert mastery.demo_default([good], seeds=3, seeds_planned=5)["point"] is None  # pending
+
+    # a point that misses a regime target is never chosen, however far GRAFT is above GRPO
+    gated = {"point": "0.45", "models": {"a": _receiver(admitted=0.32, low=0.2), "b": _receiver(low=0.2)}}
+    decision = mastery.demo_default([gated], seeds=5, seeds_planned=5)
+    assert decision["point"] is None and decision["points"][0]["regime_misses"]["a"] == ["admitted_share"]
+    # an interval touching 0 on one model does not qualify
+    touching = {"point": "0.08", "models": {"a": _receiver(), "b": _receiver(low=0.0)}}
+    assert mastery.demo_default([touching], seeds=5, seeds_planned=5)["point"] is None
+    # several qualifying points: the regime (smallest regrouping share, larger wins) decides, not pass@1
+    sharper = {
+        "point": "0.08",
+        "models": {"a": _receiver(regrouping=0.8, low=0.001), "b": _receiver(regrouping=0.65)},
+    }
+    assert mastery.demo_default([good, sharper], seeds=5, seeds_planned=5)["point"] == "0.08"

@@ -131,3 +131,46 @@ def test_ship_writes_the_folders_and_their_manifest(tmp_path):
     assert shipped_kernels(root) == cpu_kernels()
     assert set(models["llama-char-abc"]) == {"model.safetensors", REPORT_NAME}
     assert verify_shipped(root / "llama-char-abc", models["llama-char-abc"]) == []
+
+
+def test_an_experiment_pins_its_starting_weights_and_reuses_them_on_any_kernels(tmp_path, monkeypatch):
+    """embedded_task(pin_dir=...): the first call copies the models it prepared into the experiment
+    with their hashes; later calls (on any CPU kernels) train from the pinned copy and never prepare;
+    another design's weights are not taken for this one; a damaged pinned file is one clear error."""
+    from rich.console import Console
+
+    from graftrl.embedded.shipped import PinnedWeightsError, pinned_models
+    from graftrl.embedded.warmstart import model_keys
+    from graftrl.reporting import compare_task
+
+    keys = model_keys(task="worked")  # the default pair, which graftrl ships
+    prepared: list[str] = []
+
+    def from_shipped(cache_dir, quick, console, name, mixes, warmstart):
+        prepared.append(name)
+        return {spec: SHIPPED_DIR / key for spec, key in keys.items()}
+
+    monkeypatch.setattr(compare_task, "_prepare_models", from_shipped)
+    pin = tmp_path / "exp" / "models"
+    first = compare_task.embedded_task(
+        tmp_path / "exp", None, False, Console(quiet=True), "worked", pin_dir=pin
+    )
+    assert prepared == ["worked"]
+    assert shipped_models(pin) == {key: shipped_models()[key] for key in keys.values()}
+    assert {Path(p["path"]).name for p in first.base_config["policies"]} == set(keys.values())
+    assert all(Path(p["path"]).parent == pin for p in first.base_config["policies"])
+
+    monkeypatch.setattr("graftrl.embedded.shipped.cpu_kernels", lambda: "SOME OTHER CPU")
+    again = compare_task.embedded_task(
+        tmp_path / "exp", None, False, Console(quiet=True), "worked", pin_dir=pin
+    )
+    assert prepared == ["worked"]  # pinned: nothing prepared, whatever this machine's kernels
+    assert again.provenance["models"] == first.provenance["models"]
+
+    other = model_keys(task="worked", mixes={spec: {"add": 1.0} for spec in MODEL_SPECS})
+    assert pinned_models(pin, other) is None  # another design's weights are not this one's
+
+    weights = pin / next(iter(keys.values())) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(PinnedWeightsError, match=r"model\.safetensors fails its SHA-256 check"):
+        compare_task.embedded_task(tmp_path / "exp", None, False, Console(quiet=True), "worked", pin_dir=pin)

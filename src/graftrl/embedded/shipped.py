@@ -11,6 +11,12 @@ write: on a machine with the same CPU kernels (other kernels give other last bit
 results than a local warm-start, so there the pair is warm-started as before), and only when every
 file matches its hash (a damaged or edited artifact is never trained from). Anything else (another
 task, seed, mix or a quick warm-start) has another fingerprint and is warm-started as before.
+
+An experiment can pin its own starting weights the same way (``pin_models``): the folders and a
+manifest in the experiment's folder, committed with its cells. Pinned weights are used on any CPU
+kernels, because they *are* the weights the experiment's cells were trained from: a machine with
+other kernels then continues the experiment instead of warm-starting other last bits and
+retraining every cell.
 ``GRAFTRL_REBUILD_EMBEDDED=1`` (or ``shipped=False``) skips the artifact: the slow test tier does
 so and compares the warm-start's bytes with the documented ones.
 """
@@ -25,6 +31,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from graftrl.errors import UserError
 from graftrl.files import sha256_file
 from graftrl.machine import cpu_kernels
 
@@ -32,7 +39,10 @@ __all__ = [
     "MANIFEST_NAME",
     "REBUILD_ENV",
     "SHIPPED_DIR",
+    "PinnedWeightsError",
     "install_shipped",
+    "pin_models",
+    "pinned_models",
     "rebuild_requested",
     "ship",
     "shipped_kernels",
@@ -131,3 +141,38 @@ def ship(folders: list[Path], root: Path = SHIPPED_DIR) -> dict[str, dict[str, s
     manifest = {"cpu_kernels": cpu_kernels(), "models": models}
     (root / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return models
+
+
+class PinnedWeightsError(UserError):
+    """An experiment's pinned starting weights are damaged; the message names the folder and the fix."""
+
+
+def pinned_models(pin_dir: Path, keys: Mapping[str, str]) -> dict[str, Path] | None:
+    """Spec name -> the pinned folder, when ``pin_dir``'s manifest holds exactly the folders ``keys``
+    names (``<spec>-<fingerprint>``) and every file matches its SHA-256; None when nothing (or
+    another design's weights) is pinned there. A damaged pinned file raises PinnedWeightsError:
+    training from other weights would silently make the experiment's committed cells stale."""
+    models = shipped_models(pin_dir)
+    if set(models) != set(keys.values()):
+        return None
+    for key, files in models.items():
+        if bad := verify_shipped(pin_dir / key, files):
+            raise PinnedWeightsError(
+                f"{pin_dir / key}: {', '.join(bad)} fails its SHA-256 check against {pin_dir / MANIFEST_NAME}; "
+                "restore it (git checkout) or delete the folder to warm-start and pin anew"
+            )
+    return {name: pin_dir / key for name, key in keys.items()}
+
+
+def pin_models(folders: Mapping[str, Path], pin_dir: Path) -> dict[str, Path]:
+    """Copy ``folders`` (spec name -> ``<spec>-<fingerprint>`` folder) into ``pin_dir`` with their
+    manifest (``ship``), staged beside it and renamed into place; spec name -> the pinned folder."""
+    pin_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{pin_dir.name}-", dir=pin_dir.parent))
+    try:
+        ship(list(folders.values()), root=staging)
+        shutil.rmtree(pin_dir, ignore_errors=True)
+        staging.rename(pin_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {name: pin_dir / folder.name for name, folder in folders.items()}

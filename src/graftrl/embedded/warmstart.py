@@ -52,6 +52,7 @@ __all__ = [
     "encode_pair",
     "fingerprint",
     "mastery_mixes",
+    "model_keys",
     "overlap_mixes",
     "prepare_embedded_models",
     "sampled_accuracy",
@@ -391,6 +392,31 @@ def _cached(out_dir: Path, fp: str) -> bool:
         return False
 
 
+def model_keys(
+    quick: bool = False,
+    seed: int = 0,
+    task: str = ORIGINAL_TASK,
+    mixes: Mapping[str, Mapping[str, float]] | None = None,
+    settings: Mapping[str, float] | None = None,
+) -> dict[str, str]:
+    """Spec name -> ``<spec>-<fingerprint>``, the folder name ``prepare_embedded_models`` gives each
+    model for these arguments (the same defaults)."""
+    get_task(task)
+    settings = {**TASK_WARMSTART_SETTINGS[task]["quick" if quick else "full"], **(settings or {})}
+    return {
+        name: f"{name}-"
+        + fingerprint(
+            name,
+            dict((mixes or TASK_MIXES[task])[name]),
+            seed,
+            task,
+            target_accuracy=settings["target_accuracy"],
+            max_steps=settings["max_steps"],
+        )
+        for name in MODEL_SPECS
+    }
+
+
 def prepare_embedded_models(
     cache_dir: str | Path,
     quick: bool = False,
@@ -421,17 +447,10 @@ def prepare_embedded_models(
     settings = {**TASK_WARMSTART_SETTINGS[task]["quick" if quick else "full"], **(settings or {})}
     jobs: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
-    for name in MODEL_SPECS:
+    for name, key in model_keys(quick, seed, task, mixes, settings).items():
         mix = dict((mixes or TASK_MIXES[task])[name])
-        fp = fingerprint(
-            name,
-            mix,
-            seed,
-            task,
-            target_accuracy=settings["target_accuracy"],
-            max_steps=settings["max_steps"],
-        )
-        out = cache_dir / f"{name}-{fp}"
+        fp = key.removeprefix(f"{name}-")
+        out = cache_dir / key
         paths[name] = out
         if _cached(out, fp):
             continue

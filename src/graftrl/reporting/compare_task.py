@@ -146,15 +146,48 @@ def embedded_task(
     name: str = DEFAULT_TASK,
     mixes: Mapping[str, Mapping[str, float]] | None = None,
     warmstart: Mapping[str, float] | None = None,
+    pin_dir: Path | None = None,
 ) -> CompareTask:
     """The demo's task ``name``: warm-started (cached) embedded models and a procedural
     train/held-out split. ``mixes``: the models' warm-start family mixes, default the task's;
-    ``warmstart``: stop settings replacing the task's."""
+    ``warmstart``: stop settings replacing the task's. ``pin_dir``: the experiment's own copy of
+    its starting weights (``embedded.shipped.pin_models``), used on any machine once written, so
+    its committed cells stay valid where a local warm-start would give other last bits."""
+    from graftrl.embedded.shipped import pin_models, pinned_models
     from graftrl.embedded.task import make_split
-    from graftrl.embedded.warmstart import prepare_embedded_models
+    from graftrl.embedded.warmstart import model_keys
     from graftrl.storage.data import load_problems
 
     settings = demo_settings(name, quick)
+    pinned = pinned_models(pin_dir, model_keys(quick, 0, name, mixes, warmstart)) if pin_dir else None
+    if pinned is not None:
+        console.print(f"models: the experiment's pinned starting weights (SHA-256 verified) in {pin_dir}")
+    paths = pinned or _prepare_models(cache_dir, quick, console, name, mixes, warmstart)
+    if pin_dir is not None and pinned is None:
+        paths = pin_models(paths, pin_dir)
+        console.print(f"models pinned in {pin_dir}: this experiment starts from them on any machine")
+    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=name)
+    out = ExperimentDir(out_dir)
+    write_problems(train, out.train_data)
+    write_problems(heldout, out.heldout_data)
+    base = demo_config(paths, out.train_data, "grpo", 0, settings)
+    # "embedded" stays the arith task's name so earlier reports read the same.
+    label = "embedded" if name == "arith" else f"embedded-{name}"
+    provenance = results_provenance(paths)
+    return CompareTask(label, base, load_problems(out.heldout_data), settings, provenance)
+
+
+def _prepare_models(
+    cache_dir: Path | None,
+    quick: bool,
+    console: Console,
+    name: str,
+    mixes: Mapping[str, Mapping[str, float]] | None,
+    warmstart: Mapping[str, float] | None,
+) -> dict[str, Path]:
+    """The task's models from the cache, graftrl's shipped pair or a warm-start, with progress bars."""
+    from graftrl.embedded.warmstart import prepare_embedded_models
+
     cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
     console.print(
         f"[bold]preparing the embedded models[/bold] for task {name!r}: cached in {cache_dir}, "
@@ -180,12 +213,4 @@ def embedded_task(
         f"models ready in {time.perf_counter() - started:.0f}s: "
         + ", ".join(f"{k} -> {v}" for k, v in paths.items())
     )
-    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=name)
-    out = ExperimentDir(out_dir)
-    write_problems(train, out.train_data)
-    write_problems(heldout, out.heldout_data)
-    base = demo_config(paths, out.train_data, "grpo", 0, settings)
-    # "embedded" stays the arith task's name so earlier reports read the same.
-    label = "embedded" if name == "arith" else f"embedded-{name}"
-    provenance = results_provenance(paths)
-    return CompareTask(label, base, load_problems(out.heldout_data), settings, provenance)
+    return paths

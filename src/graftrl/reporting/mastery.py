@@ -49,6 +49,23 @@ RULES = ("graft", "success-only", "sgt")
 """The transfer rules compared, each against GRPO; the last two also against GRAFT."""
 EARLY_STEPS = 10
 """The peer's accuracy on the receiver's deficit family is its training reward over these first steps."""
+REGIME_TARGETS: dict[str, tuple[float, float]] = {
+    "all_fail_share": (0.20, 0.60),
+    "complementarity": (0.30, 1.0),
+    "admitted_share": (0.40, 1.0),
+    "regrouping_share": (0.50, 1.0),
+}
+"""The regime a point must show in both directions before its held-out numbers may make it the
+demo's default (issue 21 item 5; docs/task_design.md): all-fail share, complementarity and the
+gate's admission as the task's design targets, and the contrast target "most moved wrong peer
+responses fail at the step the receiver lacks" read as a majority of them (``moved_errors``).
+Inclusive bounds; measured on the runs' training prompts, never on held-out problems."""
+
+
+PINNED_MODELS = "models"
+"""Each point's starting weights, pinned in ``mastery-<point>/models/`` (``embedded.shipped.pin_models``)
+and committed with its cells: the line continues on machines whose CPU kernels would warm-start
+other last bits."""
 
 
 class MasteryError(UserError):
@@ -171,6 +188,55 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
     return {"point": point, "models": out}
 
 
+def regime_misses(m: Mapping[str, Any]) -> list[str]:
+    """The regime targets one receiver's summary misses (unmeasured counts as missed)."""
+    measured = {
+        "all_fail_share": m.get("all_fail_share"),
+        "complementarity": m.get("complementarity"),
+        "admitted_share": m.get("admitted_share"),
+        "regrouping_share": (m.get("moved_errors") or {}).get("regrouping"),
+    }
+    return [
+        key
+        for key, (low, high) in REGIME_TARGETS.items()
+        if measured[key] is None or not low <= measured[key] <= high
+    ]
+
+
+def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned: int) -> dict[str, Any]:
+    """Issue 21 item 5's rule: a point becomes the demo's default if, for both receivers, it meets
+    ``REGIME_TARGETS`` and GRAFT − GRPO's paired interval lies above 0. Several such points: the
+    largest smallest regrouping share (a regime statistic, never a held-out number) decides.
+    Decided only over all planned seeds; before that ``point`` is None and ``status`` says why."""
+    rows = []
+    for point in points:
+        models = point["models"]
+        misses = {model: regime_misses(m) for model, m in models.items()}
+        above = {
+            model: bool((d := m["vs_grpo"].get(REFERENCE)) and d["low"] is not None and d["low"] > 0)
+            for model, m in models.items()
+        }
+        regrouping = [(m.get("moved_errors") or {}).get("regrouping") or 0.0 for m in models.values()]
+        rows.append(
+            {
+                "point": point["point"],
+                "regime_met": len(models) == 2 and not any(misses.values()),
+                "regime_misses": misses,
+                "graft_above_grpo": len(models) == 2 and all(above.values()),
+                "min_regrouping_share": min(regrouping, default=0.0),
+            }
+        )
+    qualified = [r for r in rows if r["regime_met"] and r["graft_above_grpo"]]
+    if seeds < seeds_planned:
+        status, chosen = f"pending: {seeds} of {seeds_planned} seeds at every point", None
+    elif qualified:
+        chosen = max(qualified, key=lambda r: r["min_regrouping_share"])["point"]
+        status = f"point {chosen} meets the regime targets and puts GRAFT above GRPO on both models"
+    else:
+        chosen, status = None, "no point meets the regime targets with GRAFT above GRPO on both models"
+    return {"point": chosen, "status": status, "points": rows}
+
+
 def _pct(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{100 * value:.{digits}f}"
 
@@ -196,7 +262,11 @@ def _ms(d: Mapping[str, Any] | None) -> str:
 
 
 def report_markdown(
-    points: Sequence[dict[str, Any]], seeds: int, task: CompareTask, provenance: dict[str, Any]
+    points: Sequence[dict[str, Any]],
+    seeds: int,
+    task: CompareTask,
+    provenance: dict[str, Any],
+    decision: Mapping[str, Any] | None = None,
 ) -> str:
     s = task.settings
     lines = [
@@ -281,8 +351,38 @@ def report_markdown(
                 f"{_plain(m['groups_moved_per_step'])} | "
                 f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
             )
+    if decision is not None:
+        lines += _decision_lines(decision)
     lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
     return "\n".join(lines)
+
+
+def _decision_lines(decision: Mapping[str, Any]) -> list[str]:
+    bounds = ", ".join(
+        f"{key.replace('_', ' ')} {low:.0%}-{high:.0%}" for key, (low, high) in REGIME_TARGETS.items()
+    )
+    lines = [
+        "",
+        "## The demo's default (issue 21's rule)",
+        "",
+        f"Regime targets, in both directions, on the training prompts: {bounds} (regrouping share: of "
+        "the moved wrong peer responses). A point that meets them and puts GRAFT above GRPO on both "
+        "models (paired interval above 0) becomes the demo's default.",
+        "",
+        "| point | regime met | targets missed | GRAFT − GRPO above 0 on both |",
+        "|---|---|---|---|",
+    ]
+    for row in decision["points"]:
+        missed = "; ".join(
+            f"{model}: {', '.join(keys).replace('_', ' ')}"
+            for model, keys in row["regime_misses"].items()
+            if keys
+        )
+        lines.append(
+            f"| {row['point']} | {'yes' if row['regime_met'] else 'no'} | {missed or '—'} | "
+            f"{'yes' if row['graft_above_grpo'] else 'no'} |"
+        )
+    return [*lines, "", f"Decision: {decision['status']}."]
 
 
 def write_mastery(
@@ -300,6 +400,7 @@ def write_mastery(
 
     points = [p for p in tasks if p in results]
     summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
+    decision = demo_default(summaries, seeds_done, seeds)
     final = {
         "task": task,
         "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
@@ -309,6 +410,7 @@ def write_mastery(
         "steps": steps,
         "settings": results[points[0]]["settings"],
         "summaries": summaries,
+        "demo_default": decision,
         "mixes": {p: mastery_mixes(task, p) for p in points},
         "total_wall_s": round(time.perf_counter() - started, 1),
         "provenance": {
@@ -318,7 +420,9 @@ def write_mastery(
     }
     out = ExperimentDir(out_dir)
     out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"]))
+    out.report.write_text(
+        report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
+    )
     plot_mastery(summaries, out_dir / "mastery.png", footer=signature(final["provenance"]))
     return final
 
@@ -352,6 +456,7 @@ def run_mastery(
             task,
             mixes=mastery_mixes(task, p),
             warmstart=None if p == "default" or quick else MASTERY_WARMSTART,
+            pin_dir=point_dir(out_dir, p) / PINNED_MODELS,
         )
         for p in ordered
     }
