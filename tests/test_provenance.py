@@ -63,11 +63,17 @@ def test_documented_fingerprints_are_what_the_code_computes(path):
 def _warm_starts(block: object, kernels: str | None = None) -> list[tuple[tuple[str, str | None], str]]:
     """Every ((warm-start fingerprint, CPU kernels), weights hash) inside a provenance block.
 
-    The kernels are the block's ``cpu_capability`` and ``cpu_vendor`` (or the key under
-    ``models_by_cpu``, ``graftrl.machine.cpu_kernels()``); None where they were not recorded."""
+    The kernels are the model's ``warm_started_on`` (a shipped or pinned copy), else the block's
+    ``cpu_capability`` and ``cpu_vendor`` (or the key under ``models_by_cpu``,
+    ``graftrl.machine.cpu_kernels()``); None where they were not recorded."""
     if isinstance(block, dict):
-        if isinstance(block.get("warm_start_fingerprint"), str):
-            return [((block["warm_start_fingerprint"], kernels), block["weights_sha256"])]
+        if isinstance(block.get("warm_start_fingerprint"), str):  # a pinned copy names its own kernels
+            return [
+                (
+                    (block["warm_start_fingerprint"], block.get("warm_started_on", kernels)),
+                    block["weights_sha256"],
+                )
+            ]
         if "cpu_capability" in block:
             kernels = " ".join(filter(None, (block["cpu_capability"], block.get("cpu_vendor"))))
         pairs = []

@@ -49,7 +49,7 @@ def test_the_shipped_pair_is_the_pair_documented_for_its_kernels():
     for name, expected in pair.items():
         folder = SHIPPED_DIR / f"{name}-{expected['warm_start_fingerprint']}"
         assert verify_shipped(folder, manifest[folder.name]) == []
-        assert model_provenance(folder) == expected
+        assert model_provenance(folder) == {**expected, "warm_started_on": shipped_kernels()}
         assert json.loads((folder / REPORT_NAME).read_text())["reached_target"]
 
 
@@ -166,6 +166,8 @@ def test_an_experiment_pins_its_starting_weights_and_reuses_them_on_any_kernels(
     )
     assert prepared == ["worked"]  # pinned: nothing prepared, whatever this machine's kernels
     assert again.provenance["models"] == first.provenance["models"]
+    # results record the kernels the pinned weights were warm-started on, not this machine's
+    assert {m["warm_started_on"] for m in again.provenance["models"].values()} == {shipped_kernels()}
 
     other = model_keys(task="worked", mixes={spec: {"add": 1.0} for spec in MODEL_SPECS})
     assert pinned_models(pin, other) is None  # another design's weights are not this one's

@@ -90,8 +90,18 @@ def weights_sha256(folder: str | Path) -> str:
 
 def model_provenance(folder: str | Path) -> dict[str, Any]:
     """{"weights_sha256", "warm_start_fingerprint"} of one starting checkpoint (the fingerprint is
-    None for a model that is not an embedded warm-start)."""
+    None for a model that is not an embedded warm-start), and ``warm_started_on`` (the CPU kernels)
+    for a shipped or pinned copy (``embedded.shipped``), which may have been made on another machine
+    than the one recording this."""
+    from graftrl.embedded.shipped import shipped_kernels, shipped_models
+
     folder = Path(folder)
+    if folder.name in shipped_models(folder.parent):
+        return {**_model_provenance(folder), "warm_started_on": shipped_kernels(folder.parent)}
+    return _model_provenance(folder)
+
+
+def _model_provenance(folder: Path) -> dict[str, Any]:
     fingerprint = None
     report = folder / REPORT_NAME
     if report.is_file():
