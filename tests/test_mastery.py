@@ -152,6 +152,8 @@ def test_the_demo_default_rule_reads_the_regime_first_and_needs_every_seed():
     decided = mastery.demo_default([good], seeds=5, seeds_planned=5)
     assert decided["point"] == "0.03" and decided["points"][0]["min_regrouping_share"] == 0.6
     assert mastery.demo_default([good], seeds=3, seeds_planned=5)["point"] is None  # pending
+    pending = mastery.demo_default([good], seeds=2, seeds_planned=2)  # --seeds 2 does not decide it
+    assert pending["point"] is None and pending["status"] == "pending: 2 of 5 seeds at every point"
 
     # a point that misses a regime target is never chosen, however far GRAFT is above GRPO
     gated = {"point": "0.45", "models": {"a": _receiver(admitted=0.32, low=0.2), "b": _receiver(low=0.2)}}

@@ -60,6 +60,9 @@ demo's default (issue 21 item 5; docs/task_design.md): all-fail share, complemen
 gate's admission as the task's design targets, and the contrast target "most moved wrong peer
 responses fail at the step the receiver lacks" read as a majority of them (``moved_errors``).
 Inclusive bounds; measured on the runs' training prompts, never on held-out problems."""
+DECISION_SEEDS = 5
+"""The rule is applied only over at least this many seeds per point (the issue's 5), whatever
+``--seeds`` asked for: a report over fewer says ``pending``."""
 
 
 PINNED_MODELS = "models"
@@ -207,7 +210,8 @@ def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned:
     """Issue 21 item 5's rule: a point becomes the demo's default if, for both receivers, it meets
     ``REGIME_TARGETS`` and GRAFT − GRPO's paired interval lies above 0. Several such points: the
     largest smallest regrouping share (a regime statistic, never a held-out number) decides.
-    Decided only over all planned seeds; before that ``point`` is None and ``status`` says why."""
+    Decided only over all planned seeds, and at least ``DECISION_SEEDS``; before that ``point`` is
+    None and ``status`` says why."""
     rows = []
     for point in points:
         models = point["models"]
@@ -227,8 +231,8 @@ def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned:
             }
         )
     qualified = [r for r in rows if r["regime_met"] and r["graft_above_grpo"]]
-    if seeds < seeds_planned:
-        status, chosen = f"pending: {seeds} of {seeds_planned} seeds at every point", None
+    if seeds < (needed := max(seeds_planned, DECISION_SEEDS)):
+        status, chosen = f"pending: {seeds} of {needed} seeds at every point", None
     elif qualified:
         chosen = max(qualified, key=lambda r: r["min_regrouping_share"])["point"]
         status = f"point {chosen} meets the regime targets and puts GRAFT above GRPO on both models"
