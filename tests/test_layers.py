@@ -16,6 +16,7 @@ LAYERS = [
         "graftrl.console",
         "graftrl.interrupts",
         "graftrl.machine",
+        "graftrl.workers",
     ),
     ("graftrl.core",),
     ("graftrl.methods",),

@@ -336,6 +336,8 @@ def run_cells_in_parallel(
 
     import torch
 
+    from graftrl.workers import exit_with_parent
+
     pending = []
     for seed, variant in cells:
         done = finished_cell(task, variant, seed, steps, out_dir, console, donors) if resume else None
@@ -349,7 +351,10 @@ def run_cells_in_parallel(
     console.print(f"training {len(pending)} cells, {jobs} at a time ({threads} torch thread(s) each)")
     context = mp.get_context("spawn")
     bars = TaskBars(console)
-    with ProcessPoolExecutor(jobs, mp_context=context) as pool, context.Manager() as manager:
+    with (
+        ProcessPoolExecutor(jobs, mp_context=context, initializer=exit_with_parent) as pool,
+        context.Manager() as manager,
+    ):
         queue = manager.Queue()
 
         def drain() -> None:

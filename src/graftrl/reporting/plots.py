@@ -412,7 +412,9 @@ def plot_mastery(points: Sequence[Mapping[str, Any]], path: Path, footer: str | 
                     ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.set_title(f"{title}, held-out pass@1 (points, 95% paired interval)", fontsize=9)
-        ax.set_xlabel("contrast on the lesson (contrast_lesson, %):\nthe receiver's surprise where correct ≠ wrong")
+        ax.set_xlabel(
+            "contrast on the lesson (contrast_lesson, %):\nthe receiver's surprise where correct ≠ wrong"
+        )
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
