@@ -515,8 +515,10 @@ def _warm_start_in_workers(
     """Each model in its own process (one thread each); their reports drained here as they come."""
     context = mp.get_context("spawn")
     reporting = context.Manager() if on_progress is not None else contextlib.nullcontext()
-    pool_args = {"mp_context": context, "initializer": exit_with_parent}  # workers end with this process
-    with ProcessPoolExecutor(len(jobs), **pool_args) as pool, reporting as manager:
+    with (
+        ProcessPoolExecutor(len(jobs), mp_context=context, initializer=exit_with_parent) as pool,
+        reporting as manager,
+    ):
         queue = manager.Queue() if manager is not None else None
         pending = {
             pool.submit(

@@ -191,13 +191,18 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
     return {"point": point, "models": out}
 
 
+def _regrouping_share(m: Mapping[str, Any]) -> float | None:
+    """The share of the moved wrong peer responses that fail at the regrouping step."""
+    return (m.get("moved_errors") or {}).get("regrouping")
+
+
 def regime_misses(m: Mapping[str, Any]) -> list[str]:
     """The regime targets one receiver's summary misses (unmeasured counts as missed)."""
     measured = {
         "all_fail_share": m.get("all_fail_share"),
         "complementarity": m.get("complementarity"),
         "admitted_share": m.get("admitted_share"),
-        "regrouping_share": (m.get("moved_errors") or {}).get("regrouping"),
+        "regrouping_share": _regrouping_share(m),
     }
     return [
         key
@@ -220,7 +225,7 @@ def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned:
             model: bool((d := m["vs_grpo"].get(REFERENCE)) and d["low"] is not None and d["low"] > 0)
             for model, m in models.items()
         }
-        regrouping = [(m.get("moved_errors") or {}).get("regrouping") or 0.0 for m in models.values()]
+        regrouping = [_regrouping_share(m) or 0.0 for m in models.values()]
         rows.append(
             {
                 "point": point["point"],
