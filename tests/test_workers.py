@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 PARENT = textwrap.dedent(
     """
     import sys, time
@@ -28,6 +30,19 @@ PARENT = textwrap.dedent(
     """
 )
 
+MANAGER_PARENT = textwrap.dedent(
+    """
+    import time
+    import multiprocessing as mp
+    from graftrl.workers import start_manager
+
+    if __name__ == "__main__":
+        manager = start_manager(mp.get_context("spawn"))
+        print(manager._process.pid, flush=True)
+        time.sleep(120)
+    """
+)
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -41,9 +56,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_worker_exits_when_its_parent_is_killed_outright(tmp_path):
+@pytest.mark.parametrize("parent_script", [PARENT, MANAGER_PARENT], ids=["pool worker", "manager"])
+def test_a_worker_exits_when_its_parent_is_killed_outright(tmp_path, parent_script):
     script = tmp_path / "parent.py"
-    script.write_text(PARENT)
+    script.write_text(parent_script)
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         worker = int(parent.stdout.readline())

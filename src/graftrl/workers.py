@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from multiprocessing.context import BaseContext
+from multiprocessing.managers import SyncManager
 
-__all__ = ["exit_with_parent"]
+__all__ = ["exit_with_parent", "start_manager"]
 
 PARENT_POLL_S = 1.0
 """How often a worker checks that its parent is alive (seconds)."""
@@ -30,3 +32,11 @@ def exit_with_parent(poll_s: float = PARENT_POLL_S) -> None:
         os._exit(1)  # no cleanup: nothing this worker holds may outlive the command
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def start_manager(context: BaseContext) -> SyncManager:
+    """A started ``multiprocessing`` manager (for progress queues) whose server process also ends
+    with this one; ``context.Manager()`` would leave it behind as an idle orphan."""
+    manager = SyncManager(ctx=context)
+    manager.start(initializer=exit_with_parent)
+    return manager

@@ -39,7 +39,7 @@ from graftrl.embedded.task import (
     make_problems,
     supervised_text,
 )
-from graftrl.workers import exit_with_parent
+from graftrl.workers import exit_with_parent, start_manager
 
 __all__ = [
     "EMBEDDED_MIXES",
@@ -514,7 +514,7 @@ def _warm_start_in_workers(
 ) -> None:
     """Each model in its own process (one thread each); their reports drained here as they come."""
     context = mp.get_context("spawn")
-    reporting = context.Manager() if on_progress is not None else contextlib.nullcontext()
+    reporting = start_manager(context) if on_progress is not None else contextlib.nullcontext()
     with (
         ProcessPoolExecutor(len(jobs), mp_context=context, initializer=exit_with_parent) as pool,
         reporting as manager,

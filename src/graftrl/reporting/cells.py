@@ -336,7 +336,7 @@ def run_cells_in_parallel(
 
     import torch
 
-    from graftrl.workers import exit_with_parent
+    from graftrl.workers import exit_with_parent, start_manager
 
     pending = []
     for seed, variant in cells:
@@ -353,7 +353,7 @@ def run_cells_in_parallel(
     bars = TaskBars(console)
     with (
         ProcessPoolExecutor(jobs, mp_context=context, initializer=exit_with_parent) as pool,
-        context.Manager() as manager,
+        start_manager(context) as manager,
     ):
         queue = manager.Queue()
 
