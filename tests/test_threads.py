@@ -8,8 +8,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from graftrl import cli
-from graftrl.cli import app, available_cpus, contention_note, torch_threads
+import graftrl.cli.common as cli_common
+from graftrl.cli import app
+from graftrl.machine import available_cpus, contention_note, torch_threads
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -59,7 +60,7 @@ def test_cli_sets_the_requested_threads(tmp_path, monkeypatch):
 def test_the_note_is_printed_once_the_run_starts(tiny_checkpoints, tmp_path, monkeypatch):
     """A bad config ends in its one error line; a run that starts prints the contention note first."""
     monkeypatch.delenv("GRAFTRL_THREADS", raising=False)  # a thread count set by hand silences the note
-    monkeypatch.setattr(cli, "contention_note", lambda threads, cpus, load: "the CPUs are busy")
+    monkeypatch.setattr(cli_common, "contention_note", lambda threads, cpus, load: "the CPUs are busy")
     result = CliRunner().invoke(app, ["train", _bad_config(tmp_path)])
     assert result.exit_code == 2 and "busy" not in result.output
     config = {

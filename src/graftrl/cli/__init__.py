@@ -1,0 +1,17 @@
+"""Command line: ``graftrl train | eval | import-trajectories | analyze`` (one run, ``runs``),
+``graftrl demo | compare | sweep`` (cells on the embedded task, ``experiments``) and
+``graftrl config-reference | metrics-reference | estimate-memory`` (``references``), all on the typer
+app of ``common`` with its one error boundary and ``--threads``."""
+
+from __future__ import annotations
+
+from graftrl.cli.common import app, main
+
+# Each module registers its commands; the order of these imports is the order of `graftrl --help`.
+# isort: off
+from graftrl.cli import runs  # noqa: F401
+from graftrl.cli import experiments  # noqa: F401
+from graftrl.cli import references  # noqa: F401
+# isort: on
+
+__all__ = ["app", "main"]
