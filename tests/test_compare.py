@@ -340,6 +340,34 @@ def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp
     }
 
 
+def test_the_warm_start_scores_do_not_depend_on_the_thread_count(tiny_task, tmp_path):
+    """run_compare(jobs > 1) evaluates the warm-start in a worker with its share of the torch
+    threads, one after the other with them all: the same scores either way."""
+    import io
+
+    import torch
+    from rich.console import Console
+
+    from graftrl.models.rewards import MathVerifier
+
+    threads = torch.get_num_threads()
+    quiet = Console(file=io.StringIO())
+    scores = []
+    try:
+        with MathVerifier() as verifier:
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                done = cells.warm_start_cell(tiny_task, tmp_path / str(count), verifier, quiet, resume=True)
+                scores.append(done["rows"])
+    finally:
+        torch.set_num_threads(threads)
+    assert scores[0] == scores[1] and {row["model"] for row in scores[0]} == {
+        p["name"] for p in tiny_task.base_config["policies"]
+    }
+    assert cells.finished_warm_start(tiny_task, tmp_path / "1")["rows"] == scores[0]
+    assert cells.finished_warm_start(tiny_task, tmp_path / "none") is None
+
+
 def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path):
     """--jobs 2 trains cells in two spawned processes: the same rows as one after the other at
     the same thread count, every cell marked done, and a rerun reuses them without a process."""

@@ -182,6 +182,20 @@ def run_cell(
     return done, True
 
 
+def _warm_start_config(task: CompareTask) -> Any:
+    return config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
+
+
+def _warm_start_digest(task: CompareTask, config: Any) -> str:
+    return _digest(CELL_VERSION, _cell_key(task, config)["policies"], _eval_key(task))
+
+
+def finished_warm_start(task: CompareTask, out_dir: Path) -> dict[str, Any] | None:
+    """The warm-start evaluation's done marker when it holds this task's digest, else None."""
+    run_dir = ExperimentDir(out_dir).run(WARM_START).root
+    return _read_done(RunDir(run_dir).done, _warm_start_digest(task, _warm_start_config(task)))
+
+
 def warm_start_cell(
     task: CompareTask, out_dir: Path, verifier: Any, console: Console, resume: bool = True
 ) -> dict[str, Any]:
@@ -191,9 +205,9 @@ def warm_start_cell(
     """
     from graftrl.models.policy import Policy
 
-    config = config_from_dict({**copy.deepcopy(task.base_config), "method": "grpo"})
+    config = _warm_start_config(task)
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
-    digest = _digest(CELL_VERSION, _cell_key(task, config)["policies"], _eval_key(task))
+    digest = _warm_start_digest(task, config)
     done = _read_done(RunDir(run_dir).done, digest) if resume else None
     if done is not None:
         return done
@@ -317,6 +331,19 @@ def _cell_job(
         )
 
 
+def _warm_start_job(task: CompareTask, out_dir: Path, resume: bool, threads: int) -> dict[str, Any]:
+    """The warm-start evaluation in a worker process of ``run_compare(jobs > 1)``."""
+    import torch
+
+    from graftrl.console import quiet_transformers
+    from graftrl.models.rewards import MathVerifier
+
+    quiet_transformers()
+    torch.set_num_threads(threads)
+    with MathVerifier() as verifier:
+        return warm_start_cell(task, out_dir, verifier, Console(), resume)
+
+
 def run_cells_in_parallel(
     cells: Sequence[tuple[int, Variant]],
     jobs: int,
@@ -327,10 +354,16 @@ def run_cells_in_parallel(
     resume: bool,
     record: Any,
     donors: Mapping[str, Path],
+    record_warm_start: Any,
 ) -> None:
     """Train ``cells`` in ``jobs`` spawned processes sharing this process's torch threads; cells
     finished earlier are reused here without a process. ``record(seed, variant, done, ran)`` is
-    called as each cell ends. A live bar per cell shows its training steps, and one the cells done."""
+    called as each cell ends, ``record_warm_start(done)`` when the warm-start evaluation does. A
+    live bar per cell shows its training steps, and one the cells done.
+
+    The warm-start evaluation is queued after the cells: it fills a process that a shorter cell
+    leaves idle instead of holding every cell back (the same scores: evaluation does not depend on
+    the thread count, ``tests/test_compare.py``)."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -345,10 +378,14 @@ def run_cells_in_parallel(
             record(seed, variant, done, False)
         else:
             pending.append((seed, variant))
-    if not pending:
+    warm_start = finished_warm_start(task, out_dir) if resume else None
+    if warm_start is not None:
+        record_warm_start(warm_start)
+    if not pending and warm_start is not None:
         return
     threads = max(1, torch.get_num_threads() // jobs)
-    console.print(f"training {len(pending)} cells, {jobs} at a time ({threads} torch thread(s) each)")
+    also = " and the warm-start evaluation" if warm_start is None else ""
+    console.print(f"training {len(pending)} cells{also}, {jobs} at a time ({threads} torch thread(s) each)")
     context = mp.get_context("spawn")
     bars = TaskBars(console)
     with (
@@ -361,25 +398,31 @@ def run_cells_in_parallel(
             while not queue.empty():
                 bars.update(*queue.get())
 
-        futures = {
+        futures: dict[Any, tuple[int, Variant] | None] = {
             pool.submit(_cell_job, task, variant, seed, steps, out_dir, resume, threads, queue): (
                 seed,
                 variant,
             )
             for seed, variant in pending
         }
-        bars.update("cells done", 0, len(futures))
+        if warm_start is None:  # None: the warm-start evaluation
+            futures[pool.submit(_warm_start_job, task, out_dir, resume, threads)] = None
+        bars.update("cells done", 0, len(pending))
         running = set(futures)
         try:
             while running:
                 finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 drain()
                 for future in finished:
-                    seed, variant = futures[future]
+                    if (cell := futures[future]) is None:
+                        record_warm_start(future.result())
+                        continue
+                    seed, variant = cell
                     done, did_run = future.result()
                     console.print(f"{variant.name} seed {seed}: done")
                     record(seed, variant, done, did_run)
-                    bars.update("cells done", len(futures) - len(running), len(futures))
+                    cells_running = sum(futures[f] is not None for f in running)
+                    bars.update("cells done", len(pending) - cells_running, len(pending))
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise

@@ -180,8 +180,12 @@ def run_compare(
             run.ran.append(f"{variant.name}-seed{seed}")
         report.progress(run)
 
+    def record_warm_start(done: dict[str, Any]) -> None:
+        run.rows[:0] = done["rows"]  # first, whenever it is evaluated
+
     with MathVerifier() as verifier:
-        run.rows += warm_start_cell(task, out_dir, verifier, console, resume)["rows"]
+        if report_only or jobs <= 1:
+            record_warm_start(warm_start_cell(task, out_dir, verifier, console, resume))
         if report_only:
             for seed, variant in cells:
                 if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None:
@@ -191,7 +195,9 @@ def run_compare(
                 ran = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume, donors=donors)
                 record(seed, variant, *ran)
         else:
-            run_cells_in_parallel(cells, jobs, task, steps, out_dir, console, resume, record, donors)
+            run_cells_in_parallel(
+                cells, jobs, task, steps, out_dir, console, resume, record, donors, record_warm_start
+            )
     # each variant's cells in seed order, whatever order they finished in
     for seed, variant in cells:
         if (seed, variant.name) in finished:
