@@ -150,22 +150,21 @@ def sweep(
     from graftrl.reporting.sweep import SweepError, run_sweep
 
     check_task(task)
+    line = {
+        "seeds": seeds,
+        "steps": steps,
+        "quick": quick,
+        "cache_dir": cache,
+        "console": console,
+        "task": task,
+        "jobs": jobs,
+        "reuse": reuse or [],
+    }
     if knob == "mastery":
         from graftrl.reporting.mastery import run_mastery
 
         thread_note()
-        run_mastery(
-            out,
-            [part.strip() for part in points.split(",") if part.strip()],
-            seeds=seeds,
-            steps=steps,
-            quick=quick,
-            cache_dir=cache,
-            console=console,
-            task=task,
-            jobs=jobs,
-            reuse=reuse or [],
-        )
+        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], **line)
         return
     if knob != "overlap":
         raise SweepError(f"--knob: `overlap` or `mastery`, got {knob!r}")
@@ -176,15 +175,4 @@ def sweep(
             f"--overlaps: numbers separated by commas, e.g. 0,0.1,0.33,1; got {overlaps!r}"
         ) from None
     thread_note()
-    run_sweep(
-        out,
-        points,
-        seeds=seeds,
-        steps=steps,
-        quick=quick,
-        cache_dir=cache,
-        console=console,
-        task=task,
-        jobs=jobs,
-        reuse=reuse or [],
-    )
+    run_sweep(out, points, **line)
