@@ -29,8 +29,8 @@ from conftest import FIXTURES, SRC, comparable_metrics, flip_byte, truncate
 from typer.testing import CliRunner
 
 from graftrl.cli import app
-from graftrl.errors import RunLockError
-from graftrl.storage.checkpoint import hold_run_lock, list_checkpoints, write_manifest
+from graftrl.storage.checkpoint import list_checkpoints, write_manifest
+from graftrl.storage.rundir import RunDir
 
 pytestmark = pytest.mark.faults
 
@@ -280,12 +280,12 @@ def test_a_second_run_on_the_same_folder_is_refused(setup, tmp_path):
     config, reference, _ = setup
     run = tmp_path / "run"
     first = start(str(config), "--out", str(run), "--set", "train.steps=12")  # long enough to overlap
+    # Until the first run holds the lock: it writes its pid into the lock file once it has it. Read,
+    # not probed with flock: a probe holds the lock for a moment and can refuse the first run.
+    lock = RunDir(run).lock
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until the first run holds the lock
-        try:
-            with hold_run_lock(run):
-                pass
-        except RunLockError:
+    while time.monotonic() < deadline:
+        if lock.exists() and f"pid {first.pid} " in lock.read_text():
             break
         time.sleep(0.05)
     second = start(str(config), "--out", str(run))
