@@ -425,8 +425,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     C.set_threads(args.threads)
     C.quiet_hf()
+    from graftrl.machine import tune_allocator
+
+    # One process, one malloc setting for both frameworks: graftrl's commands' (``tune_allocator``),
+    # or glibc's default under GRAFTRL_MALLOC=default (run `--order trl` so for TRL as shipped).
+    allocator = "graftrl's" if tune_allocator() else "glibc's default"
     note = C.contention_note(args.threads)
     info = C.machine_info()
+    info["malloc"] = allocator
     import trl
 
     info["trl"] = trl.__version__
@@ -516,7 +522,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"One rollout batch = {args.batch_prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, "
                 f"{lay['optimizer_steps_per_batch']} optimizer steps of {lay['minibatch_rows']} rows, "
                 f"{lay['micro']} rows per forward; model {model_path.name}; {args.dtype} on {args.device}; "
-                f"reward {args.reward}; "
+                f"reward {args.reward}; malloc settings {allocator}; "
                 f"medians over {args.steps} batches x {args.repeats} repeat(s) after {args.warmup} warm-up"
             ),
         )

@@ -4,18 +4,22 @@ are ordered differently by other kernels), and the CPUs and torch threads a comm
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 from functools import cache
 from pathlib import Path
 
 __all__ = [
+    "ALLOCATOR_SETTINGS",
     "available_cpus",
     "contention_note",
     "cpu_capability",
     "cpu_kernels",
     "cpu_vendor",
     "torch_threads",
+    "tune_allocator",
 ]
 
 
@@ -83,3 +87,44 @@ def contention_note(threads: int, cpus: int, load: float) -> str | None:
         f"which spin when cores are shared; if this run is slow, give it --threads {free} "
         f"(or GRAFTRL_THREADS={free}), 1 per process when several graftrl runs share the machine"
     )
+
+
+#: glibc malloc settings for a torch process: (mallopt parameter, environment variable, value).
+#: torch frees and re-allocates tensors of megabytes at every decoding step (the KV cache's
+#: concatenation, activations) and every backward pass. By default glibc serves blocks above a
+#: moving threshold with fresh mmap pages and gives the heap's top back to the kernel once 128 KiB+
+#: of it are free, so the kernel zero-fills the same memory again and again (~500,000 page faults
+#: in 8 steps of a demo cell). Blocks up to 32 MiB from the heap, and up to 1 GiB of free heap kept,
+#: remove three quarters of them. Setting either value also stops glibc's own threshold moves. The
+#: arithmetic, and so every sample and weight, is unchanged: torch aligns each tensor to 64 bytes
+#: wherever it lives. Measured in benchmarks/README.md ("The allocator").
+ALLOCATOR_SETTINGS: tuple[tuple[int, str, int], ...] = (
+    (-3, "MALLOC_MMAP_THRESHOLD_", 32 << 20),  # M_MMAP_THRESHOLD (glibc's maximum)
+    (-1, "MALLOC_TRIM_THRESHOLD_", 1 << 30),  # M_TRIM_THRESHOLD
+)
+
+ALLOCATOR_OPT_OUT = "GRAFTRL_MALLOC"
+"""Environment variable: ``default`` keeps glibc's own malloc settings."""
+
+
+def tune_allocator() -> bool:
+    """Apply ``ALLOCATOR_SETTINGS`` to this process (``mallopt``) and, through the environment, to
+    the processes it starts (glibc reads them at start-up). Returns whether it did.
+
+    Nothing changes when the C library is not glibc, when ``GRAFTRL_MALLOC=default``, or when the
+    user chose malloc settings of their own (``GLIBC_TUNABLES`` or another ``MALLOC_*`` value).
+    """
+    if os.environ.get(ALLOCATOR_OPT_OUT, "").lower() == "default":
+        return False
+    ours = {variable: str(value) for _, variable, value in ALLOCATOR_SETTINGS}
+    users = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    if "GLIBC_TUNABLES" in os.environ or any(ours.get(k) != v for k, v in users.items()):
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    for parameter, variable, value in ALLOCATOR_SETTINGS:
+        if libc.mallopt(parameter, value) != 1:
+            return False
+        os.environ[variable] = str(value)
+    return True

@@ -23,7 +23,7 @@ from graftrl.cli.errors import (
 )
 from graftrl.embedded.task import TASKS
 from graftrl.errors import UserError
-from graftrl.machine import available_cpus, contention_note, torch_threads
+from graftrl.machine import available_cpus, contention_note, torch_threads, tune_allocator
 
 console = Console()
 
@@ -115,6 +115,7 @@ def _setup(
     install()  # Ctrl-C stops a run even when a finalizer swallowed the KeyboardInterrupt
     if ctx.invoked_subcommand not in _TORCH_COMMANDS:
         return
+    tune_allocator()  # for every later allocation here, and in the workers the command starts
     import torch
 
     cpus = available_cpus()
