@@ -127,17 +127,21 @@ def measure_alternating(engines: dict[str, Any], policy, problems, params, args,
     for i in range(args.warmup):
         for engine in engines.values():
             call(engine, args.seed + 1000 + i)
-    figures = {name: {"times": [], "cpu": [], "tokens": [], "rows": [], "finished": []} for name in engines}
+    figures = {
+        name: {"times": [], "cpu": [], "faults": [], "tokens": [], "rows": [], "finished": []}
+        for name in engines
+    }
     samples: dict[str, list[Any]] = {name: [] for name in engines}
     for i in range(args.repeats):
         for name, engine in engines.items():
             f = figures[name]
             sync()
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, faults = time.perf_counter(), time.process_time(), _page_faults()
             batch = call(engine, args.seed + i)
             sync()
             f["times"].append(time.perf_counter() - start)
             f["cpu"].append(time.process_time() - cpu)
+            f["faults"].append(_page_faults() - faults)
             f["tokens"].append(sum(len(r) for r in batch.response_ids))
             f["rows"].append(len(batch.response_ids))
             f["finished"].append(sum(batch.finished) / max(len(batch.finished), 1))
@@ -148,6 +152,7 @@ def measure_alternating(engines: dict[str, Any], policy, problems, params, args,
         out[name] = {
             "call_s_median": C.median(f["times"]),
             "cpu_s_median": C.median(f["cpu"]),
+            "page_faults_median": C.median(f["faults"]),
             "tokens_per_s": sum(f["tokens"]) / total_t,
             "rows_per_s": sum(f["rows"]) / total_t,
             "mean_response_tokens": sum(f["tokens"]) / sum(f["rows"]),
@@ -167,10 +172,21 @@ def measure_alternating(engines: dict[str, Any], policy, problems, params, args,
     return out
 
 
+def _page_faults() -> int:
+    """Minor page faults of this process so far (the kernel zero-filling memory malloc asked for)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     C.set_threads(args.threads)
     C.quiet_hf()
+    from graftrl.machine import tune_allocator
+
+    # graftrl's commands' malloc settings; GRAFTRL_MALLOC=default times under glibc's own.
+    allocator = "graftrl's" if tune_allocator() else "glibc's default"
     note = C.contention_note(args.threads)
     import torch
 
@@ -231,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r["rows_per_s"],
                 r["call_s_median"],
                 r.get("cpu_s_median"),
+                r.get("page_faults_median"),
                 r["mean_response_tokens"],
                 r["finished_frac"],
                 r.get("engine_start_s"),
@@ -245,6 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "rows/s",
                 "call s (median)",
                 "CPU s (median)",
+                "page faults (median)",
                 "tokens/row",
                 "finished",
                 "start s",
@@ -254,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             title=(
                 f"{model_path.name}: {args.prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, "
                 f"T={args.temperature}, top-p={args.top_p}, {args.dtype} on {policy.device}, threads={args.threads}; "
-                f"{args.repeats} timed calls after {args.warmup} warm-up"
+                f"{args.repeats} timed calls after {args.warmup} warm-up; malloc settings {allocator}"
             ),
         )
     )
