@@ -97,7 +97,7 @@ def contention_note(threads: int, cpus: int, load: float) -> str | None:
 #: in 8 steps of a demo cell). Blocks up to 32 MiB from the heap, and up to 1 GiB of free heap kept,
 #: remove three quarters of them. Setting either value also stops glibc's own threshold moves. The
 #: arithmetic, and so every sample and weight, is unchanged: torch aligns each tensor to 64 bytes
-#: wherever it lives. Measured in benchmarks/README.md ("The allocator").
+#: wherever it lives. Measured in benchmarks/README.md ("A third sitting: the allocator").
 ALLOCATOR_SETTINGS: tuple[tuple[int, str, int], ...] = (
     (-3, "MALLOC_MMAP_THRESHOLD_", 32 << 20),  # M_MMAP_THRESHOLD (glibc's maximum)
     (-1, "MALLOC_TRIM_THRESHOLD_", 1 << 30),  # M_TRIM_THRESHOLD
