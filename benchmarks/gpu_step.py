@@ -189,6 +189,7 @@ def build_model_dir(args) -> Path:
     if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
         return folder
     start = time.perf_counter()
+    print(f"building {args.arch} (hidden {args.hidden}, {args.layers} layers) in {folder}", flush=True)
     tokenizer = build_tokenizer(args.tokenizer_vocab, args.seed)
     # The model's vocabulary may be wider than the tokenizer's (as Qwen's is); ids past the
     # tokenizer decode to nothing, which changes no timing.
@@ -309,9 +310,14 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
     def callback(step: int, metrics) -> None:
         sync()
         marks.append(time.perf_counter())
+        peak = ""
         if cuda:
             memory.append(torch.cuda.max_memory_allocated() / 2**20)
             torch.cuda.reset_peak_memory_stats()
+            peak = f", CUDA peak {memory[-1]:,.0f} MB"
+        # A line per step, so that a run stopped at a time limit still says how far it got.
+        wall = marks[-1] - (marks[-2] if len(marks) > 1 else start)
+        print(f"{engine} step {len(marks)}/{total}: {wall:.1f}s{peak}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="graftrl-gpu-step-") as tmp:
         start = time.perf_counter()
@@ -324,6 +330,7 @@ def run_engine(args, model_dir: Path, engine: str, problems) -> dict[str, Any]:
             step_callback=callback,
         )
         built = time.perf_counter() - start
+        print(f"{engine}: trainer built in {built:.1f}s", flush=True)
         for worker in _workers(trainer):
             _capture(worker, captured)
         if cuda:
