@@ -227,11 +227,11 @@ def vllm_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 @pytest.fixture(autouse=True)
 def _logged_metric_keys_are_declared(monkeypatch: pytest.MonkeyPatch):
-    """Every metrics key a test's training logs must be declared, in graftrl.storage.rundir.METRIC_KEYS
+    """Every metrics key a test's training logs must be declared, in graftrl.storage.log_keys.METRIC_KEYS
     or by its method's loss_metrics (the schema behind docs/metrics.md and the sinks,
     ``training.log_schema.metric_keys``); a new metric without a declaration fails here."""
+    from graftrl.storage.log_keys import undeclared_keys
     from graftrl.storage.metrics import MetricsLogger
-    from graftrl.storage.rundir import undeclared_keys
     from graftrl.training.log_schema import metric_keys
 
     undeclared: set[str] = set()
@@ -244,7 +244,7 @@ def _logged_metric_keys_are_declared(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(MetricsLogger, "log", log)
     yield
     assert not undeclared, (
-        f"metrics keys logged but declared neither in graftrl.storage.rundir.METRIC_KEYS nor by a method's "
+        f"metrics keys logged but declared neither in graftrl.storage.log_keys.METRIC_KEYS nor by a method's "
         f"loss_metrics: {sorted(undeclared)}; "
         "declare them and regenerate docs/metrics.md (graftrl metrics-reference --markdown)"
     )

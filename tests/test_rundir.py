@@ -1,4 +1,4 @@
-"""The run folder's one owner (graftrl.storage.rundir): layout, JSONL logs, and the declared keys."""
+"""The run folder's one owner (graftrl.storage.rundir): layout and JSONL logs; the declared keys (graftrl.storage.log_keys)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,18 @@ from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.errors import UserError
 from graftrl.storage.data import load_problems
-from graftrl.storage.metrics import MetricsLogger
-from graftrl.storage.rundir import (
+from graftrl.storage.log_keys import (
     COMPATIBILITY_KEYS,
     METRIC_KEYS,
     SAMPLE_KEYS,
     VALIDATION_KEYS,
-    ExperimentDir,
     LogKey,
-    RunDir,
-    RunLogError,
-    append_jsonl,
     find_key,
     keys_markdown,
-    read_jsonl,
-    read_metrics,
     undeclared_keys,
 )
+from graftrl.storage.metrics import MetricsLogger
+from graftrl.storage.rundir import ExperimentDir, RunDir, RunLogError, append_jsonl, read_jsonl, read_metrics
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.trainer import Trainer
 
@@ -255,7 +250,7 @@ def short_run(paths, tmp_path, method: str, **sections) -> RunDir:
 @pytest.mark.parametrize("method", ["graft", "grpo", "hacpo", "luffy", "pooling", "sgt"])
 def test_every_logged_key_is_declared(tiny_checkpoints, tmp_path, method):
     """One real step of each method (GRAFT with validation and truncated IS, GRPO with dynamic
-    sampling): every key of every log is declared in graftrl.storage.rundir (docs/metrics.md)."""
+    sampling): every key of every log is declared in graftrl.storage.log_keys (docs/metrics.md)."""
     sections: dict = {}
     if method == "graft":
         sections = {

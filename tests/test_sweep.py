@@ -9,8 +9,9 @@ from typer.testing import CliRunner
 
 import graftrl.reporting.sweep as sweep
 from graftrl.cli import app
+from graftrl.embedded.mixes import TASK_MIXES, overlap_mixes
 from graftrl.embedded.models import MODEL_SPECS
-from graftrl.embedded.warmstart import TASK_MIXES, fingerprint, overlap_mixes
+from graftrl.embedded.warmstart import fingerprint
 from graftrl.reporting.provenance import written_by
 from graftrl.training.trainer import Trainer
 

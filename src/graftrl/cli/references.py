@@ -33,7 +33,7 @@ def metrics_reference_command(
     markdown: Annotated[bool, typer.Option(help="Print Markdown tables (docs/metrics.md).")] = False,
 ) -> None:
     """Print every key of the run folder's logs (metrics.jsonl, validation.jsonl, ...): meaning and unit."""
-    from graftrl.storage.rundir import keys_markdown, logs
+    from graftrl.storage.log_keys import keys_markdown, logs
     from graftrl.training.log_schema import metric_keys
 
     declared = metric_keys()  # the trainer's and every method's loss metrics

@@ -314,13 +314,13 @@ TASKS: dict[str, EmbeddedTask] = {
 #: meets the regime targets of issue 11 on the warm-started pair (docs/task_design.md).
 DEFAULT_TASK = "worked"
 
-#: ``graftrl sweep``'s default points of skill overlap (``warmstart.overlap_mixes``): from the
+#: ``graftrl sweep``'s default points of skill overlap (``mixes.overlap_mixes``): from the
 #: task's complementary pair (0) to a pair taught the same families (1). Chosen from the GPT-2's
 #: warm-start accuracy on carries (training-side, docs/reporting.md): 0.01 at 0, 0.62 at 0.33 and
 #: 0.56 at 0.67, so its transition lies below 0.33 and 0.1 resolves it.
 SKILL_OVERLAPS = (0.0, 0.1, 0.33, 1.0)
 
-#: ``graftrl sweep --knob mastery``'s default points (``warmstart.mastery_mixes``): the task's pair
+#: ``graftrl sweep --knob mastery``'s default points (``mixes.mastery_mixes``): the task's pair
 #: and drilled pairs whose own regrouping share falls, so the peer's failures on the receiver's
 #: missing step become failures of that step (chosen from training-side statistics only,
 #: docs/task_design.md).

@@ -49,13 +49,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import logging
 import os
 import random
 import struct
 import tempfile
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +64,7 @@ from torch import Tensor
 
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import RolloutBatch, SamplingParams
+from graftrl.models.vllm_process import in_process_vllm, keep_distributed_state, preserved_rng, quiet
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -190,94 +190,6 @@ def _worker_set_logit_scales(worker: Any, scales: list[float]) -> None:
         module.scale = scale
 
 
-# ----- process hygiene around an in-process engine ----------------------------------------------
-@contextlib.contextmanager
-def _preserved_rng() -> Iterator[None]:
-    """Restore the global RNG states (``random``, numpy, torch CPU and CUDA) after a block.
-
-    In-process, vLLM shares the trainer's global generators: it seeds them at start-up, and its
-    sampler draws from them on every step even when all requests carry their own seeds.
-    """
-    import numpy as np
-
-    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
-
-
-@contextlib.contextmanager
-def _in_process_vllm() -> Iterator[None]:
-    """Build the next engine in this process, and leave the process as it was.
-
-    - vLLM freezes its environment variables once an engine has started (``enable_envs_cache``),
-      so the cache is dropped first, or a second engine would reuse the first one's values.
-    - vLLM seeds the global RNGs with the engine seed: the trainer's streams are put back.
-    - The CPU worker replaces ``torch.set_num_threads`` with a no-op (it pins threads in its own
-      process); in the trainer's process that would silently drop the trainer's own settings.
-    - With no tokenizer loaded (prompts arrive as ids) vLLM's chat-template warm-up logs a
-      traceback on every start; that warning is muted.
-    """
-    import vllm.envs as envs
-
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    set_num_threads = torch.set_num_threads
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    envs.disable_envs_cache()
-    try:
-        with _preserved_rng(), _quiet("vllm.renderers.base"):
-            yield
-    finally:
-        torch.set_num_threads = set_num_threads
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
-
-
-@contextlib.contextmanager
-def _quiet(*names: str) -> Iterator[None]:
-    """Raise vLLM loggers to ERROR for a block (routine messages repeated at every call)."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-@contextlib.contextmanager
-def _keep_distributed_state() -> Iterator[None]:
-    """Let one engine shut down without tearing down the state the other open engines use.
-
-    ``EngineCore.shutdown`` ends with ``cleanup_dist_env_and_memory``, which destroys vLLM's
-    process-global model-parallel groups and the ``torch.distributed`` group that all in-process
-    engines share; the next step of any other engine would fail. Only its memory part runs here.
-    """
-    import vllm.v1.engine.core as core
-
-    full = core.cleanup_dist_env_and_memory
-
-    def release_memory(*args: object, **kwargs: object) -> None:
-        gc.unfreeze()
-        gc.collect()
-
-    core.cleanup_dist_env_and_memory = release_memory
-    try:
-        yield
-    finally:
-        core.cleanup_dist_env_and_memory = full
-
-
 class VLLMRolloutEngine:
     """Samples with a colocated, in-process vLLM engine; same contract and output as ``HFRolloutEngine``.
 
@@ -344,7 +256,7 @@ class VLLMRolloutEngine:
         # vLLM reads the config and weights from it once, then the folder can go.
         with tempfile.TemporaryDirectory(prefix="graftrl-vllm-") as folder:
             _save_for_engine(policy, folder)
-            with _in_process_vllm():
+            with in_process_vllm():
                 self.llm: LLM = LLM(
                     model=folder,
                     skip_tokenizer_init=True,  # prompts arrive as the policy's own token ids
@@ -387,7 +299,7 @@ class VLLMRolloutEngine:
         if weights is None:
             weights = _unique_tensors(policy.model)
         self._wake()
-        with _quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
+        with quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
             # layerwise: "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync,
             # expected (no weights / tied to the embedding); block_pool: "reset prefix cache".
             self._rpc(_worker_reload_weights, list(weights))
@@ -449,7 +361,7 @@ class VLLMRolloutEngine:
                         detokenize=False,
                     )
                 )
-        with _preserved_rng():
+        with preserved_rng():
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         samples: PromptSamples = {p: [] for p in mine}
         for k, output in enumerate(outputs):
@@ -492,7 +404,7 @@ class VLLMRolloutEngine:
         llm = self.__dict__.pop("llm")
         # The trainer owns an external launcher's world; other open engines share vLLM's state.
         shared = _OPEN_ENGINES or self.external_launcher
-        keep = _keep_distributed_state() if shared else contextlib.nullcontext()
+        keep = keep_distributed_state() if shared else contextlib.nullcontext()
         with keep:
             llm.llm_engine.engine_core.shutdown()
         del llm
@@ -525,7 +437,7 @@ class VLLMRolloutEngine:
         from vllm.inputs import TokensPrompt
 
         try:
-            with _preserved_rng():
+            with preserved_rng():
                 self.llm.generate(
                     [TokensPrompt(prompt_token_ids=[policy.eos_token_id])],
                     VLLMSamplingParams(max_tokens=1, seed=0, detokenize=False),

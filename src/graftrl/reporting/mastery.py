@@ -5,7 +5,7 @@ GRAFT moves the peer's whole group with its zero-sum advantages, so it teaches o
 peer's correct and wrong responses differ (``core.contrast``). The knob moves *what the peer's
 wrong responses get wrong* on the receiver's deficit family: at the task's pair (point
 ``default``) they mostly slip on another fact or copy, having carried / borrowed right; on the
-drilled pairs (``embedded.warmstart.mastery_mixes``) each model knows the single-digit facts and
+drilled pairs (``embedded.mixes.mastery_mixes``) each model knows the single-digit facts and
 how often it carries or borrows right falls with its own regrouping share, so its failures become
 failures of the step its peer lacks. Each point is a compare of the ``mastery`` preset (GRPO
 n = 8, GRAFT, success-only transfer, SGT) in ``OUT/mastery-<point>/``, resumable cell by cell,
@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
 from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
-from graftrl.embedded.warmstart import MASTERY_WARMSTART, mastery_mixes
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.reporting.compare_report import PAIRED_NOTE

@@ -1,6 +1,6 @@
 """`graftrl sweep`: where does exchange help? GRAFT − GRPO (n = 8) over the skill overlap of the pair.
 
-The knob is the *skill overlap* o of the warm-start (``embedded.warmstart.overlap_mixes``): the
+The knob is the *skill overlap* o of the warm-start (``embedded.mixes.overlap_mixes``): the
 GPT-2's warm-start family mix is ``(1 - o) x its own + o x the Llama's``. At o = 0 the pair has the
 task's complementary deficits (the demo's pair); at o = 1 both were taught the same families, so
 they lack the same step and a peer rarely solves the receiver's all-fail prompts. Moving o moves
@@ -27,8 +27,8 @@ from typing import Any
 
 from rich.console import Console
 
+from graftrl.embedded.mixes import overlap_mixes
 from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
-from graftrl.embedded.warmstart import overlap_mixes
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
 from graftrl.reporting.compare import CompareReport, run_compare

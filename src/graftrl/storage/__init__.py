@@ -1,7 +1,7 @@
 """Storage: what graftrl keeps on disk and reads back.
 
-Owns the run folder's layout, its JSONL logs and the declared keys of every log (``rundir``: the
-only module that names a run-folder file), the tokenizer-neutral trajectory record (``records``),
+Owns the run folder's layout and its JSONL logs (``rundir``: the only module that names a
+run-folder file), the declared keys of every log (``log_keys``), the tokenizer-neutral trajectory record (``records``),
 the Parquet trajectory store (``store``: format, manifest, reader and writer; its row is a record
 plus replay fields), problem datasets (``data``), the metrics sinks (``metrics``: JSONL,
 TensorBoard, W&B) and verified checkpoints (``checkpoint``). May import ``graftrl.errors``,

@@ -1,6 +1,6 @@
 """Metrics sinks: ``metrics.jsonl`` always; TensorBoard and W&B when asked.
 
-The keys and their meaning are declared once (``graftrl.storage.rundir.METRIC_KEYS``, and each method's
+The keys and their meaning are declared once (``graftrl.storage.log_keys.METRIC_KEYS``, and each method's
 loss metrics, which the trainer hands in): TensorBoard
 gets them as a text table (its TEXT tab), W&B each scalar's declared summary (``define_metric``).
 """
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from graftrl.storage.rundir import METRIC_KEYS, LogKey, RunDir, append_jsonl, find_key, keys_markdown
+from graftrl.storage.log_keys import METRIC_KEYS, LogKey, find_key, keys_markdown
+from graftrl.storage.rundir import RunDir, append_jsonl
 
 
 def _clean(value: Any) -> Any:

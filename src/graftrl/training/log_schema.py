@@ -1,4 +1,4 @@
-"""Every key a run's metrics.jsonl may hold: the trainer's own (``storage.rundir.METRIC_KEYS``)
+"""Every key a run's metrics.jsonl may hold: the trainer's own (``storage.log_keys.METRIC_KEYS``)
 and the loss metrics each registered method declares (``Method.loss_metrics``), so a method
 module declares its measurements where it computes them and ``graftrl metrics-reference``, the
 sinks and the undeclared-key guard of the tests all see them."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from graftrl.methods import METHODS
 from graftrl.methods.loss_metrics import LossMetric
-from graftrl.storage.rundir import METRIC_KEYS, LogKey
+from graftrl.storage.log_keys import METRIC_KEYS, LogKey
 
 
 def loss_metric_keys() -> tuple[LogKey, ...]:
