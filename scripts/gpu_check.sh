@@ -67,7 +67,7 @@ else
   declare -A LIMIT=([wheels]=15 [env]=40 [cuda_tier]=320 [gpu_step]=110 [memory_vs_length]=60 [fsdp_scaling]=45)
 fi
 # GRAFTRL_GPU_CHECK_LIMITS="stage=seconds,...": longer (or shorter) limits for a rerun.
-for pair in ${GRAFTRL_GPU_CHECK_LIMITS//,/ }; do
+for pair in ${GRAFTRL_GPU_CHECK_LIMITS:+${GRAFTRL_GPU_CHECK_LIMITS//,/ }}; do
   [[ "$pair" == *=* && -n "${LIMIT[${pair%%=*}]:-}" && "${pair#*=}" =~ ^[0-9]+$ ]] || {
     echo "gpu_check: GRAFTRL_GPU_CHECK_LIMITS: '$pair' is not stage=seconds (stages: ${!LIMIT[*]})" >&2
     rm -rf "$WORK"
