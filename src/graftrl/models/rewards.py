@@ -15,158 +15,35 @@ answers), so the parent de-duplicates each batch and keeps an LRU cache of verdi
 
 Worker processes use the ``spawn`` start method by default (safe next to torch threads), which
 re-imports the caller's ``__main__`` module in each worker: scripts need the usual
-``if __name__ == "__main__":`` guard.
+``if __name__ == "__main__":`` guard. The workers' own loop is :mod:`graftrl.models.verify_worker`.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from graftrl.models.answers import EXTRACTIONS, Extraction, extract_last_boxed, fast_verdict, gold_parse_text
+from graftrl.models.verify_worker import (
+    CORRECT,
+    ERROR,
+    READY,
+    SKIPPED,
+    WRONG,
+    Worker,
+    kill_workers,
+    worker_main,
+)
 
 __all__ = ["MathVerifier", "extract_last_boxed", "gold_parse_text", "verify_answer"]
-
-# Verdict codes sent back by workers (small ints keep the per-answer messages tiny).
-_WRONG, _CORRECT, _ERROR = 0, 1, 2
-_SKIPPED = 3  # not verified before the call's overall deadline: scores 0, never cached
-_READY = -1  # index of the "worker started" message
-_STOP = None  # sentinel asking a worker to exit
-
-
-# --------------------------------------------------------------------------------------------
-# Worker process
-# --------------------------------------------------------------------------------------------
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
-    """Make this worker exit when the process that started it dies, even by SIGKILL.
-
-    On Linux the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG); it is tied to
-    the *thread* that started the worker, so it is only set when that was the main thread. A
-    daemon thread polling ``os.getppid()`` covers the rest (other threads, other systems, and a
-    parent that died before prctl ran).
-    """
-    if use_pdeathsig and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="graftrl-parent-watchdog", daemon=True).start()
-
-
-def _worker_main(
-    conn: Connection, faults: dict[str, str], parent_pid: int | None = None, use_pdeathsig: bool = False
-) -> None:
-    """Worker loop: receive chunks of ``(index, gold, text, extraction)``, stream back one verdict each.
-
-    ``text`` is the extracted answer (``last_box``) or the whole response (``math_verify``).
-    One small message per answer (not per chunk) tells the parent exactly which answer is in
-    progress, so on a timeout it knows which one hung and can re-queue the rest.
-    ``faults`` is a test hook mapping an extracted answer to ``hang``/``crash``/``raise``.
-    """
-    _die_with_parent(os.getppid() if parent_pid is None else parent_pid, use_pdeathsig)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    import math_verify.grader
-    import math_verify.parser
-    from math_verify import parse, verify
-
-    # The parent enforces timeouts by killing this process; math_verify's signal-based timeouts
-    # are disabled (integer seconds, main-thread only), so silence its one-time warning.
-    for mod in (math_verify.parser, math_verify.grader):
-        if hasattr(mod, "TIMEOUT_WARNING_SHOWN"):
-            mod.TIMEOUT_WARNING_SHOWN = True
-
-    gold_cache: dict[str, Any] = {}
-
-    def check(gold: str, text: str, extraction: str = "last_box") -> int:
-        parsed_gold = gold_cache.get(gold)
-        if parsed_gold is None:
-            if len(gold_cache) >= 10_000:
-                gold_cache.clear()
-            parsed_gold = gold_cache[gold] = parse(gold_parse_text(gold), parsing_timeout=None)
-        pred_text = text if extraction == "math_verify" else "\\boxed{" + text + "}"
-        pred = parse(pred_text, parsing_timeout=None)
-        return _CORRECT if verify(parsed_gold, pred, timeout_seconds=None) else _WRONG
-
-    # Warm up sympy's and latex2sympy's lazy imports before reporting ready, so the first real
-    # answers are not charged for them.
-    for warm in ("1", "-\\frac{3}{4}", "0.5", "2\\sqrt{3}", "x^2+1", "(1, 2]", "\\{1, 2\\}", "\\text{B}"):
-        check(warm, warm)
-    gold_cache.clear()
-    conn.send((_READY, os.getpid()))
-    while True:
-        try:
-            chunk = conn.recv()
-        except (EOFError, OSError):
-            return
-        if chunk is _STOP:
-            return
-        for index, gold, extracted, extraction in chunk:
-            fault = faults.get(extracted)
-            if fault == "hang":
-                time.sleep(3600)
-            elif fault == "crash":
-                os._exit(3)
-            try:
-                if fault == "raise":
-                    raise RuntimeError("injected verification error")
-                verdict = check(gold, extracted, extraction)
-            except Exception:
-                verdict = _ERROR
-            conn.send((index, verdict))
-
-
-# --------------------------------------------------------------------------------------------
-# Parent side
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Worker:
-    proc: Any  # multiprocessing process (BaseProcess subclass of the chosen context)
-    conn: Connection
-    started_at: float
-    ready: bool = False
-    inflight: deque[int] = field(default_factory=deque)
-    deadline: float = float("inf")
-
-
-def _kill_workers(workers: list[_Worker]) -> None:
-    """Stop workers politely, then forcefully; used by close() and at garbage collection."""
-    for w in workers:
-        with contextlib.suppress(OSError, ValueError):  # already dead or closed
-            w.conn.send(_STOP)
-    for w in workers:
-        w.proc.join(timeout=1.0)
-        if w.proc.is_alive():
-            w.proc.kill()
-            w.proc.join(timeout=1.0)
-        w.conn.close()
-    workers.clear()
 
 
 class MathVerifier:
@@ -232,7 +109,7 @@ class MathVerifier:
         self._ctx = mp.get_context(start_method)
         self._faults = dict(_test_faults or {})
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self._stats = dict.fromkeys(
@@ -250,7 +127,7 @@ class MathVerifier:
             0,
         )
         self._seconds = 0.0
-        self._finalizer = weakref.finalize(self, _kill_workers, self._workers)
+        self._finalizer = weakref.finalize(self, kill_workers, self._workers)
 
     @classmethod
     def from_config(cls, reward: Any) -> MathVerifier:
@@ -308,8 +185,8 @@ class MathVerifier:
                     keys, deadline=None if self.deadline_s is None else t0 + self.deadline_s
                 )
                 for key, verdict in zip(keys, verdicts, strict=True):
-                    value = 1.0 if verdict == _CORRECT else 0.0
-                    if verdict != _SKIPPED:  # never tried: a later call may verify it
+                    value = 1.0 if verdict == CORRECT else 0.0
+                    if verdict != SKIPPED:  # never tried: a later call may verify it
                         self._remember(key, value)
                     for i in todo[key]:
                         rewards[i] = value
@@ -362,13 +239,13 @@ class MathVerifier:
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         # The worker dies with this process: its parent pid (spawn) and whether prctl's parent-death
         # signal applies (it follows the starting thread, so only from the main thread).
         spawned = self._ctx.get_start_method() == "spawn"
         proc = self._ctx.Process(
-            target=_worker_main,
+            target=worker_main,
             args=(
                 child_conn,
                 self._faults,
@@ -380,9 +257,9 @@ class MathVerifier:
         )
         proc.start()
         child_conn.close()
-        return _Worker(proc=proc, conn=parent_conn, started_at=time.monotonic())
+        return Worker(proc=proc, conn=parent_conn, started_at=time.monotonic())
 
-    def _replace(self, w: _Worker) -> _Worker:
+    def _replace(self, w: Worker) -> Worker:
         """Kill ``w`` (hung or dead) and put a fresh worker in its slot."""
         if w.proc.is_alive():
             w.proc.kill()
@@ -398,14 +275,14 @@ class MathVerifier:
     ) -> list[int]:
         """Verify unique (gold, extracted) pairs on the workers; returns one verdict code each.
 
-        ``deadline`` (a ``time.perf_counter`` instant): pairs not settled by then get ``_SKIPPED``.
+        ``deadline`` (a ``time.perf_counter`` instant): pairs not settled by then get ``SKIPPED``.
         """
         try:
             return self._dispatch(items, wait_ready, deadline)
         except BaseException:
             # Interrupted mid-batch (Ctrl-C, start-up failure): workers may still hold work and
             # unread verdicts, so discard them all rather than mix them into a later call.
-            _kill_workers(self._workers)
+            kill_workers(self._workers)
             raise
 
     def _dispatch(
@@ -427,10 +304,10 @@ class MathVerifier:
             nonlocal remaining
             verdicts[index] = verdict
             remaining -= 1
-            if verdict == _ERROR:
+            if verdict == ERROR:
                 stats["errors"] += 1
 
-        def fail(w: _Worker, verdict: int) -> None:
+        def fail(w: Worker, verdict: int) -> None:
             """The worker hung or died: charge its current answer, re-queue the rest."""
             nonlocal failed_starts
             if not w.ready:
@@ -460,9 +337,9 @@ class MathVerifier:
                     try:
                         w.conn.send([(i, *items[i], self.extraction) for i in chunk])
                     except (OSError, ValueError):
-                        fail(w, _ERROR)  # died under us; charging one answer guarantees progress
+                        fail(w, ERROR)  # died under us; charging one answer guarantees progress
 
-            def due(w: _Worker) -> float:
+            def due(w: Worker) -> float:
                 if not w.ready:
                     return w.started_at + self.startup_timeout_s
                 return w.deadline if w.inflight else float("inf")
@@ -475,7 +352,7 @@ class MathVerifier:
                 try:
                     while conn.poll():
                         index, verdict = conn.recv()
-                        if index == _READY:
+                        if index == READY:
                             w.ready = True
                             failed_starts = 0
                             continue
@@ -489,15 +366,15 @@ class MathVerifier:
                         stats["verified"] += 1
                         settle(index, verdict)
                 except (EOFError, OSError):
-                    fail(w, _ERROR)  # the worker died (crash, OOM kill) on its current answer
+                    fail(w, ERROR)  # the worker died (crash, OOM kill) on its current answer
 
             now = time.monotonic()
             for w in list(self._workers):
                 if not w.ready and now > w.started_at + self.startup_timeout_s:
-                    fail(w, _ERROR)
+                    fail(w, ERROR)
                 elif w.inflight and now > w.deadline:
                     stats["timeouts"] += 1
-                    fail(w, _WRONG)
+                    fail(w, WRONG)
             if remaining and now > call_due:
                 # Out of time for this call: whatever is unsettled scores 0 (not cached); workers
                 # still busy on it are replaced so the next call starts clean.
@@ -507,10 +384,10 @@ class MathVerifier:
                         self._replace(w)
                 for index, verdict in enumerate(verdicts):
                     if verdict is None:
-                        verdicts[index] = _SKIPPED
+                        verdicts[index] = SKIPPED
                         stats["deadline_skips"] += 1
                 remaining = 0
-        return [v if v is not None else _ERROR for v in verdicts]
+        return [v if v is not None else ERROR for v in verdicts]
 
 
 # --------------------------------------------------------------------------------------------

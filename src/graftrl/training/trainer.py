@@ -8,70 +8,49 @@ peer groups ordered last. The loop knows nothing of two models in particular.
 The trainer is the driver: it samples the prompt batch, plans the exchange, logs, checkpoints and
 replays stored peers. Everything that touches a policy's weights is a ``PolicyWorker``
 (graftrl.training.worker), placed by the backend and driven through its typed ``WorkerGroup``
-interface (graftrl.training.backends): in this process or in Ray actors.
+interface (graftrl.training.backends): in this process or in Ray actors. Checkpoints and resume
+are the trainer's ``TrainerCheckpoints`` part (graftrl.training.trainer_checkpoints).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from graftrl.config import Config, ConfigError, dump_config
+from graftrl.config import Config, dump_config
 from graftrl.console import progress_bar
 from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
-from graftrl.errors import CheckpointError
-from graftrl.files import atomic_write, folder_bytes, is_disk_full, sha256_file
+from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import (
-    CheckpointCheck,
-    check_trainer_state,
     hold_run_lock,
-    identity_changes,
-    input_changes,
-    list_checkpoints,
-    rotate,
-    set_aside,
-    trainer_state,
-    verify_checkpoint,
-    write_manifest,
 )
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.rundir import (
-    METHOD_STATE,
-    STAGING_SUFFIX,
-    TRAINER_STATE,
     RunDir,
     append_jsonl,
-    checkpoint_step,
 )
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
+from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 
 __all__ = ["Trainer", "step_seed"]
 
 
-PROBLEMS_IN_CODE = "(problems passed to Trainer)"
-"""The data path recorded for a run whose problems were handed over in code."""
-
-
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Runs Algorithm 1 for a config and writes everything into ``run_dir``."""
 
     def __init__(
@@ -379,217 +358,3 @@ class Trainer:
             )
         self.validator.report(step, rows)
         return rows
-
-    # ----- checkpoints ----------------------------------------------------------------------
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.files.checkpoints
-
-    def inputs(self) -> dict[str, dict[str, str]]:
-        """The content of what the run reads besides its models: the training data (the file, or
-        the problems handed to the trainer in code) and every stored peer's store,
-        name -> {"path", "sha256"} (hashed once per process)."""
-        if self._inputs is None:
-            if self._problems_in_code:
-                listed = json.dumps([dataclasses.asdict(p) for p in self.problems], sort_keys=True)
-                digest = hashlib.sha256(listed.encode()).hexdigest()
-                self._inputs = {"data.train": {"path": PROBLEMS_IN_CODE, "sha256": digest}}
-            else:
-                data = Path(self.config.data.train)
-                self._inputs = {"data.train": {"path": str(data), "sha256": sha256_file(data)[0]}}
-            for peer, store in self.stored_peers.values():
-                self._inputs[f"peers.{peer.name}"] = {"path": str(peer.path), "sha256": store.fingerprint()}
-        return self._inputs
-
-    def _required_files(self) -> list[str]:
-        return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
-
-    def save_checkpoint(self, step: int) -> Path:
-        """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.storage.checkpoint).
-
-        Assembled in a staging folder and renamed into place; refused (CheckpointError) when any
-        policy's weights or optimizer state hold NaN or inf, so a diverged state never replaces a
-        good checkpoint.
-        """
-        nonfinite = self.backend.nonfinite_state()
-        bad = {name: found for name, found in zip(self.names, nonfinite, strict=True) if found}
-        if bad:
-            kept = list_checkpoints(self.checkpoint_root)
-            raise CheckpointError(
-                f"step {step}: non-finite values in "
-                + "; ".join(f"{name} ({', '.join(found)})" for name, found in bad.items())
-                + "; checkpoint not written"
-                + (f", the last one is {kept[-1]}" if kept else "")
-                + ": lower optim.lr or tighten optim.grad_clip, then --resume"
-            )
-        completed = step + 1
-        final = self.files.checkpoint(completed)
-        staging = final.with_name(final.name + STAGING_SUFFIX)
-        shutil.rmtree(staging, ignore_errors=True)
-        previous = self.latest_checkpoint()
-        try:
-            staging.mkdir(parents=True)
-            self.backend.save([str(staging / name) for name in self.names])
-            (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
-            (staging / TRAINER_STATE).write_text(
-                json.dumps(trainer_state(completed, self.method.name, self.inputs()))
-            )
-            write_manifest(staging, completed)  # last: a folder with a manifest is complete
-        except Exception as error:
-            if not is_disk_full(error):
-                raise
-            self._refuse_full_disk(step, staging, previous)
-        if final.exists():  # only after a fallback re-ran this step; the old one is replaced
-            shutil.rmtree(final)
-        staging.rename(final)
-        rotate(self.checkpoint_root, self.config.checkpoint.keep_last, final)
-        return final
-
-    def _refuse_full_disk(self, step: int, staging: Path, previous: Path | None) -> None:
-        """The disk filled while ``staging`` was written: remove it, say what a checkpoint needs."""
-        written = folder_bytes(staging)
-        shutil.rmtree(staging, ignore_errors=True)
-        free = shutil.disk_usage(self.checkpoint_root).free
-        # The last checkpoint's size is what the next one needs; without one, what was written so far.
-        needed = (
-            f"about {folder_bytes(previous) / 2**20:.1f} MiB"
-            if previous
-            else f"over {written / 2**20:.1f} MiB"
-        )
-        raise CheckpointError(
-            f"step {step}: no space left on the device of {self.checkpoint_root} while writing checkpoint "
-            f"{staging.name.removesuffix(STAGING_SUFFIX)}: a checkpoint needs {needed}, "
-            f"{free / 2**20:.1f} MiB are free; the partial folder was removed"
-            + (f" and {previous.name} is intact" if previous else "")
-            + ": free space (or lower checkpoint.keep_last), then --resume"
-        ) from None
-
-    def latest_checkpoint(self) -> Path | None:
-        """The newest checkpoint folder by name (not verified; ``resume`` verifies)."""
-        done = list_checkpoints(self.checkpoint_root)
-        return done[-1] if done else None
-
-    def check_identity(self) -> None:
-        """Refuse (ConfigError) a resume whose config changes the run's identity vs its config.yaml."""
-        saved_path = self.files.config
-        if not list_checkpoints(self.checkpoint_root):
-            return  # nothing to resume: the run starts over from step 0 anyway
-        try:
-            saved = yaml.safe_load(saved_path.read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise ConfigError(
-                f"--resume: cannot read {saved_path} ({error.__class__.__name__}) to check that the config "
-                "still describes this run; restore it, or pass --force to resume under the new config"
-            ) from None
-        changes = identity_changes(
-            saved if isinstance(saved, dict) else {}, self.config.model_dump(mode="json")
-        )
-        if changes:
-            raise ConfigError(
-                f"--resume: the config changes the run's identity vs {saved_path}: {'; '.join(changes)}; "
-                "undo the change, train into another --out, or pass --force to resume anyway"
-            )
-
-    def resume(self) -> None:
-        """Continue from the newest intact checkpoint (verified against its manifest).
-
-        Damaged newer checkpoints are named, set aside under ``checkpoints/damaged/`` and skipped;
-        with none intact the resume is refused (CheckpointError). With no checkpoint at all the run
-        starts from step 0. Derived logs and the store are cut back to the resumed step.
-        """
-        skipped: list[str] = []
-        chosen = None
-        for folder in reversed(list_checkpoints(self.checkpoint_root)):
-            check = verify_checkpoint(folder, self._required_files())
-            if check.status == "legacy":
-                problem = self._load_legacy(folder)
-                if problem is None:
-                    _warn(f"{folder}: written before checkpoint manifests; loaded unverified")
-                    chosen = folder
-                    break
-                check = CheckpointCheck(folder, "damaged", problem)
-            if check.status == "damaged":
-                skipped.append(f"{folder.name}: {check.problem}")
-                continue
-            self._load(folder, self.force)
-            chosen = folder
-            break
-        if chosen is None and skipped:
-            raise CheckpointError(
-                f"--resume: no intact checkpoint under {self.checkpoint_root} ({'; '.join(skipped)}); "
-                "restore one from a backup, or start over in another --out"
-            )
-        for line in skipped:
-            _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
-        for damaged in list_checkpoints(self.checkpoint_root):
-            if chosen is not None and (checkpoint_step(damaged) or 0) > self.start_step:
-                _warn(f"{damaged.name} set aside as {set_aside(damaged)}")
-        if chosen is not None:  # finish a rotation a kill interrupted, so the folder looks uninterrupted
-            rotate(self.checkpoint_root, self.config.checkpoint.keep_last, chosen)
-        else:
-            self.start_step = 0
-            _warn(
-                f"--resume: no checkpoint in {self.checkpoint_root} yet; starting from step 0 "
-                "(earlier log lines move to *.discarded.jsonl)"
-            )
-        self._truncate_derived(self.start_step - 1)
-
-    def _load(self, folder: Path, force: bool) -> None:
-        state = json.loads((folder / TRAINER_STATE).read_text())
-        self.start_step = check_trainer_state(folder, state, self.config.train.steps)
-        changed = input_changes(state.get("inputs"), self.inputs())
-        if changed and not force:
-            raise ConfigError(
-                f"--resume: {changed[0]}{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''} "
-                f"changed since {folder.name} was written; restore it, train into another --out, or pass "
-                "--force to resume on the new content (the metrics then mark the resumed step)"
-            )
-        for change in changed:
-            _warn(f"--force: {change} changed since {folder.name}; resuming on the new content")
-        self.resume_changed_inputs = [change.split(" ", 1)[0] for change in changed]
-        self.backend.load([str(folder / name) for name in self.names])
-        method_state = json.loads((folder / METHOD_STATE).read_text())
-        if state.get("method") == self.method.name:
-            self.method.load_state_dict(method_state)
-        elif force:
-            _warn(
-                f"{folder}: method {state.get('method')!r} -> {self.method.name!r}: method state starts fresh"
-            )
-        else:
-            raise CheckpointError(
-                f"{folder / TRAINER_STATE}: written by method {state.get('method')!r}, the config says "
-                f"{self.method.name!r}; set method: {state.get('method')} or pass --force"
-            )
-
-    def _load_legacy(self, folder: Path) -> str | None:
-        """Load a checkpoint without a manifest; the problem found (None when it loaded and is finite)."""
-        missing = [name for name in self._required_files() if not (folder / name.rstrip("/")).exists()]
-        if missing:
-            return f"{missing[0]}: missing"
-        try:
-            self._load(folder, force=True)
-        except CheckpointError:
-            raise
-        except Exception as error:  # an unverifiable folder: any load failure means "damaged"
-            first_line = (str(error).splitlines() or [""])[0][:200]
-            return f"does not load ({error.__class__.__name__}: {first_line})"
-        for name, found in zip(self.names, self.backend.nonfinite_state(), strict=True):
-            if found:
-                return f"{name}: non-finite values ({', '.join(found)})"
-        return None
-
-    def _truncate_derived(self, step: int) -> None:
-        """Cut metrics, samples, compatibility and validation logs and the store back to ``step``."""
-        for path, torn in self.files.truncate_logs(step).items():
-            _warn(f"{path}: {torn} unreadable line(s) (a torn write) moved aside")
-        if self.recorder is not None:
-            if self.recorder.rebuilt:
-                _warn(f"{self.recorder.root}/manifest.json was missing; rebuilt from its step files")
-            self.recorder.truncate_after(step)
-
-
-def _warn(message: str) -> None:
-    """A note on the resume, on stderr (the CLI's stdout carries the progress bar)."""
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
