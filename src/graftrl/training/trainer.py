@@ -30,16 +30,11 @@ from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
 from graftrl.methods import GroupOutcomes, build_method
 from graftrl.models.policy import Policy
-from graftrl.storage.checkpoint import (
-    hold_run_lock,
-)
+from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
-from graftrl.storage.rundir import (
-    RunDir,
-    append_jsonl,
-)
+from graftrl.storage.rundir import RunDir, append_jsonl
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys

@@ -21,6 +21,7 @@ import yaml
 from graftrl.config import Config, ConfigError
 from graftrl.errors import CheckpointError
 from graftrl.files import folder_bytes, is_disk_full, sha256_file
+from graftrl.methods import Method
 from graftrl.storage.checkpoint import (
     CheckpointCheck,
     check_trainer_state,
@@ -48,7 +49,7 @@ class TrainerCheckpoints:
     config: Config
     files: RunDir
     backend: WorkerGroup
-    method: Any
+    method: Method
     names: list[str]
     problems: list[MathProblem]
     stored_peers: dict[str, Any]
