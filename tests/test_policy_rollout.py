@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ALL_MIXED, ScriptedRewards, make_config
 
+from graftrl.config import config_from_dict
+from graftrl.errors import UserError
+from graftrl.evaluation.evaluate import resolve_targets
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, SamplingParams, content_mean_logprob
+from graftrl.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +146,29 @@ def test_content_mean_logprob_is_core_eq6_and_the_old_value_to_the_bit():
     logprobs = torch.tensor([-1.0, -2.0, -6.0])
     mask = torch.tensor([[True, True, False]])
     assert content_mean_logprob(logprobs, finished=True) == float(mean_token_logprob(logprobs[None], mask)[0])
+
+
+def test_attn_implementation_picks_the_kernel_and_a_bad_one_is_one_line(tiny_checkpoints, tmp_path):
+    """`policies[].attn_implementation` reaches transformers for training and evaluation; the
+    kernels compute the same log-probs up to rounding; an unknown one is a ModelError naming it."""
+    path = str(tiny_checkpoints["llama"])
+    default = Policy.from_pretrained("llama", path, template="{problem}=")
+    eager = Policy.from_pretrained("llama", path, attn_implementation="eager", template="{problem}=")
+    assert default.model.config._attn_implementation == "sdpa"
+    assert eager.model.config._attn_implementation == "eager"
+    prompts = default.encode_prompts(["12+7", "3+4"])
+    responses = [default.encode_response(t, finished=True) for t in ("\\boxed{19}", "7")]
+    for a, b in zip(default.score(prompts, responses), eager.score(prompts, responses), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(UserError, match=r"attn_implementation 'no-such-kernel' does not load"):
+        Policy.from_pretrained("llama", path, attn_implementation="no-such-kernel")
+
+    raw = make_config(tiny_checkpoints, steps=1)
+    raw["policies"][0]["attn_implementation"] = "eager"
+    trainer = Trainer(config_from_dict(raw), tmp_path / "run", verifier=ScriptedRewards(ALL_MIXED))
+    kernels = {w.name: w.policy.model.config._attn_implementation for w in trainer.workers}
+    assert kernels == {"llama": "eager", "gpt2": "sdpa"}
+    trainer.train()  # its checkpoints are evaluated with the run's kernels
+    plan = resolve_targets(tmp_path / "run")
+    loaded = {t.policy: t.load().model.config._attn_implementation for t in plan.targets}
+    assert loaded == {"llama": "eager", "gpt2": "sdpa"}

@@ -72,6 +72,11 @@ class PolicyConfig(_Section):
     pure bf16 an lr-1e-6 update mostly rounds away)."""
     device: str = "auto"
     """`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ..."""
+    attn_implementation: str | None = None
+    """Attention kernel of the training-side model, passed to `from_pretrained`: `sdpa`, `eager`,
+    `flash_attention_2` (needs flash-attn, GPU), ...; None keeps transformers' default (`sdpa`
+    where the model has it). Kernels differ in their last bits, so a run's samples may differ;
+    vLLM rollouts use vLLM's own."""
     lr: float | None = Field(default=None, gt=0)
     """Per-policy learning rate; overrides `optim.lr` for this policy."""
     resources: ResourcesConfig = ResourcesConfig()

@@ -209,6 +209,8 @@ class ModelTarget:
     chat_template: bool = False
     dtype: str = "float32"
     device: str = "auto"
+    attn_implementation: str | None = None
+    """transformers' attention kernel (the run's `policies[].attn_implementation`); None: its default."""
     completed_steps: int | None = None
     """Training steps behind this checkpoint, when known."""
 
@@ -218,6 +220,7 @@ class ModelTarget:
             self.path,
             dtype=self.dtype,
             device=self.device,
+            attn_implementation=self.attn_implementation,
             template=self.template,
             chat_template=self.chat_template,
         )
@@ -437,6 +440,7 @@ def resolve_targets(
                 chat_template=spec.chat_template,
                 dtype=spec.dtype,
                 device=spec.device,
+                attn_implementation=spec.attn_implementation,
                 completed_steps=completed,
             )
         )

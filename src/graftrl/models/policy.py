@@ -174,6 +174,7 @@ class Policy:
         dtype: str = "float32",
         device: str = "auto",
         param_dtype: str = "float32",
+        attn_implementation: str | None = None,
         **kwargs,
     ) -> Policy:
         """Load model and tokenizer from a local folder (or hub id when online).
@@ -181,6 +182,8 @@ class Policy:
         ``dtype`` is the compute dtype: with bfloat16/float16 the forward passes run under autocast
         while the parameters and AdamW state stay in ``param_dtype`` (float32 master weights, as
         verl's FSDP mixed precision) — in pure bf16 an update of lr 1e-6 rounds away.
+        ``attn_implementation`` goes to transformers (``sdpa``, ``eager``, ``flash_attention_2``, ...);
+        None keeps its default for the model.
         """
         check_model_folder(name, path)
         try:
@@ -190,9 +193,19 @@ class Policy:
                 f"policy {name!r}: cannot load a tokenizer from {path} ({_first_line(error)}); the folder "
                 "needs the tokenizer files `save_pretrained` writes (tokenizer.json / tokenizer_config.json)"
             ) from None
+        attention = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype])
-        except (OSError, ValueError) as error:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype], **attention)
+        except (OSError, ValueError, ImportError) as error:
+            # transformers refuses an unknown or unavailable kernel with a ValueError / ImportError
+            if attention and (isinstance(error, ImportError) or "attn" in str(error)):
+                raise ModelError(
+                    f"policy {name!r}: attn_implementation {attn_implementation!r} does not load here "
+                    f"({_first_line(error)}); set policies[].attn_implementation to one this model and "
+                    "machine support (`sdpa`, `eager`), or leave it unset for transformers' default"
+                ) from None
+            if isinstance(error, ImportError):
+                raise
             raise ModelError(
                 f"policy {name!r}: cannot load a causal LM from {path} ({_first_line(error)}); give the folder "
                 "of a Hugging Face checkpoint (config.json + *.safetensors)"

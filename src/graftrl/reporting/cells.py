@@ -216,7 +216,13 @@ def warm_start_cell(
         run_dir.mkdir(parents=True, exist_ok=True)
     policies = [
         Policy.from_pretrained(
-            p.name, p.path, dtype=p.dtype, device=p.device, template=p.template, chat_template=p.chat_template
+            p.name,
+            p.path,
+            dtype=p.dtype,
+            device=p.device,
+            attn_implementation=p.attn_implementation,
+            template=p.template,
+            chat_template=p.chat_template,
         )
         for p in config.policies
     ]
