@@ -4,9 +4,10 @@ uv does not read pip's configuration (pip.conf, PIP_* variables), so a machine w
 from a mirror, a local wheel folder (find-links) or under a constraints file would give uv other
 sources than pip. This prints pip's index-url, extra-index-url, find-links and constraint settings
 as uv's flags, plus the index strategy under which uv, like pip, takes the best version found on
-any index. Used by scripts/setup.sh.
+any index. Used by scripts/venv_install.sh.
 
-Usage: python scripts/pip_sources.py [--index-url URL]   (URL replaces pip's index-url)
+Usage: python scripts/pip_sources.py [--index-url URL | --extra-index-url URL]
+(--index-url replaces pip's index-url; --extra-index-url adds one to pip's extra indexes)
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ def pip_settings() -> dict[str, list[str]]:
     return settings
 
 
-def uv_arguments(settings: dict[str, list[str]], index_url: str | None = None) -> list[str]:
+def uv_arguments(
+    settings: dict[str, list[str]], index_url: str | None = None, extra_index_url: str | None = None
+) -> list[str]:
     if index_url:
         settings = {**settings, "index-url": [index_url]}
+    if extra_index_url:
+        settings = {**settings, "extra-index-url": [*settings.get("extra-index-url", []), extra_index_url]}
     arguments = ["--index-strategy", "unsafe-best-match"]
     for name, flag in FLAGS.items():
         for value in settings.get(name, [])[: 1 if name == "index-url" else None]:
@@ -49,5 +54,5 @@ def uv_arguments(settings: dict[str, list[str]], index_url: str | None = None) -
 
 
 if __name__ == "__main__":
-    override = sys.argv[2] if sys.argv[1:2] == ["--index-url"] and len(sys.argv) > 2 else None
-    print("\n".join(uv_arguments(pip_settings(), override)))
+    given = dict(zip(sys.argv[1::2], sys.argv[2::2], strict=False))
+    print("\n".join(uv_arguments(pip_settings(), given.get("--index-url"), given.get("--extra-index-url"))))

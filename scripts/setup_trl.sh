@@ -12,7 +12,8 @@
 #    finds it satisfied instead of pulling a multi-GB build of its choice;
 # 2. graftrl editable with [dev,trl], under constraints that keep torch at the installed version
 #    and transformers at the tested release (GRAFTRL_TRANSFORMERS, default transformers==5.24.0).
-# A second run only checks what is already satisfied (seconds).
+# A second run only checks what is already satisfied (seconds). Installer: uv, with pip as the
+# fallback (scripts/venv_install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,16 +22,12 @@ VENV=.venv-trl
 TORCH_SPEC="${GRAFTRL_TORCH:-torch==2.13.0}"
 TRANSFORMERS_SPEC="${GRAFTRL_TRANSFORMERS:-transformers==5.24.0}"
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip install -q)
-
-if [[ ! -x "$PY" ]]; then
-  "$PYTHON" -m venv "$VENV"
-  "$PY" -m pip install -q --upgrade pip
-fi
+source scripts/venv_install.sh
+use_venv "$VENV"
 
 if ! "$PY" -m pip show -q torch >/dev/null 2>&1; then
   echo "graftrl trl setup: installing $TORCH_SPEC"
-  "${PIP[@]}" "$TORCH_SPEC" ${GRAFTRL_TORCH_INDEX:+--index-url "$GRAFTRL_TORCH_INDEX"}
+  install ${GRAFTRL_TORCH_INDEX:+--index-url "$GRAFTRL_TORCH_INDEX"} "$TORCH_SPEC"
 fi
 
 echo "graftrl trl setup: installing graftrl[dev,trl] (torch kept at the installed version, $TRANSFORMERS_SPEC)"
@@ -38,6 +35,6 @@ CONSTRAINT="$(mktemp)"
 trap 'rm -f "$CONSTRAINT"' EXIT
 "$PY" -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" >"$CONSTRAINT"
 echo "$TRANSFORMERS_SPEC" >>"$CONSTRAINT"
-"${PIP[@]}" -e ".[dev,trl]" -c "$CONSTRAINT"
+install -e ".[dev,trl]" -c "$CONSTRAINT"
 
 "$PY" -c "import torch, transformers, trl, graftrl; print(f'graftrl {graftrl.__version__} ready in $VENV: trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}')"

