@@ -214,6 +214,22 @@ class ModelTarget:
     completed_steps: int | None = None
     """Training steps behind this checkpoint, when known."""
 
+    @classmethod
+    def of_policy(cls, spec: Any, **fields: Any) -> ModelTarget:
+        """A run's policy (its `policies[]` entry): its name, prompt format, dtype, device and kernel;
+        ``fields`` override any of them (another checkpoint folder as ``path``, a ``label``)."""
+        values = {
+            "label": spec.name,
+            "path": spec.path,
+            "policy": spec.name,
+            "template": spec.template,
+            "chat_template": spec.chat_template,
+            "dtype": spec.dtype,
+            "device": spec.device,
+            "attn_implementation": spec.attn_implementation,
+        }
+        return cls(**{**values, **fields})
+
     def load(self) -> Policy:
         return Policy.from_pretrained(
             self.policy,
@@ -429,20 +445,10 @@ def resolve_targets(
         given = {"template": template, "chat_template": chat_template, "dtype": dtype, "device": device}
         return {**values, **{k: v for k, v in given.items() if v is not None}}
 
-    def policy_target(name: str, spec: Any, folder: Path, label: str, completed: int) -> ModelTarget:
+    def policy_target(spec: Any, folder: Path, label: str, completed: int) -> ModelTarget:
         """One policy's checkpoint, with the run's template/dtype/device unless overridden."""
-        return ModelTarget(
-            **override(
-                label=label,
-                path=str(folder),
-                policy=name,
-                template=spec.template,
-                chat_template=spec.chat_template,
-                dtype=spec.dtype,
-                device=spec.device,
-                attn_implementation=spec.attn_implementation,
-                completed_steps=completed,
-            )
+        return ModelTarget.of_policy(
+            spec, **override(label=label, path=str(folder), completed_steps=completed)
         )
 
     files = RunDir(root)
@@ -464,9 +470,7 @@ def resolve_targets(
                 entry = chosen[name]
                 completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
                 targets.append(
-                    policy_target(
-                        name, spec, files.best / name, f"{name} (best, {completed} steps)", completed
-                    )
+                    policy_target(spec, files.best / name, f"{name} (best, {completed} steps)", completed)
                 )
             return EvalPlan(targets, config, files.evaluation(best=True))
         done = list_checkpoints(files.checkpoints)
@@ -478,7 +482,7 @@ def resolve_targets(
         latest = done[-1]
         completed = checkpoint_step(latest) or 0
         for name, spec in specs.items():
-            targets.append(policy_target(name, spec, latest / name, f"{name} ({completed} steps)", completed))
+            targets.append(policy_target(spec, latest / name, f"{name} ({completed} steps)", completed))
         return EvalPlan(targets, config, files.evaluation(best=False))
 
     folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))

@@ -203,7 +203,7 @@ def warm_start_cell(
 
     ``resume`` False: evaluated afresh, nothing written.
     """
-    from graftrl.models.policy import Policy
+    from graftrl.evaluation.evaluate import ModelTarget
 
     config = _warm_start_config(task)
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
@@ -214,18 +214,7 @@ def warm_start_cell(
     if resume:
         console.print("[bold]warm-start[/bold]: evaluating the initial policies")
         run_dir.mkdir(parents=True, exist_ok=True)
-    policies = [
-        Policy.from_pretrained(
-            p.name,
-            p.path,
-            dtype=p.dtype,
-            device=p.device,
-            attn_implementation=p.attn_implementation,
-            template=p.template,
-            chat_template=p.chat_template,
-        )
-        for p in config.policies
-    ]
+    policies = [ModelTarget.of_policy(p).load() for p in config.policies]
     scores = evaluate_policies(policies, task.heldout, verifier, task.settings, seed=0)
     rows = [
         {
