@@ -17,13 +17,11 @@ benchmark with std error bars).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,14 +29,14 @@ import torch
 from graftrl.console import progress_bar
 from graftrl.evaluation import stats
 from graftrl.evaluation.eval_report import markdown_table, plot_report, verification_summary, write_report
+from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
 from graftrl.models.policy import Policy
 from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
-from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
-from graftrl.storage.rundir import RunDir, checkpoint_step
 
 __all__ = [
+    "EvalPlan",
     "EvalProtocol",
     "ModelTarget",
     "evaluate_pass_at_1",
@@ -192,54 +190,8 @@ def pass_at_1_by_family(problems: Sequence[MathProblem], per_problem: Sequence[f
 
 
 # --------------------------------------------------------------------------------------------
-# Models and reports
+# Reports
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelTarget:
-    """A checkpoint to evaluate and how to prompt it."""
-
-    label: str
-    """Row name in the report."""
-    path: str
-    """Hugging Face checkpoint folder (model + tokenizer)."""
-    policy: str = "model"
-    template: str = "{problem}"
-    chat_template: bool = False
-    dtype: str = "float32"
-    device: str = "auto"
-    attn_implementation: str | None = None
-    """transformers' attention kernel (the run's `policies[].attn_implementation`); None: its default."""
-    completed_steps: int | None = None
-    """Training steps behind this checkpoint, when known."""
-
-    @classmethod
-    def of_policy(cls, spec: Any, **fields: Any) -> ModelTarget:
-        """A run's policy (its `policies[]` entry): its name, prompt format, dtype, device and kernel;
-        ``fields`` override any of them (another checkpoint folder as ``path``, a ``label``)."""
-        values = {
-            "label": spec.name,
-            "path": spec.path,
-            "policy": spec.name,
-            "template": spec.template,
-            "chat_template": spec.chat_template,
-            "dtype": spec.dtype,
-            "device": spec.device,
-            "attn_implementation": spec.attn_implementation,
-        }
-        return cls(**{**values, **fields})
-
-    def load(self) -> Policy:
-        return Policy.from_pretrained(
-            self.policy,
-            self.path,
-            dtype=self.dtype,
-            device=self.device,
-            attn_implementation=self.attn_implementation,
-            template=self.template,
-            chat_template=self.chat_template,
-        )
 
 
 @dataclass
@@ -398,113 +350,6 @@ def evaluate_targets(
     if console is not None:
         console.print(verification_summary(report["verification"]))
     return report
-
-
-# --------------------------------------------------------------------------------------------
-# What to evaluate: run directories and checkpoint folders
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EvalPlan:
-    targets: list[ModelTarget]
-    config: Any = None
-    """The run's Config when TARGET is a run directory (prompt format, limits, verifier)."""
-    default_out: Path = Path("eval")
-
-
-def _is_checkpoint(folder: Path) -> bool:
-    return (folder / "config.json").is_file()
-
-
-def resolve_targets(
-    target: str | Path,
-    best: bool = False,
-    template: str | None = None,
-    chat_template: bool | None = None,
-    dtype: str | None = None,
-    device: str | None = None,
-) -> EvalPlan:
-    """What `graftrl eval TARGET` evaluates.
-
-    - a run directory (holds ``config.yaml``): each policy of the run, from ``best/<policy>/``
-      with ``best=True`` (the validation-selected checkpoints), else from the latest
-      ``checkpoints/step_N/``; prompt templates and dtypes come from the run's config;
-    - a checkpoint folder (holds ``config.json``): that one model;
-    - a folder of checkpoint folders (e.g. ``checkpoints/step_000010``): each of them.
-
-    Explicit ``template`` / ``chat_template`` / ``dtype`` / ``device`` override the run's.
-    """
-    from graftrl.config import load_config
-
-    root = Path(target)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: not a directory (expected a run directory or a checkpoint folder)")
-
-    def override(**values: Any) -> dict[str, Any]:
-        given = {"template": template, "chat_template": chat_template, "dtype": dtype, "device": device}
-        return {**values, **{k: v for k, v in given.items() if v is not None}}
-
-    def policy_target(spec: Any, folder: Path, label: str, completed: int) -> ModelTarget:
-        """One policy's checkpoint, with the run's template/dtype/device unless overridden."""
-        return ModelTarget.of_policy(
-            spec, **override(label=label, path=str(folder), completed_steps=completed)
-        )
-
-    files = RunDir(root)
-    if files.is_run():
-        config = load_config(files.config)
-        specs = {p.name: p for p in config.policies}
-        targets: list[ModelTarget] = []
-        if best:
-            best_file = files.best_index
-            if not best_file.is_file():
-                raise FileNotFoundError(
-                    f"{best_file} not found: --best needs a run trained with validation "
-                    "(set `validation.files` in the config); evaluate the latest checkpoint without --best"
-                )
-            chosen = json.loads(best_file.read_text())
-            for name, spec in specs.items():
-                if name not in chosen or not _is_checkpoint(files.best / name):
-                    raise FileNotFoundError(f"{files.best / name}: no best checkpoint for policy {name!r}")
-                entry = chosen[name]
-                completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
-                targets.append(
-                    policy_target(spec, files.best / name, f"{name} (best, {completed} steps)", completed)
-                )
-            return EvalPlan(targets, config, files.evaluation(best=True))
-        done = list_checkpoints(files.checkpoints)
-        if not done:
-            raise FileNotFoundError(
-                f"{files.checkpoints}: no checkpoint yet (checkpoints are saved every "
-                "`checkpoint.every` steps and at the end)"
-            )
-        latest = done[-1]
-        completed = checkpoint_step(latest) or 0
-        for name, spec in specs.items():
-            targets.append(policy_target(spec, latest / name, f"{name} ({completed} steps)", completed))
-        return EvalPlan(targets, config, files.evaluation(best=False))
-
-    folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
-    if not folders:
-        raise FileNotFoundError(
-            f"{root}: neither a run directory (config.yaml) nor a Hugging Face checkpoint folder (config.json)"
-        )
-    targets = [
-        ModelTarget(
-            **override(
-                label=folder.name,
-                path=str(folder),
-                policy=folder.name,
-                template="{problem}",
-                chat_template=False,
-                dtype="float32",
-                device="auto",
-            )
-        )
-        for folder in folders
-    ]
-    return EvalPlan(targets, None, Path("runs") / "eval" / root.name)
 
 
 def default_prompt_suffix(config: Any) -> str | None:

@@ -203,7 +203,7 @@ def warm_start_cell(
 
     ``resume`` False: evaluated afresh, nothing written.
     """
-    from graftrl.evaluation.evaluate import ModelTarget
+    from graftrl.evaluation.targets import ModelTarget
 
     config = _warm_start_config(task)
     run_dir = ExperimentDir(out_dir).run(WARM_START).root
