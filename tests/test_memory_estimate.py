@@ -183,3 +183,46 @@ def test_scale_configs_fit_an_h200_by_the_estimate(name, monkeypatch):
     shapes = {p.name: PUBLIC_SHAPES[p.name] for p in config.policies}
     _, total = estimate_config(config, 141 * GIB, shapes=shapes)
     assert total < 141 * GIB
+
+
+def _saved_for_backward(model, ids, dtype) -> int:
+    """Bytes of the distinct storages autograd saves during one training forward."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_eager_attention_adds_the_saved_probabilities_autograd_keeps(tiny_checkpoints, dtype):
+    """`attn_implementation: eager` materialises every layer's rows x heads x L² probabilities for
+    backward; the estimate's extra term is what autograd really saves over SDPA (within 3%)."""
+    path = str(tiny_checkpoints["llama"])
+    shape = model_shape(path)
+    rows, prompt, response = 3, 16, 80
+    ids = torch.randint(0, shape.vocab, (rows, prompt + response), generator=torch.Generator().manual_seed(0))
+    compute = None if dtype == "float32" else torch.bfloat16
+    saved = {}
+    for kernel in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=kernel).train()
+        saved[kernel] = _saved_for_backward(model, ids, compute)
+
+    def estimate(kernel):
+        raw = make_config(tiny_checkpoints, micro_batch_size=rows)
+        raw["policies"][0].update(dtype=dtype, attn_implementation=kernel)
+        raw["rollout"]["max_new_tokens"] = response
+        config = config_from_dict(raw)
+        return estimate_policy(config, config.policies[0], shape, device_bytes=GIB, prompt_tokens=prompt)
+
+    extra = estimate("eager").activations - estimate(None).activations
+    assert extra == rows * shape.heads * (prompt + response) ** 2 * shape.layers * (
+        4 if compute is None else 6
+    )
+    assert extra == pytest.approx(saved["eager"] - saved["sdpa"], rel=0.03)

@@ -76,7 +76,8 @@ class PolicyConfig(_Section):
     """Attention kernel of the training-side model, passed to `from_pretrained`: `sdpa`, `eager`,
     `flash_attention_2` (needs flash-attn, GPU), ...; None keeps transformers' default (`sdpa`
     where the model has it). Kernels differ in their last bits, so a run's samples may differ;
-    vLLM rollouts use vLLM's own."""
+    `eager` keeps every layer's length² attention probabilities for backward (the memory estimate
+    counts them); vLLM rollouts use vLLM's own."""
     lr: float | None = Field(default=None, gt=0)
     """Per-policy learning rate; overrides `optim.lr` for this policy."""
     resources: ResourcesConfig = ResourcesConfig()

@@ -11,7 +11,9 @@ data-parallel (FSDP) ranks:
 - activations of one micro-batch: without gradient checkpointing ``ACT_VALUES_PER_TOKEN`` values
   per token per layer (11 h + 4 I: the norm, attention and SwiGLU inputs autograd saves, with
   fused SDPA attention), in the compute dtype; with it, the float32 residual input of every layer
-  plus one layer's full activations (the layer being recomputed);
+  plus one layer's full activations (the layer being recomputed). ``attn_implementation: eager``
+  adds each layer's attention probabilities, rows x heads x length² of them, saved as the float32
+  softmax and, below float32, its compute-dtype cast (``EAGER_PROB_BYTES``);
 - the log-prob logits: ``LOGIT_BYTES`` bytes per (position, vocabulary entry) — the LM head's
   output, its float32 copy and the float32 log-softmax — over every response position of the
   micro-batch, or over ``logprob_chunk_tokens`` positions per row when chunked;
@@ -46,6 +48,9 @@ ACT_VALUES_PER_TOKEN = (11, 4)
 LOGIT_BYTES = 2 + 4 + 4
 """Bytes per (position, vocab entry) held by a log-prob pass: head output, float32 copy, log-softmax.
 In float32 compute the head output is already float32 (4 + 4 + 4)."""
+EAGER_PROB_BYTES = 4
+"""Bytes per attention probability eager attention saves for backward: the float32 softmax (plus
+the compute-dtype copy the second matmul saves, when the compute dtype is narrower)."""
 DEFAULT_PROMPT_TOKENS = 512
 """Prompt length assumed by the estimate (the paper's MATH prompts with template are ~100-400)."""
 
@@ -65,6 +70,8 @@ class ModelShape:
     vocab: int
     kv_width: int = 0
     """KV heads x head dim: a token's keys (or values) per layer."""
+    heads: int = 0
+    """Query heads (eager attention's probabilities are rows x heads x length²)."""
 
     @property
     def layer_parameters(self) -> int:
@@ -100,6 +107,7 @@ def model_shape(path: str) -> ModelShape:
         intermediate=int(intermediate),
         vocab=int(text.vocab_size),
         kv_width=int(kv_heads) * int(head_dim),
+        heads=heads,
     )
 
 
@@ -172,6 +180,10 @@ def estimate_policy(
         activations = tokens * (shape.layers * shape.hidden * 4 + per_token_layer * compute_bytes)
     else:
         activations = tokens * shape.layers * per_token_layer * compute_bytes
+    if getattr(spec, "attn_implementation", None) == "eager":  # the attention matrix is saved
+        prob_bytes = EAGER_PROB_BYTES + (compute_bytes if compute_bytes < 4 else 0)
+        layers_saved = 1 if train.gradient_checkpointing else shape.layers
+        activations += rows * shape.heads * sequence**2 * prob_bytes * layers_saved
     positions = rows * min(train.logprob_chunk_tokens or response, response)
     logit_bytes = LOGIT_BYTES if compute_bytes < 4 else 12
     logits = positions * shape.vocab * logit_bytes
