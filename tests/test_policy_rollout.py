@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import ALL_MIXED, ScriptedRewards, make_config
+from torch import Tensor
 
 from graftrl.config import config_from_dict
 from graftrl.errors import UserError
@@ -172,3 +173,36 @@ def test_attn_implementation_picks_the_kernel_and_a_bad_one_is_one_line(tiny_che
     plan = resolve_targets(tmp_path / "run")
     loaded = {t.policy: t.load().model.config._attn_implementation for t in plan.targets}
     assert loaded == {"llama": "eager", "gpt2": "sdpa"}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_dropout_is_off_in_training_mode_unless_kept(tiny_checkpoints, tmp_path, arch):
+    """A checkpoint with dropout 0.1 (GPT-2's nn.Dropout modules; Llama's attention probability,
+    applied by the attention function): loaded for RL, the trainer's log-probs in training mode are
+    the sampler's (eval mode); `disable_dropout=False` keeps the checkpoint's dropout."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = str(tiny_checkpoints[arch])
+    model = AutoModelForCausalLM.from_pretrained(source)
+    dropout = {"gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop"), "llama": ("attention_dropout",)}[arch]
+    for key in dropout:
+        setattr(model.config, key, 0.1)
+    model = AutoModelForCausalLM.from_config(model.config)  # built with the dropout
+    model.save_pretrained(tmp_path / arch)
+    AutoTokenizer.from_pretrained(source).save_pretrained(tmp_path / arch)
+
+    def logprobs(policy: Policy, training: bool) -> Tensor:
+        policy.model.train(training)
+        prompts = policy.encode_prompts(["12+7", "3+4"])
+        responses = [policy.encode_response(t, finished=True) for t in ("\\boxed{19}", "so 7")]
+        with torch.no_grad():
+            return policy.response_logprobs(policy.pad(prompts, responses))
+
+    rl = Policy.from_pretrained(arch, str(tmp_path / arch), attn_implementation="eager")
+    assert torch.equal(logprobs(rl, training=True), logprobs(rl, training=False))
+    assert rl.model.config.to_dict()[dropout[0]] == 0.1  # the config, hence a saved checkpoint, keeps it
+    kept = Policy.from_pretrained(
+        arch, str(tmp_path / arch), attn_implementation="eager", disable_dropout=False
+    )
+    torch.manual_seed(0)
+    assert not torch.equal(logprobs(kept, training=True), logprobs(kept, training=False))

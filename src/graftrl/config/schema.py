@@ -78,6 +78,11 @@ class PolicyConfig(_Section):
     where the model has it). Kernels differ in their last bits, so a run's samples may differ;
     `eager` keeps every layer's length² attention probabilities for backward (the memory estimate
     counts them); vLLM rollouts use vLLM's own."""
+    disable_dropout: bool = True
+    """Zero the model's dropout probabilities at load (its modules'; the checkpoint's config is kept):
+    the update runs in training mode, and with dropout on the trainer's log-probs of the policy
+    that sampled would not be the behaviour log-probs (GPT-2 checkpoints ship with 0.1). TRL's
+    `disable_dropout`."""
     lr: float | None = Field(default=None, gt=0)
     """Per-policy learning rate; overrides `optim.lr` for this policy."""
     resources: ResourcesConfig = ResourcesConfig()

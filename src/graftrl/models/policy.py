@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from graftrl.core.logprobs import chunked_token_logprobs
 from graftrl.errors import ModelError, UserError
+from graftrl.models.model_loading import (
+    check_finite_weights,
+    check_model_folder,
+    first_line,
+    load_causal_lm,
+    resolve_device,
+    zero_dropout,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,59 +55,6 @@ def token_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> l
     if current:
         groups.append(current)
     return groups
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else type(error).__name__
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
-"""A model folder holding none of these has no tokenizer (``AutoTokenizer`` needs one of them)."""
-
-
-def check_model_folder(name: str, path: str) -> None:
-    """Refuse a policy path that is neither a model folder nor (online) a plausible hub id."""
-    folder = Path(path).expanduser()
-    if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ModelError(
-                f"policy {name!r}: {path} has no config.json, so it is not a Hugging Face model folder; "
-                "point policies[].path at the folder `save_pretrained` wrote"
-            )
-        if not any((folder / file).is_file() for file in TOKENIZER_FILES):
-            raise ModelError(
-                f"policy {name!r}: cannot load a tokenizer from {path}: none of {', '.join(TOKENIZER_FILES)} "
-                "is there; save the tokenizer into the model folder (tokenizer.save_pretrained)"
-            )
-        return
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
-        "TRANSFORMERS_OFFLINE", ""
-    ) not in ("", "0")
-    looks_like_path = path.startswith(("/", ".", "~")) or path.count("/") != 1 or folder.exists()
-    if offline or looks_like_path:
-        raise ModelError(
-            f"policy {name!r}: model folder {path} does not exist; fix policies[].path (a local folder "
-            "written by `save_pretrained`, or a hub id such as org/name when online)"
-        )
-
-
-def check_finite_weights(name: str, path: str, model: torch.nn.Module) -> None:
-    """Refuse weights holding NaN or inf, naming the first such tensor: sampling from them would
-    fail deep inside ``torch.multinomial`` and training would only spread them."""
-    for tensor_name, value in model.state_dict().items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ModelError(
-                f"policy {name!r}: weight {tensor_name!r} in {path} holds NaN or inf; the checkpoint is "
-                "damaged or diverged: point policies[].path at an earlier or re-exported checkpoint"
-            )
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda when present, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass
@@ -175,6 +128,7 @@ class Policy:
         device: str = "auto",
         param_dtype: str = "float32",
         attn_implementation: str | None = None,
+        disable_dropout: bool = True,
         **kwargs,
     ) -> Policy:
         """Load model and tokenizer from a local folder (or hub id when online).
@@ -183,33 +137,20 @@ class Policy:
         while the parameters and AdamW state stay in ``param_dtype`` (float32 master weights, as
         verl's FSDP mixed precision) — in pure bf16 an update of lr 1e-6 rounds away.
         ``attn_implementation`` goes to transformers (``sdpa``, ``eager``, ``flash_attention_2``, ...);
-        None keeps its default for the model.
+        None keeps its default for the model. ``disable_dropout`` zeroes the model's dropout
+        (``zero_dropout``), so the trainer's log-probs are the sampler's.
         """
         check_model_folder(name, path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as error:
             raise ModelError(
-                f"policy {name!r}: cannot load a tokenizer from {path} ({_first_line(error)}); the folder "
+                f"policy {name!r}: cannot load a tokenizer from {path} ({first_line(error)}); the folder "
                 "needs the tokenizer files `save_pretrained` writes (tokenizer.json / tokenizer_config.json)"
             ) from None
-        attention = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[param_dtype], **attention)
-        except (OSError, ValueError, ImportError) as error:
-            # transformers refuses an unknown or unavailable kernel with a ValueError / ImportError
-            if attention and (isinstance(error, ImportError) or "attn" in str(error)):
-                raise ModelError(
-                    f"policy {name!r}: attn_implementation {attn_implementation!r} does not load here "
-                    f"({_first_line(error)}); set policies[].attn_implementation to one this model and "
-                    "machine support (`sdpa`, `eager`), or leave it unset for transformers' default"
-                ) from None
-            if isinstance(error, ImportError):
-                raise
-            raise ModelError(
-                f"policy {name!r}: cannot load a causal LM from {path} ({_first_line(error)}); give the folder "
-                "of a Hugging Face checkpoint (config.json + *.safetensors)"
-            ) from None
+        model = load_causal_lm(name, path, _DTYPES[param_dtype], attn_implementation)
+        if disable_dropout:
+            zero_dropout(model)
         check_finite_weights(name, path, model)
         if dtype != param_dtype:
             kwargs.setdefault("compute_dtype", _DTYPES[dtype])

@@ -118,6 +118,7 @@ class PolicyWorker:
             dtype=spec.dtype,
             param_dtype=spec.param_dtype,
             attn_implementation=spec.attn_implementation,
+            disable_dropout=spec.disable_dropout,
             device=rank_device(spec.device, self.rank) if self.world > 1 else spec.device,
             template=spec.template,
             chat_template=spec.chat_template,
