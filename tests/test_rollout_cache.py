@@ -12,7 +12,13 @@ from graftrl.embedded.models import build_spec
 from graftrl.embedded.task import make_problems, supervised_text
 from graftrl.models import kv_cache
 from graftrl.models.policy import Policy
-from graftrl.models.rollout import PREALLOCATE_FROM_TOKENS, HFRolloutEngine, RolloutBatch, SamplingParams
+from graftrl.models.rollout import (
+    PREALLOCATE_FROM_TOKENS,
+    HFRolloutEngine,
+    RolloutBatch,
+    SamplingParams,
+    preallocation_pays,
+)
 
 TEMPLATE = "{problem}="
 
@@ -102,13 +108,25 @@ def test_layer_grows_past_its_capacity():
 
 
 @pytest.mark.parametrize(
-    ("max_new_tokens", "preallocated"),
-    [(PREALLOCATE_FROM_TOKENS - 1, False), (PREALLOCATE_FROM_TOKENS, True)],
+    ("max_new_tokens", "kernels", "preallocated"),
+    [
+        (PREALLOCATE_FROM_TOKENS - 1, "AVX2", False),
+        (PREALLOCATE_FROM_TOKENS, "AVX2", True),
+        (PREALLOCATE_FROM_TOKENS, "DEFAULT", True),
+        (PREALLOCATE_FROM_TOKENS, "AVX512", False),
+    ],
 )
-def test_the_default_preallocates_only_long_calls(policies, max_new_tokens, preallocated, monkeypatch):
+def test_the_default_preallocates_long_calls_except_on_avx512(
+    policies, max_new_tokens, kernels, preallocated, monkeypatch
+):
     made = []
     real = kv_cache.preallocated_cache
     monkeypatch.setattr("graftrl.models.rollout.preallocated_cache", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: kernels)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=max_new_tokens)
     HFRolloutEngine().generate(policies["gpt2-bpe"], PROMPTS[:2], params, seed=0)
     assert bool(made) == preallocated
+    assert preallocation_pays(max_new_tokens, torch.device("cpu")) == preallocated
+    assert preallocation_pays(max_new_tokens, torch.device("cuda")) == (
+        max_new_tokens >= PREALLOCATE_FROM_TOKENS
+    )

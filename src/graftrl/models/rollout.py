@@ -141,9 +141,18 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
 #: The preallocated KV cache saves ``DynamicLayer``'s whole-cache copy per step, but attention then
 #: reads keys and values through a strided view, and the buffers are fresh memory each call: on
 #: short responses that costs more than it saves. Measured side by side (benchmarks/README.md,
-#: "HF sampler"): 7-12% slower at 26 tokens per row on two CPUs, 15% faster (AVX2) or even
-#: (AVX-512) at 70. The samples are the same either way.
+#: "HF sampler"): 7-12% slower at 26 tokens per row on two CPUs; at 70, 15% faster with AVX2
+#: kernels but 2-5% slower with AVX-512 ones. The samples are the same either way.
 PREALLOCATE_FROM_TOKENS = 64
+
+
+def preallocation_pays(max_new_tokens: int, device: torch.device) -> bool:
+    """The HF engine's default: preallocate the KV cache for calls of ``PREALLOCATE_FROM_TOKENS``
+    new tokens or more, except on a CPU whose torch kernels are AVX-512 ones."""
+    if max_new_tokens < PREALLOCATE_FROM_TOKENS:
+        return False
+    return device.type != "cpu" or not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
 
 ChunkResults = dict[int, tuple[list[list[int]], list[Tensor], list[bool]]]
 """Generate-call chunk index -> (response ids, behaviour log-probs, finished) of its rows."""
@@ -196,12 +205,12 @@ class HFRolloutEngine:
         self.preallocate_cache = preallocate_cache
         """Give ``generate`` a KV cache allocated once per call (``models.kv_cache``): the same
         samples, without a full cache copy per step. False: ``generate``'s own DynamicCache.
-        None (default): preallocate for calls of at least ``PREALLOCATE_FROM_TOKENS`` new tokens."""
+        None (default): where it pays (``preallocation_pays``)."""
 
-    def _preallocates(self, params: SamplingParams) -> bool:
+    def _preallocates(self, params: SamplingParams, device: torch.device) -> bool:
         if self.preallocate_cache is not None:
             return self.preallocate_cache
-        return params.max_new_tokens >= PREALLOCATE_FROM_TOKENS
+        return preallocation_pays(params.max_new_tokens, device)
 
     def reseed(self, seed: int) -> None:
         """Unseeded calls sample from torch's global generator: seed it."""
@@ -275,7 +284,9 @@ class HFRolloutEngine:
         )
         model = policy.model
         cache = (
-            preallocated_cache(model, width + params.max_new_tokens) if self._preallocates(params) else None
+            preallocated_cache(model, width + params.max_new_tokens)
+            if self._preallocates(params, model.device)
+            else None
         )
         extra = {} if cache is None else {cache_argument(model): cache}
         with policy.autocast(), dropped_mask_warning_silenced():
