@@ -8,7 +8,7 @@ engine start and a weight sync (``sync_weights``, done after every optimizer upd
 are timed too.
 
 ``hf`` is the HF engine with its preallocated KV cache (``HFRolloutEngine(preallocate_cache=True)``;
-the engine's default takes it from ``PREALLOCATE_FROM_TOKENS`` new tokens), ``hf-dynamic`` the same
+the engine's default takes it where ``models.rollout.preallocation_pays``), ``hf-dynamic`` the same
 engine with ``generate``'s own DynamicCache (the sampler before issue 25,
 ``HFRolloutEngine(preallocate_cache=False)``); the HF engines are timed alternately, call by call,
 and their samples are checked to be identical (same seeds, same ids, log-probs and texts).
