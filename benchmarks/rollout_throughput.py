@@ -9,9 +9,11 @@ are timed too.
 
 ``hf`` is the HF engine with its preallocated KV cache (``HFRolloutEngine(preallocate_cache=True)``;
 the engine's default takes it where ``models.rollout.preallocation_pays``), ``hf-dynamic`` the same
-engine with ``generate``'s own DynamicCache (the sampler before issue 25,
-``HFRolloutEngine(preallocate_cache=False)``); the HF engines are timed alternately, call by call,
-and their samples are checked to be identical (same seeds, same ids, log-probs and texts).
+engine with ``generate``'s own DynamicCache (``HFRolloutEngine(preallocate_cache=False)``), and
+``hf-plain`` plain ``generate``: its own cache and every prompt's forward pass repeated n times (the
+sampler before issue 25, ``share_prompts=False``). The HF engines are timed alternately, call by
+call, and their samples are checked to be identical to the first one's (same seeds, same ids,
+log-probs and texts).
 
 vLLM lives in its own environment (it pins its own transformers); run the script with that
 interpreter to get both engines, with graftrl's source on the path:
@@ -20,6 +22,8 @@ interpreter to get both engines, with graftrl's source on the path:
     PYTHONPATH=src .venv/bin/python benchmarks/rollout_throughput.py          # HF only (says why)
     PYTHONPATH=src .venv/bin/python benchmarks/rollout_throughput.py --engines hf,hf-dynamic \
         --task worked --max-new-tokens 80 --threads 1                       # the KV cache, demo sizes
+    PYTHONPATH=src .venv/bin/python benchmarks/rollout_throughput.py --engines hf-plain,hf-dynamic \
+        --prompts 32 --threads 1                                            # the shared prompt prefill
 """
 
 from __future__ import annotations
@@ -51,7 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--engines", default="hf,vllm", help="hf, hf-dynamic (generate's own cache), vllm")
+    ap.add_argument(
+        "--engines",
+        default="hf,vllm",
+        help="hf, hf-dynamic (generate's own cache), hf-plain (plain generate: no shared prompt prefill), vllm",
+    )
     ap.add_argument(
         "--task", default=None, help="embedded task of the prompts and models (default: the original, arith)"
     )
@@ -111,6 +119,18 @@ def vllm_engine(policy, args):
     return engine, time.perf_counter() - start
 
 
+HF_ENGINES: dict[str, dict[str, bool]] = {
+    "hf": {"preallocate_cache": True},
+    "hf-dynamic": {"preallocate_cache": False},
+    "hf-plain": {"preallocate_cache": False, "share_prompts": False},
+}
+"""The HF engines by name, as ``HFRolloutEngine`` options."""
+
+
+def identical_key(reference: str) -> str:
+    return f"identical_to_{reference.replace('-', '_')}"
+
+
 def measure(engine, policy, problems, params, args, sync) -> dict[str, Any]:
     return measure_alternating({"engine": engine}, policy, problems, params, args, sync)["engine"]
 
@@ -159,15 +179,16 @@ def measure_alternating(engines: dict[str, Any], policy, problems, params, args,
             "finished_frac": C.mean(f["finished"]),
             "calls": len(f["times"]),
         }
-    if "hf" in samples and "hf-dynamic" in samples:
-        out["hf"]["identical_to_hf_dynamic"] = all(
+    *others, reference = [name for name in HF_ENGINES if name in samples] or [None]
+    for name in others:  # each against the last HF engine of HF_ENGINES' order, the reference
+        out[name][identical_key(reference)] = all(
             ours.response_ids == theirs.response_ids
             and ours.texts == theirs.texts
             and all(
                 torch.equal(a, b)
                 for a, b in zip(ours.behaviour_logprobs, theirs.behaviour_logprobs, strict=True)
             )
-            for ours, theirs in zip(samples["hf"], samples["hf-dynamic"], strict=True)
+            for ours, theirs in zip(samples[name], samples[reference], strict=True)
         )
     return out
 
@@ -208,8 +229,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     hf = {
-        name: HFRolloutEngine(args.max_batch_size, preallocate_cache=name == "hf")
-        for name in ("hf", "hf-dynamic")
+        name: HFRolloutEngine(args.max_batch_size, **options)
+        for name, options in HF_ENGINES.items()
         if name in engines
     }
     if hf:
@@ -276,12 +297,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         )
     )
-    if "hf" in results and "hf-dynamic" in results:
-        hf_, dyn = results["hf"], results["hf-dynamic"]
+    *others, reference = [name for name in HF_ENGINES if name in results] or [None]
+    for name in others:
+        ours, theirs = results[name], results[reference]
         print(
-            f"hf / hf-dynamic: call {C.fmt(hf_['call_s_median'] / dyn['call_s_median'])}, "
-            f"CPU {C.fmt(hf_['cpu_s_median'] / dyn['cpu_s_median'])}; "
-            f"samples identical: {hf_['identical_to_hf_dynamic']}"
+            f"{name} / {reference}: call {C.fmt(ours['call_s_median'] / theirs['call_s_median'])}, "
+            f"CPU {C.fmt(ours['cpu_s_median'] / theirs['cpu_s_median'])}; "
+            f"samples identical: {ours[identical_key(reference)]}"
         )
     if "hf" in results and "vllm" in results:
         print(f"vLLM / HF tokens/s: {C.fmt(results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s'])}")

@@ -74,19 +74,25 @@ def cache_argument(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def preallocated_cache(model: PreTrainedModel, capacity: int) -> Any | None:
-    """A ``DynamicCache`` for ``model`` whose full-attention layers are ``PreallocatedLayer``s of
-    ``capacity`` positions (prompt width + max new tokens), or None when the model's cache is not
-    built of plain ``DynamicLayer``s (sliding-window, linear-attention or non-cache models:
-    ``generate`` then makes its own)."""
+def dynamic_cache(model: PreTrainedModel) -> Any | None:
+    """An empty ``DynamicCache`` as ``generate`` would make for ``model``, or None for models whose
+    cache ``generate`` builds another way (encoder-decoder, non-cache or custom-cache models)."""
     if DynamicCache is None or not getattr(model, "_supports_default_dynamic_cache", lambda: False)():
         return None
     if getattr(model.config, "is_encoder_decoder", False):
         return None
     try:
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        return DynamicCache(config=model.config.get_text_config(decoder=True))
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def preallocated_cache(model: PreTrainedModel, capacity: int) -> Any | None:
+    """A ``DynamicCache`` for ``model`` whose full-attention layers are ``PreallocatedLayer``s of
+    ``capacity`` positions (prompt width + max new tokens), or None when the model's cache is not
+    built of plain ``DynamicLayer``s (sliding-window, linear-attention or non-cache models:
+    ``generate`` then makes its own)."""
+    cache = dynamic_cache(model)
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return None
@@ -94,4 +100,4 @@ def preallocated_cache(model: PreTrainedModel, capacity: int) -> Any | None:
     return cache
 
 
-__all__ = ["PreallocatedLayer", "cache_argument", "preallocated_cache"]
+__all__ = ["PreallocatedLayer", "cache_argument", "dynamic_cache", "preallocated_cache"]

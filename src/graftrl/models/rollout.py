@@ -1,7 +1,8 @@
 """Rollout engines: sample n responses per prompt with behaviour log-probs.
 
-The HF engine drives ``model.generate`` (batched, KV cache preallocated for the call:
-``models.kv_cache``). Behaviour log-probs are read by a
+The HF engine drives ``model.generate`` (batched; each prompt's forward pass done once for its n
+samples: ``models.shared_prefill``; the KV cache preallocated where that pays: ``models.kv_cache``).
+Behaviour log-probs are read by a
 logits processor that keeps one step of log-softmax at a time, so memory stays O(batch x vocab)
 instead of O(batch x length x vocab) — the difference between 1 MB and 100s of GB for a real
 vocabulary.
@@ -20,8 +21,9 @@ from torch import Tensor
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from graftrl.core import mean_token_logprob
-from graftrl.models.kv_cache import cache_argument, preallocated_cache
+from graftrl.models.kv_cache import cache_argument, dynamic_cache, preallocated_cache
 from graftrl.models.policy import Policy
+from graftrl.models.shared_prefill import generate_sharing_prompts, sharing_pays
 
 
 @dataclass(frozen=True)
@@ -199,13 +201,19 @@ class HFRolloutEngine:
     It samples from the trainer's own model object, so ``sync_weights`` has nothing to do.
     """
 
-    def __init__(self, max_batch_size: int = 512, preallocate_cache: bool | None = None) -> None:
+    def __init__(
+        self, max_batch_size: int = 512, preallocate_cache: bool | None = None, share_prompts: bool = True
+    ) -> None:
         self.max_batch_size = max_batch_size
         """Rows (prompt x sample) generated per ``generate`` call."""
         self.preallocate_cache = preallocate_cache
         """Give ``generate`` a KV cache allocated once per call (``models.kv_cache``): the same
         samples, without a full cache copy per step. False: ``generate``'s own DynamicCache.
         None (default): where it pays (``preallocation_pays``)."""
+        self.share_prompts = share_prompts
+        """Run each prompt's forward pass once for its n samples where that pays
+        (``models.shared_prefill.sharing_pays``; the same samples on CPU). False: ``generate``
+        repeats every prompt n times first."""
 
     def _preallocates(self, params: SamplingParams, device: torch.device) -> bool:
         if self.preallocate_cache is not None:
@@ -288,15 +296,28 @@ class HFRolloutEngine:
             if self._preallocates(params, model.device)
             else None
         )
-        extra = {} if cache is None else {cache_argument(model): cache}
+        share = self.share_prompts and sharing_pays(len(prompt_ids), params.n)
+        if cache is None and share:
+            cache = dynamic_cache(model)
+        prompts = {"input_ids": batch.input_ids[:, :width], "attention_mask": batch.attention_mask[:, :width]}
         with policy.autocast(), dropped_mask_warning_silenced():
-            sequences = model.generate(
-                input_ids=batch.input_ids[:, :width],
-                attention_mask=batch.attention_mask[:, :width],
-                generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
-                **extra,
-            )
+            if cache is not None and share:
+                sequences = generate_sharing_prompts(
+                    model,
+                    **prompts,
+                    config=config,
+                    processor=recorder,
+                    cache=cache,
+                    cache_key=cache_argument(model),
+                )
+            else:
+                extra = {} if cache is None else {cache_argument(model): cache}
+                sequences = model.generate(
+                    **prompts,
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([recorder]),
+                    **extra,
+                )
         generated = sequences[:, width:]  # [P*n, steps]
         step_logprobs = recorder.finish(generated[:, -1]).cpu()
         out_ids, out_logprobs, out_finished = [], [], []
