@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--order", default="graftrl,trl", help="which framework runs first")
     ap.add_argument(
+        "--no-share-prompts",
+        action="store_true",
+        help="graftrl samples with plain generate (rollout.share_prompts: false), as before issue 25's shared prefill",
+    )
+    ap.add_argument(
         "--repeats", type=int, default=1, help="alternate the frameworks this many times (A B A B ...)"
     )
     ap.add_argument(
@@ -156,7 +161,13 @@ def run_graftrl(
             }
         ],
         "data": {"train": str(work / "unused.jsonl"), "prompt_suffix": None},
-        "rollout": {"n": args.n, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens},
+        "rollout": {
+            "n": args.n,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "max_new_tokens": args.max_new_tokens,
+            "share_prompts": not args.no_share_prompts,
+        },
         "optim": {"lr": args.lr, "weight_decay": args.weight_decay, "grad_clip": 1.0, "betas": [0.9, 0.999]},
         "train": {
             "steps": total,

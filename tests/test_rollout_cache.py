@@ -244,3 +244,20 @@ def test_the_default_preallocates_long_calls_except_on_avx512(
     assert preallocation_pays(max_new_tokens, torch.device("cuda")) == (
         max_new_tokens >= PREALLOCATE_FROM_TOKENS
     )
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_rollout_share_prompts_reaches_the_hf_engines(tiny_checkpoints, tmp_path, share):
+    """``rollout.share_prompts`` sets the training and validation engines alike."""
+    from conftest import FIXTURES, make_config
+
+    from graftrl.config import config_from_dict
+    from graftrl.training.validation import Validator
+    from graftrl.training.worker import make_engine
+
+    raw = make_config(tiny_checkpoints)
+    raw["rollout"]["share_prompts"] = share
+    raw["validation"] = {"files": [str(FIXTURES / "math_small.jsonl")]}
+    config = config_from_dict(raw)
+    assert make_engine(config, policy=None).share_prompts is share
+    assert Validator(config, tmp_path, verifier=None).engine.share_prompts is share

@@ -156,7 +156,10 @@ def eval_command(
         runs=runs,
         seed=seed,
     )
-    engine = HFRolloutEngine(max_batch_size or (config.rollout.max_batch_size if config else 512))
+    engine = HFRolloutEngine(
+        max_batch_size or (config.rollout.max_batch_size if config else 512),
+        share_prompts=config.rollout.share_prompts if config else True,
+    )
     verifier = MathVerifier(
         timeout_s=timeout or (config.reward.timeout_s if config else 5.0),
         workers=workers or min(4, os.cpu_count() or 1),

@@ -129,6 +129,11 @@ class RolloutConfig(_Section):
     max_batch_size: int = Field(default=512, ge=1)
     """Rows (prompt x sample) per generate call; lower it when memory is short. With `engine: vllm`
     only validation's chunk size (vLLM batches by itself)."""
+    share_prompts: bool = True
+    """`engine: hf`: run each prompt's forward pass once for its n samples (in calls of enough
+    prompts, `models.shared_prefill.SHARE_FROM_PROMPTS`), as vLLM's prefix caching does. The samples
+    are plain `generate`'s (bit for bit on CPU; on GPUs to the last bits); false: plain `generate`,
+    which repeats every prompt n times first."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (`method: grpo` only): each policy drops its zero-variance groups and
     samples more prompts (from a second, deterministic prompt stream) until `train.batch_prompts`

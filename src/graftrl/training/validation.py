@@ -67,7 +67,9 @@ class Validator:
         self.verifier = verifier
         # A worker passes its policy's own engine (HF or vLLM); the default HF engine serves any
         # policy, as direct `validate(step, policies)` calls need.
-        self.engine: RolloutEngine = engine or HFRolloutEngine(config.rollout.max_batch_size)
+        self.engine: RolloutEngine = engine or HFRolloutEngine(
+            config.rollout.max_batch_size, share_prompts=config.rollout.share_prompts
+        )
         self.benchmarks = (
             list(benchmarks)
             if benchmarks is not None

@@ -49,7 +49,7 @@ from graftrl.training.update import NonfiniteGuard, Ranks, optimize
 def make_engine(config: Config, policy: Policy) -> RolloutEngine:
     """The configured rollout engine for one policy (``rollout.engine``)."""
     if config.rollout.engine == "hf":
-        return HFRolloutEngine(config.rollout.max_batch_size)
+        return HFRolloutEngine(config.rollout.max_batch_size, share_prompts=config.rollout.share_prompts)
     try:
         from graftrl.models.rollout_vllm import VLLMOptions, VLLMRolloutEngine
     except ImportError as error:
