@@ -261,3 +261,18 @@ def test_rollout_share_prompts_reaches_the_hf_engines(tiny_checkpoints, tmp_path
     config = config_from_dict(raw)
     assert make_engine(config, policy=None).share_prompts is share
     assert Validator(config, tmp_path, verifier=None).engine.share_prompts is share
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_the_checkpoints_sampling_defaults_do_not_reach_the_sampler(policies, share, monkeypatch):
+    """A checkpoint whose generation_config.json asks for a repetition penalty and n-gram blocking
+    samples as one without: the behaviour log-probs stay log softmax(logits / T)."""
+    policy = policies["llama-char"]
+    params = SamplingParams(n=4, temperature=0.9, max_new_tokens=12)
+    prompts = PROMPTS[:SHARE_FROM_PROMPTS]
+    engine = HFRolloutEngine(share_prompts=share)
+    clean = engine.generate(policy, prompts, params, seed=1)
+    monkeypatch.setattr(policy.model.generation_config, "repetition_penalty", 3.0)
+    monkeypatch.setattr(policy.model.generation_config, "no_repeat_ngram_size", 1)
+    assert_identical(clean, engine.generate(policy, prompts, params, seed=1))
+    assert policy.model.generation_config.repetition_penalty == 3.0  # the checkpoint's own is kept

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from graftrl.core import mean_token_logprob
 from graftrl.models.kv_cache import cache_argument, dynamic_cache, preallocated_cache
@@ -138,6 +138,22 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
         if self.previous is not None:
             self.steps.append(self.previous.gather(-1, last_tokens.unsqueeze(-1)).squeeze(-1))
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(last_tokens.shape[0], 0)
+
+
+@contextlib.contextmanager
+def checkpoint_sampling_defaults_off(model: PreTrainedModel) -> Iterator[None]:
+    """``generate`` fills every field that the engine's ``GenerationConfig`` leaves unset from the
+    checkpoint's ``generation_config.json``: a repetition penalty, n-gram blocking or a minimum
+    length (Qwen2.5-Instruct ships ``repetition_penalty``) would then reshape the distribution
+    before the recorder logs it, and the behaviour log-probs would not be the logits / T that
+    training recomputes. Sampling is set by ``rollout.*`` alone, as the vLLM engine's
+    ``generation_config="vllm"`` does."""
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 #: The preallocated KV cache saves ``DynamicLayer``'s whole-cache copy per step, but attention then
@@ -300,7 +316,7 @@ class HFRolloutEngine:
         if cache is None and share:
             cache = dynamic_cache(model)
         prompts = {"input_ids": batch.input_ids[:, :width], "attention_mask": batch.attention_mask[:, :width]}
-        with policy.autocast(), dropped_mask_warning_silenced():
+        with policy.autocast(), dropped_mask_warning_silenced(), checkpoint_sampling_defaults_off(model):
             if cache is not None and share:
                 sequences = generate_sharing_prompts(
                     model,
