@@ -14,8 +14,9 @@ Files in the run directory:
   ``aggregate``, ``pass_at_1/<benchmark>`` per benchmark, ``best`` (the new best?) and
   ``time_validation`` (seconds). A resumed run re-validates the steps it repeats; readers should
   take the last row per (step, model).
-- ``best/<policy>/``: the best checkpoint (``save_pretrained`` model + tokenizer), replaced
-  atomically: written to ``best/<policy>.tmp`` and renamed into place.
+- ``best/<policy>/``: the best checkpoint (``save_pretrained`` model + tokenizer) and its
+  ``manifest.json`` (size and SHA-256 of each file, as a checkpoint's), replaced atomically:
+  written to ``best/<policy>.tmp`` and renamed into place.
 - ``best/best.json``: ``{policy: {"step": s, "completed_steps": s + 1, "aggregate": A}}`` with
   ``step`` 0-based as in ``metrics.jsonl`` (the weights after ``s + 1`` training steps, like
   ``checkpoints/step_{s+1:06d}``), replaced atomically.
@@ -42,6 +43,7 @@ from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine
+from graftrl.storage.checkpoint import write_manifest
 from graftrl.storage.rundir import RunDir, append_jsonl
 
 __all__ = ["Validator"]
@@ -174,6 +176,7 @@ class Validator:
         retired = self.best_dir / f"{name}.old"
         shutil.rmtree(staging, ignore_errors=True)
         save(str(staging))
+        write_manifest(staging, step + 1)  # sealed as checkpoints are: `graftrl eval --best` verifies it
         shutil.rmtree(retired, ignore_errors=True)
         if final.exists():
             final.rename(retired)
