@@ -41,11 +41,14 @@ from typing import Any
 
 import yaml
 
+from graftrl.console import warn
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
+from graftrl.reporting.run_logs import read_log
 from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
-from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
+from graftrl.storage.checkpoint import newest_usable, required_files
+from graftrl.storage.rundir import RunDir
 
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
 
@@ -161,11 +164,14 @@ class RunAnalysis:
 
 
 def _read_jsonl(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """Rows of a JSONL log; a torn last line (a crash mid-append) is skipped with a note."""
-    try:
-        return read_jsonl(path, on_torn=notes.append)
-    except RunLogError as error:
-        raise AnalysisError(str(error)) from None
+    """The valid rows of a run log: a torn last line (a crash mid-append) is skipped with a note,
+    a damaged line (not UTF-8, not JSON, a value of the wrong kind) with a warning and a note."""
+
+    def damaged(message: str) -> None:
+        warn(message)
+        notes.append(message)
+
+    return read_log(path, on_torn=notes.append, on_bad=damaged)
 
 
 def _latest_rows(rows: Sequence[dict[str, Any]], key: str, path: Path) -> list[dict[str, Any]]:
@@ -382,6 +388,7 @@ def analyze_run(
             validation = _latest_rows(validation, "model", validation_path)  # a resume repeats steps
 
     comps = complementarity_by_step(rows, models)  # then checked against the store's rewards
+    _check_checkpoints(files, models, notes)
 
     store_root = Path(store_dir) if store_dir is not None else files.store
     store_report = store_ok = None
@@ -427,6 +434,17 @@ def analyze_run(
         if present
     ]
     return analysis
+
+
+def _check_checkpoints(files: RunDir, models: Sequence[str], notes: list[str]) -> None:
+    """Verify the run's checkpoints against their manifests as ``--resume`` does (newest first, up
+    to the newest intact one): each damaged one is named in a warning and a note; nothing moves."""
+    usable, damaged = newest_usable(files.checkpoints, required_files(models))
+    for check in damaged:
+        fallback = f"the newest intact one is {usable.folder.name}" if usable else "no checkpoint is intact"
+        message = f"checkpoint {check.folder.name}: {check.problem}; {fallback} (`graftrl train --resume` sets it aside)"
+        warn(message)
+        notes.append(message)
 
 
 def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:

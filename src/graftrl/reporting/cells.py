@@ -28,7 +28,8 @@ from graftrl.console import TaskBars
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.compare_task import CompareTask, evaluate_policies
 from graftrl.reporting.matrix import CompareError, Variant
-from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
+from graftrl.reporting.run_logs import read_run_metrics
+from graftrl.storage.rundir import ExperimentDir, RunDir
 
 
 def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
@@ -107,7 +108,7 @@ def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, f
     """Mean over the models of each one's run totals: responses sampled (dynamic sampling logs its
     prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles)."""
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for row in read_metrics(run_dir):
+    for row in read_run_metrics(run_dir):
         model = totals[row["model"]]
         model["rollouts_per_model"] += int(row.get("prompts_sampled") or batch_prompts) * n
         model["rows_trained_per_model"] += int(row.get("train_rows") or 0)
