@@ -87,12 +87,12 @@ def test_stored_peer_errors_name_the_fix(tiny_checkpoints, tmp_path):
         peers=[{"name": "gpt2", "path": str(store_path), "match": "prompt_id"}],
     )
     # by prompt id the step-0 groups serve any step whose prompts they cover; step 1 has new ones
-    with pytest.raises(StoreError, match="no group of source 'gpt2' at any step for .* step 1's"):
+    with pytest.raises(StoreError, match=r"no group of source 'gpt2' at any step for .* step 1's"):
         Trainer(config_from_dict(by_id), tmp_path / "run2", verifier=ScriptedRewards([LLAMA, GPT2]))
     other = single(
         make_config(tiny_checkpoints, steps=1), "llama", peers=[{"name": "qwen", "path": str(store_path)}]
     )
-    with pytest.raises(StoreError, match="holds no trajectories of source 'qwen' .*its sources: gpt2"):
+    with pytest.raises(StoreError, match=r"holds no trajectories of source 'qwen' .*its sources: gpt2"):
         Trainer(config_from_dict(other), tmp_path / "run3", verifier=ScriptedRewards([LLAMA, GPT2]))
     wider = single(
         make_config(tiny_checkpoints, steps=1), "llama", peers=[{"name": "gpt2", "path": str(store_path)}]

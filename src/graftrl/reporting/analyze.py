@@ -167,11 +167,29 @@ def _read_jsonl(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     """The valid rows of a run log: a torn last line (a crash mid-append) is skipped with a note,
     a damaged line (not UTF-8, not JSON, a value of the wrong kind) with a warning and a note."""
 
-    def damaged(message: str) -> None:
-        warn(message)
-        notes.append(message)
+    return read_log(path, on_torn=notes.append, on_bad=lambda message: _damaged(notes, message))
 
-    return read_log(path, on_torn=notes.append, on_bad=damaged)
+
+def _damaged(notes: list[str], message: str) -> None:
+    """A damaged input the analysis goes on without: one warning line, and a note in the report."""
+    warn(message)
+    notes.append(message)
+
+
+def _read_config(path: Path, notes: list[str]) -> dict[str, Any]:
+    """The run's config.yaml as a mapping; unreadable (not UTF-8, not YAML, not a mapping): a
+    warning, and the defaults."""
+    if not path.exists():
+        return {}
+    try:
+        loaded = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        _damaged(notes, f"{path}: unreadable ({type(error).__name__}); the defaults are used")
+        return {}
+    if not isinstance(loaded, dict):
+        _damaged(notes, f"{path}: not a mapping of sections; the defaults are used")
+        return {}
+    return loaded
 
 
 def _latest_rows(rows: Sequence[dict[str, Any]], key: str, path: Path) -> list[dict[str, Any]]:
@@ -316,9 +334,9 @@ def _compute(
     compute = Compute(dict(accelerators), seconds, steps)
     if best_path.exists():
         try:
-            best = json.loads(best_path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            notes.append(f"{best_path}: unreadable ({error}); no hours-to-best")
+            best = json.loads(best_path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            _damaged(notes, f"{best_path}: unreadable ({type(error).__name__}); no hours-to-best")
             return compute
         last = _best_last_steps(best, models)
         if last is None:
@@ -354,20 +372,18 @@ def analyze_run(
     rows = _latest_rows(raw, "model", metrics_path)
     if not rows:
         raise AnalysisError(f"{metrics_path}: no rows; the run has not completed a step yet")
-    config: dict[str, Any] = {}
-    if files.config.exists():
-        try:
-            loaded = yaml.safe_load(files.config.read_text())
-            config = loaded if isinstance(loaded, dict) else {}
-        except yaml.YAMLError as error:
-            notes.append(f"config.yaml unreadable ({error}); defaults used")
+    config = _read_config(files.config, notes)
     models = list(dict.fromkeys(r["model"] for r in raw))  # the run's order
     steps = sorted({int(r["step"]) for r in rows})
     method = str(config.get("method") or rows[0].get("method") or "?")
     graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
-    if delta is None:
-        delta = float(graft.get("delta", DEFAULT_DELTA))
-    rule = WeightRule.of(method, {**graft, "delta": delta})
+    try:
+        delta = float(graft.get("delta", DEFAULT_DELTA)) if delta is None else delta
+        rule = WeightRule.of(method, {**graft, "delta": delta})
+    except (TypeError, ValueError) as error:
+        _damaged(notes, f"{files.config}: field 'graft' is not usable ({error}); the defaults are used")
+        delta = DEFAULT_DELTA
+        rule = WeightRule.of(method, {"delta": delta})
 
     logged = {(int(r["step"]), r["model"]) for r in rows}
     compat: list[dict[str, Any]] = []
@@ -442,9 +458,10 @@ def _check_checkpoints(files: RunDir, models: Sequence[str], notes: list[str]) -
     usable, damaged = newest_usable(files.checkpoints, required_files(models))
     for check in damaged:
         fallback = f"the newest intact one is {usable.folder.name}" if usable else "no checkpoint is intact"
-        message = f"checkpoint {check.folder.name}: {check.problem}; {fallback} (`graftrl train --resume` sets it aside)"
-        warn(message)
-        notes.append(message)
+        _damaged(
+            notes,
+            f"checkpoint {check.folder.name}: {check.problem}; {fallback} (`graftrl train --resume` sets it aside)",
+        )
 
 
 def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -20,6 +20,10 @@ step file's rename and the manifest's leaves a complete file the manifest does n
 new step: ``verify`` reports it as unlisted) or, when a step is being overwritten, a file whose
 checksum no longer matches (the reader says so and suggests re-writing the step).
 
+An import writes several steps as one unit (``graftrl.storage.store_import``): while its
+``import_in_progress`` record is in the manifest (``graftrl.storage.store_manifest``), every reader
+and writer refuses the store, naming the command that finishes it.
+
 Matching rule of the readers (``groups``, ``find_groups``): a group is identified by
 (step, source, group_index), group_index being the prompt's position in the step's batch (a
 batch can hold a prompt twice). When no step is given, a (prompt_id, source) pair resolves to
