@@ -435,3 +435,21 @@ def test_a_damaged_cached_model_is_reinstalled_with_one_warning(tmp_path, capsys
     capsys.readouterr()
     prepare_embedded_models(tmp_path, task=DEFAULT_TASK)  # intact now: silent
     assert capsys.readouterr().err == ""
+
+
+def test_eval_of_a_checkpoints_policy_folder_verifies_its_checkpoint(run, tmp_path):
+    newest = list_checkpoints(run / "checkpoints")[-1]
+    flip_byte(newest / "gpt2" / "model.safetensors")
+    output = one_line_error(CliRunner().invoke(app, eval_args(newest / "gpt2", tmp_path / "eval")))
+    assert f"{newest}: gpt2/model.safetensors: sha256 mismatch" in output
+
+
+@pytest.mark.parametrize("file", ["config.yaml", "best/best.json"])
+def test_resume_with_a_damaged_run_file_is_one_line(run, tmp_path, file):
+    shutil.copy(run / "config.yaml", tmp_path / "run.yaml")  # an intact config to resume with
+    (run / file).write_bytes(b"\xff\xfe garbage")
+    before = digest(run)
+    args = ["train", str(tmp_path / "run.yaml"), "--out", str(run), "--resume", "--set", "train.steps=3"]
+    output = one_line_error(CliRunner().invoke(app, args))
+    assert str(run / file) in output, output
+    assert digest(run) == before

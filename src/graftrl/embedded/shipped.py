@@ -62,7 +62,18 @@ REBUILD_ENV = "GRAFTRL_REBUILD_EMBEDDED"
 
 def _manifest(root: Path) -> dict:
     manifest = root / MANIFEST_NAME
-    return json.loads(manifest.read_text()) if manifest.is_file() else {"cpu_kernels": None, "models": {}}
+    if not manifest.is_file():
+        return {"cpu_kernels": None, "models": {}}
+    try:
+        loaded = json.loads(manifest.read_bytes().decode("utf-8"))
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("models"), dict):
+            raise ValueError("no 'models' mapping")
+    except ValueError as error:
+        raise UserError(
+            f"{manifest}: unreadable ({type(error).__name__}); restore it (git checkout, or reinstall graftrl "
+            "for the shipped one)"
+        ) from None
+    return loaded
 
 
 def shipped_models(root: Path = SHIPPED_DIR) -> dict[str, dict[str, str]]:

@@ -107,6 +107,29 @@ def _verify_best(folder: Path) -> None:
         )
 
 
+def _verify_sealed(folder: Path) -> None:
+    """A model folder graftrl sealed (a policy folder of a checkpoint, a best checkpoint: a
+    manifest.json in it or in its parent) is verified against that manifest, a damaged one refused."""
+    for sealed in (folder, folder.parent):
+        if (sealed / MANIFEST).is_file() and not _is_shipped_manifest(sealed / MANIFEST):
+            check = verify_checkpoint(sealed)
+            if not check.usable:
+                raise CheckpointError(
+                    f"{sealed}: {check.problem}; evaluate an intact checkpoint (a run folder's newest intact "
+                    "one is chosen when you pass the run folder)"
+                )
+            return
+
+
+def _is_shipped_manifest(path: Path) -> bool:
+    """The manifest of shipped or pinned warm-starts (``embedded.shipped``: their own SHA-256 list,
+    checked where they are installed), not a checkpoint's."""
+    try:
+        return "models" in json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def _best_index(path: Path) -> dict[str, Any]:
     try:
         chosen = json.loads(path.read_bytes().decode("utf-8"))
@@ -197,6 +220,8 @@ def resolve_targets(
         return EvalPlan(targets, config, files.evaluation(best=False))
 
     folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
+    for folder in folders:
+        _verify_sealed(folder)
     if not folders:
         raise FileNotFoundError(
             f"{root}: neither a run directory (config.yaml) nor a Hugging Face checkpoint folder (config.json)"

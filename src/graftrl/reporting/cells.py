@@ -92,10 +92,10 @@ def _eval_key(task: CompareTask) -> list[Any]:
 
 def _read_done(path: Path, digest: str) -> dict[str, Any] | None:
     try:
-        done = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        done = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):  # missing, or damaged (not UTF-8, not JSON): the cell runs again
         return None
-    return done if done.get("digest") == digest else None
+    return done if isinstance(done, dict) and done.get("digest") == digest else None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -260,8 +260,8 @@ def donor_cells(folders: Sequence[Path]) -> dict[str, Path]:
             raise CompareError(f"--reuse: {folder} is not a folder (give compare or sweep output folders)")
         for marker in sorted(Path(folder).rglob(RunDir(Path()).done.name)):
             try:
-                digest = json.loads(marker.read_text()).get("digest")
-            except (OSError, json.JSONDecodeError, AttributeError):
+                digest = json.loads(marker.read_bytes().decode("utf-8")).get("digest")
+            except (OSError, ValueError, AttributeError):  # a damaged marker donates nothing
                 continue
             if isinstance(digest, str) and marker.parent.parent.name == ExperimentDir(Path()).runs.name:
                 cells.setdefault(digest, marker.parent)

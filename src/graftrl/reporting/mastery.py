@@ -101,7 +101,13 @@ def _runs(folder: Path, variant: str, seeds: int) -> list[Path]:
 
 def _train_file(run: Path) -> str:
     """The training data a run read (its config.yaml's ``data.train``)."""
-    return yaml.safe_load(RunDir(run).config.read_text())["data"]["train"]
+    path = RunDir(run).config
+    try:
+        return str(yaml.safe_load(path.read_bytes().decode("utf-8"))["data"]["train"])
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise UserError(
+            f"{path}: cannot read data.train ({type(error).__name__}); restore the file"
+        ) from None
 
 
 def _deficit(rows: Sequence[Mapping[str, Any]], model: str) -> str | None:

@@ -156,8 +156,8 @@ class TrainerCheckpoints:
         if not list_checkpoints(self.checkpoint_root):
             return  # nothing to resume: the run starts over from step 0 anyway
         try:
-            saved = yaml.safe_load(saved_path.read_text())
-        except (OSError, yaml.YAMLError) as error:
+            saved = yaml.safe_load(saved_path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
             raise ConfigError(
                 f"--resume: cannot read {saved_path} ({error.__class__.__name__}) to check that the config "
                 "still describes this run; restore it, or pass --force to resume under the new config"

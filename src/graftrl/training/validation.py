@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from graftrl.config import Config
+from graftrl.errors import CheckpointError
 from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
 from graftrl.models.policy import Policy
@@ -97,9 +98,7 @@ class Validator:
         self.best_dir = files.best
         self.log_path = files.validation
         self.best_file = files.best_index
-        self.best: dict[str, dict[str, Any]] = (
-            json.loads(self.best_file.read_text()) if self.best_file.is_file() else {}
-        )
+        self.best: dict[str, dict[str, Any]] = _read_best(self.best_file)
 
     def due(self, step: int) -> bool:
         """Validate after training step ``step`` (0-based)?"""
@@ -186,3 +185,23 @@ class Validator:
         tmp = self.best_file.with_name(self.best_file.name + ".tmp")
         tmp.write_text(json.dumps(self.best, indent=1) + "\n")
         os.replace(tmp, self.best_file)
+
+
+def _read_best(path: Path) -> dict[str, dict[str, Any]]:
+    """best/best.json (empty before the first validation). A damaged one is refused in one line:
+    starting afresh would let a worse checkpoint replace a better one in best/."""
+    if not path.is_file():
+        return {}
+    try:
+        best = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(best, dict) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("aggregate"), int | float)
+            for entry in best.values()
+        ):
+            raise ValueError("not a mapping of policy -> {step, completed_steps, aggregate}")
+    except ValueError as error:
+        raise CheckpointError(
+            f"{path}: unreadable ({type(error).__name__}); restore it, or move best/ aside to select the best "
+            "checkpoints anew"
+        ) from None
+    return best
