@@ -14,7 +14,7 @@ from graftrl.cli import app
 from graftrl.config import config_from_dict
 from graftrl.core import grpo_advantages
 from graftrl.reporting.analysis_report import write_analysis
-from graftrl.reporting.analyze import AnalysisError, analyze_run
+from graftrl.reporting.analyze import analyze_run
 from graftrl.reporting.diagnostics import (
     AdvantageMass,
     GateOutcome,
@@ -230,9 +230,11 @@ def test_metrics_only_run_with_a_torn_last_line(tmp_path):
     assert result.clipping.zero_peer_share() is None and not result.exchange
     report = write_analysis(result, tmp_path / "analysis").report.read_text()
     assert "incomplete last line skipped" in report and "No exchange in this run" in report
+    # A damaged line elsewhere is skipped with a warning naming file:line (and a note in the report).
     (tmp_path / "metrics.jsonl").write_text("not json\n" + text)
-    with pytest.raises(AnalysisError, match=r"metrics\.jsonl line 1: not valid JSON"):
-        analyze_run(tmp_path)
+    damaged = analyze_run(tmp_path)
+    assert damaged.steps == result.steps
+    assert any(f"{tmp_path / 'metrics.jsonl'}:1: not valid JSON" in note for note in damaged.notes)
 
 
 def test_analysis_uses_core_eqs_with_the_former_numbers():

@@ -288,9 +288,17 @@ def test_a_failing_rank_stops_the_run_with_its_error(tiny_checkpoints, tmp_path)
         config_from_dict(one_policy_config(tiny_checkpoints)), tmp_path, verifier=FailingRewards()
     )
     processes = list(trainer.workers[0].processes)
-    with pytest.raises(RankFailure, match=r"rank 0 failed during `rollout`.*forced verifier failure"):
+    with pytest.raises(
+        RankFailure, match=r"rank 0 failed during `rollout`.*forced verifier failure"
+    ) as raised:
         trainer.train()
     assert all(not p.is_alive() for p in processes)
+    # One paragraph (policy, rank, cause, how to resume); the rank's traceback in the run's error log.
+    assert "\n" not in str(raised.value) and f"the full report is in {tmp_path / 'errors.log'}" in str(
+        raised.value
+    )
+    report = (tmp_path / "errors.log").read_text()
+    assert "Traceback (most recent call last)" in report and "ValueError: forced verifier failure" in report
 
 
 @pytest.mark.distributed
@@ -306,6 +314,7 @@ def test_a_killed_rank_stops_the_run(tiny_checkpoints, tmp_path):
         step_callback=kill_rank_one,
     )
     processes = list(trainer.workers[0].processes)
-    with pytest.raises(RankFailure, match=r"rank 1 exited \(code -9\)"):
+    with pytest.raises(RankFailure, match=r"rank 1 failed during `\w+`: killed by SIGKILL .*--resume"):
         trainer.train()
     assert all(not p.is_alive() for p in processes)
+    assert "exited with code -9" in (tmp_path / "errors.log").read_text()

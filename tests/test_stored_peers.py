@@ -75,17 +75,31 @@ def test_stored_peer_errors_name_the_fix(tiny_checkpoints, tmp_path):
     config = single(
         make_config(tiny_checkpoints, steps=2), "llama", peers=[{"name": "gpt2", "path": str(store_path)}]
     )
-    trainer = Trainer(config_from_dict(config), tmp_path / "run", verifier=ScriptedRewards([LLAMA, GPT2]))
-    with pytest.raises(StoreError, match="match: prompt_id"):
-        trainer.train()  # step 1 was never recorded
+    # Refused when the trainer is built (before any model loads), not when training reaches step 1.
+    with pytest.raises(
+        StoreError, match=r"steps 0\.\.0 \(1 steps\), the run needs steps 0\.\.1.*match: prompt_id"
+    ):
+        Trainer(config_from_dict(config), tmp_path / "run", verifier=ScriptedRewards([LLAMA, GPT2]))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
     by_id = single(
         make_config(tiny_checkpoints, steps=2),
         "llama",
         peers=[{"name": "gpt2", "path": str(store_path), "match": "prompt_id"}],
     )
     # by prompt id the step-0 groups serve any step whose prompts they cover; step 1 has new ones
-    with pytest.raises(StoreError, match="no group of source 'gpt2'"):
-        Trainer(config_from_dict(by_id), tmp_path / "run2", verifier=ScriptedRewards([LLAMA, GPT2])).train()
+    with pytest.raises(StoreError, match=r"no group of source 'gpt2' at any step for .* step 1's"):
+        Trainer(config_from_dict(by_id), tmp_path / "run2", verifier=ScriptedRewards([LLAMA, GPT2]))
+    other = single(
+        make_config(tiny_checkpoints, steps=1), "llama", peers=[{"name": "qwen", "path": str(store_path)}]
+    )
+    with pytest.raises(StoreError, match=r"holds no trajectories of source 'qwen' .*its sources: gpt2"):
+        Trainer(config_from_dict(other), tmp_path / "run3", verifier=ScriptedRewards([LLAMA, GPT2]))
+    wider = single(
+        make_config(tiny_checkpoints, steps=1), "llama", peers=[{"name": "gpt2", "path": str(store_path)}]
+    )
+    wider["rollout"]["n"] = 2
+    with pytest.raises(StoreError, match=r"hold \[4\] responses, the run's rollout.n is 2"):
+        Trainer(config_from_dict(wider), tmp_path / "run4", verifier=ScriptedRewards([LLAMA, GPT2]))
 
 
 def test_graft_with_three_policies_follows_the_multi_source_rule(tiny_checkpoints, tmp_path):

@@ -1,5 +1,6 @@
-"""Terminal output shared by the layers: the one progress bar of training and evaluation, and the
-quiet mode of graftrl's own processes (its commands and the workers they spawn)."""
+"""Terminal output shared by the layers: the one progress bar of training and evaluation, the
+one-line warnings, and the quiet mode of graftrl's own processes (its commands and the workers
+they spawn)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def quiet_transformers() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+
+
+def warn(message: str) -> None:
+    """One ``warning:`` line on stderr (stdout carries the progress bars and the command's output):
+    something was damaged or skipped and graftrl went on without it."""
+    from rich.markup import escape
+
+    Console(stderr=True).print(
+        f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True
+    )
 
 
 def progress_bar(enabled: bool, status: bool = False, console: Console | None = None) -> Progress:

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from graftrl.cli.common import app, console, out_folder, thread_note
+from graftrl.storage.rundir import ensure_writable
 
 
 @app.command()
@@ -134,6 +135,7 @@ def eval_command(
     from graftrl.evaluation.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.evaluation.evaluate import (
         EvalProtocol,
+        check_prompts,
         default_prompt_suffix,
         evaluate_targets,
         resolve_targets,
@@ -145,6 +147,7 @@ def eval_command(
     if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
         raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
     plan = resolve_targets(target, best, template, chat_template, dtype, device)
+    out = ensure_writable(out or plan.default_out, "--out")  # before the work, not after it
     benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
     config = plan.config
     protocol = EvalProtocol(
@@ -156,6 +159,7 @@ def eval_command(
         runs=runs,
         seed=seed,
     )
+    check_prompts(plan.targets, benchmarks, protocol)  # before any model loads (evaluate_targets again)
     engine = HFRolloutEngine(
         max_batch_size or (config.rollout.max_batch_size if config else 512),
         share_prompts=config.rollout.share_prompts if config else True,
@@ -176,7 +180,7 @@ def eval_command(
         report = evaluate_targets(plan.targets, benchmarks, verifier, protocol, engine, progress)
     finally:
         verifier.close()
-    paths = write_report(report, out or plan.default_out)
+    paths = write_report(report, out)
     console.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
 
@@ -242,12 +246,16 @@ def analyze(
     from graftrl.storage.rundir import RunDir
 
     result = analyze_run(run_dir, store_dir=store)
-    written = write_analysis(result, out or RunDir(run_dir).analysis)
+    written = write_analysis(result, ensure_writable(out or RunDir(run_dir).analysis, "--out"))
     comp = result.compute
     console.print(
         f"{len(result.steps)} steps of {', '.join(result.models)}; "
         f"{comp.total_hours:.4g} accelerator-hours in total"
     )
     if result.store_ok is False:
-        console.print("[yellow]warning:[/yellow] the trajectory store has problems; see the report")
+        first = next((line for line in (result.store_report or "").splitlines() if line.strip()), "")
+        console.print(
+            f"[yellow]warning:[/yellow] the trajectory store has problems ({escape(first.strip())}); see the report",
+            soft_wrap=True,
+        )
     console.print(f"wrote {written.report} and {len(written.plots)} plots")

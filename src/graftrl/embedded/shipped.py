@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from graftrl.errors import UserError
-from graftrl.files import sha256_file
+from graftrl.files import atomic_write, sha256_file
 from graftrl.machine import cpu_kernels
 
 __all__ = [
@@ -40,10 +40,13 @@ __all__ = [
     "REBUILD_ENV",
     "SHIPPED_DIR",
     "PinnedWeightsError",
+    "cache_record",
+    "cached_problem",
     "install_shipped",
     "pin_models",
     "pinned_models",
     "rebuild_requested",
+    "seal_cached",
     "ship",
     "shipped_kernels",
     "shipped_models",
@@ -59,7 +62,18 @@ REBUILD_ENV = "GRAFTRL_REBUILD_EMBEDDED"
 
 def _manifest(root: Path) -> dict:
     manifest = root / MANIFEST_NAME
-    return json.loads(manifest.read_text()) if manifest.is_file() else {"cpu_kernels": None, "models": {}}
+    if not manifest.is_file():
+        return {"cpu_kernels": None, "models": {}}
+    try:
+        loaded = json.loads(manifest.read_bytes().decode("utf-8"))
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("models"), dict):
+            raise ValueError("no 'models' mapping")
+    except ValueError as error:
+        raise UserError(
+            f"{manifest}: unreadable ({type(error).__name__}); restore it (git checkout, or reinstall graftrl "
+            "for the shipped one)"
+        ) from None
+    return loaded
 
 
 def shipped_models(root: Path = SHIPPED_DIR) -> dict[str, dict[str, str]]:
@@ -141,6 +155,43 @@ def ship(folders: list[Path], root: Path = SHIPPED_DIR) -> dict[str, dict[str, s
     manifest = {"cpu_kernels": cpu_kernels(), "models": models}
     (root / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return models
+
+
+def cache_record(folder: Path) -> Path:
+    """Where a cached model's file digests are kept: beside its folder (``<key>.sha256.json``), so
+    the folder stays exactly what ``warm_start`` saved (and what ``ship`` would copy)."""
+    return folder.with_name(f"{folder.name}.sha256.json")
+
+
+def seal_cached(folder: Path) -> None:
+    """Record the SHA-256 of every file of a cached model, once it is complete (installed from the
+    shipped artifact or warm-started here): ``cached_problem`` checks them at every later use."""
+    files = {f.name: sha256_file(f)[0] for f in sorted(folder.iterdir()) if f.is_file()}
+    atomic_write(
+        cache_record(folder), (json.dumps({"files": files}, indent=1, sort_keys=True) + "\n").encode()
+    )
+
+
+def cached_problem(folder: Path, shipped_files: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with a cached model's files (None when each matches its recorded SHA-256).
+
+    A folder cached before records existed is checked against the shipped manifest when its key is
+    shipped for this machine's kernels (``shipped_files``), else adopted as it is and sealed."""
+    record = cache_record(folder)
+    if not record.is_file():
+        if shipped_files is not None and (bad := verify_shipped(folder, shipped_files)):
+            return f"{', '.join(bad)} fails its SHA-256 check against the shipped manifest"
+        seal_cached(folder)
+        return None
+    try:
+        files = json.loads(record.read_bytes().decode("utf-8"))["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"{record.name} is unreadable, so its files cannot be verified"
+    if bad := verify_shipped(folder, files):
+        return f"{', '.join(bad)} fails its SHA-256 check (changed or truncated since it was cached)"
+    return None
 
 
 class PinnedWeightsError(UserError):

@@ -21,6 +21,7 @@ import json
 import math
 import multiprocessing as mp
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from graftrl.console import warn
 from graftrl.embedded.mixes import (
     EMBEDDED_MIXES,
     MASTERY_DEFICIT_SHARE,
@@ -40,7 +42,16 @@ from graftrl.embedded.mixes import (
     overlap_mixes,
 )
 from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
-from graftrl.embedded.shipped import REBUILD_ENV, install_shipped
+from graftrl.embedded.shipped import (
+    REBUILD_ENV,
+    cache_record,
+    cached_problem,
+    install_shipped,
+    rebuild_requested,
+    seal_cached,
+    shipped_kernels,
+    shipped_models,
+)
 from graftrl.embedded.task import (
     DEFAULT_TASK,
     ORIGINAL_TASK,
@@ -49,6 +60,7 @@ from graftrl.embedded.task import (
     make_problems,
     supervised_text,
 )
+from graftrl.machine import cpu_kernels
 from graftrl.workers import exit_with_parent, start_manager
 
 __all__ = [
@@ -295,14 +307,22 @@ def warm_start(
     return report
 
 
-def _cached(out_dir: Path, fp: str) -> bool:
+def _cache_problem(out_dir: Path, fp: str, shipped: bool) -> str | None:
+    """Why the cached model in ``out_dir`` cannot be used as it is (None: it can), checked at every
+    use: its report must name fingerprint ``fp`` and every file must match its recorded SHA-256
+    (``shipped.cached_problem``; a cache from before the records is checked against the shipped
+    manifest when ``shipped`` and the key is shipped for this machine)."""
     rep = out_dir / REPORT_NAME
     if not rep.is_file() or not (out_dir / "config.json").is_file():
-        return False
+        return f"incomplete ({REPORT_NAME if not rep.is_file() else 'config.json'} missing: an interrupted warm-start?)"
     try:
-        return json.loads(rep.read_text()).get("fingerprint") == fp
-    except (OSError, json.JSONDecodeError):
-        return False
+        report = json.loads(rep.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return f"{REPORT_NAME} is unreadable"
+    if not isinstance(report, dict) or report.get("fingerprint") != fp:
+        return f"{REPORT_NAME} names another fingerprint than the folder's"
+    known = shipped_models().get(out_dir.name) if shipped and shipped_kernels() == cpu_kernels() else None
+    return cached_problem(out_dir, known)
 
 
 def model_keys(
@@ -365,13 +385,31 @@ def prepare_embedded_models(
         fp = key.removeprefix(f"{name}-")
         out = cache_dir / key
         paths[name] = out
-        if _cached(out, fp):
-            continue
-        if shipped and install_shipped(out.name, out):
-            print(
-                f"{name}: the shipped warm-start (SHA-256 verified); {REBUILD_ENV}=1 trains it here instead",
-                file=sys.stderr,
+        problem = None
+        if out.exists():
+            problem = _cache_problem(out, fp, shipped)
+            if problem is None:
+                continue
+            # One line, then the entry is made again: never train from weights that changed.
+            reinstall = (
+                shipped
+                and out.name in shipped_models()
+                and not rebuild_requested()
+                and shipped_kernels() == cpu_kernels()
             )
+            warn(
+                f"cached model {out}: {problem}; "
+                + ("reinstalling it from the shipped warm-start" if reinstall else "warm-starting it again")
+            )
+            shutil.rmtree(out)
+            cache_record(out).unlink(missing_ok=True)
+        if shipped and install_shipped(out.name, out):
+            seal_cached(out)
+            if problem is None:  # (a reinstall was announced in its warning)
+                print(
+                    f"{name}: the shipped warm-start (SHA-256 verified); {REBUILD_ENV}=1 trains it here instead",
+                    file=sys.stderr,
+                )
         else:
             jobs[name] = {
                 "spec_name": name,
@@ -392,6 +430,7 @@ def prepare_embedded_models(
                 report = (lambda info, name=name: on_progress(name, info)) if on_progress else None
                 warm_start(threads=torch.get_num_threads(), report=report, **kw)
         for name in jobs:
+            seal_cached(paths[name])
             report = json.loads((paths[name] / REPORT_NAME).read_text())
             if not report["reached_target"]:
                 print(

@@ -30,7 +30,9 @@ from graftrl.console import progress_bar
 from graftrl.evaluation import stats
 from graftrl.evaluation.eval_report import markdown_table, plot_report, verification_summary, write_report
 from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
+from graftrl.models.model_loading import load_tokenizer, model_context
 from graftrl.models.policy import Policy
+from graftrl.models.prompts import check_prompts_fit
 from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
@@ -295,6 +297,7 @@ def evaluate_targets(
     One engine samples every target: an engine that serves any policy (the HF engine)."""
     if not benchmarks:
         raise ValueError("evaluate_targets: no benchmarks")
+    check_prompts(targets, benchmarks, protocol)  # before any model loads
     engine = engine or HFRolloutEngine()
     meter = _VerifierMeter(verifier)
     started = time.perf_counter()
@@ -350,6 +353,28 @@ def evaluate_targets(
     if console is not None:
         console.print(verification_summary(report["verification"]))
     return report
+
+
+def check_prompts(targets: Sequence[ModelTarget], benchmarks: Sequence[Any], protocol: EvalProtocol) -> None:
+    """Refuse, in one line, a benchmark prompt that does not fit a target's context with the
+    response budget (``--max-new-tokens``), as ``graftrl train`` refuses a training prompt: from
+    the folders' tokenizers and configs, before any weights load or anything is sampled (a 5 MB
+    problem would otherwise ask for gigabytes of attention)."""
+    for target in targets:
+        tokenizer = load_tokenizer(target.policy, target.path)
+        context = model_context(target.policy, target.path)
+        for benchmark in benchmarks:
+            check_prompts_fit(
+                target.policy,
+                tokenizer,
+                context,
+                target.template,
+                target.chat_template,
+                [(p.id, _prompt(p.problem, protocol.prompt_suffix)) for p in benchmark.problems],
+                protocol.max_new_tokens,
+                source=f"benchmark {benchmark.name} ({benchmark.source})",
+                limit="--max-new-tokens",
+            )
 
 
 def default_prompt_suffix(config: Any) -> str | None:

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graftrl.console import warn
+from graftrl.errors import CheckpointError
 from graftrl.models.policy import Policy
-from graftrl.storage.checkpoint import list_checkpoints
-from graftrl.storage.rundir import RunDir, checkpoint_step
+from graftrl.storage.checkpoint import newest_usable, required_files, verify_checkpoint
+from graftrl.storage.rundir import MANIFEST, RunDir, checkpoint_step
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,90 @@ def _is_checkpoint(folder: Path) -> bool:
     return (folder / "config.json").is_file()
 
 
+def _newest_intact(root: Path, policies: list[str]) -> Path:
+    """The newest checkpoint that passes its manifest, as ``--resume`` chooses it (damaged newer
+    ones are named in a warning each and skipped; nothing is moved); refused when none is intact."""
+    usable, damaged = newest_usable(root, required_files(policies))
+    if usable is None and not damaged:
+        raise FileNotFoundError(
+            f"{root}: no checkpoint yet (checkpoints are saved every `checkpoint.every` steps and at the end)"
+        )
+    if usable is None:
+        raise CheckpointError(
+            f"no intact checkpoint under {root} ({'; '.join(f'{c.folder.name}: {c.problem}' for c in damaged)}); "
+            "restore one from a backup, or evaluate a checkpoint folder directly"
+        )
+    for check in damaged:
+        warn(f"checkpoint {check.folder.name}: {check.problem}; evaluating {usable.folder.name} instead")
+    if usable.status == "legacy":
+        warn(f"{usable.folder}: written before checkpoint manifests; evaluated unverified")
+    return usable.folder
+
+
+def _verify_best(folder: Path) -> None:
+    """A best checkpoint is sealed by a manifest like a checkpoint (one saved before best/ had
+    manifests is evaluated unverified, with a warning); a damaged one is refused, naming the file."""
+    if not (folder / MANIFEST).is_file():
+        warn(f"{folder}: no {MANIFEST} (saved before best checkpoints had one); evaluated unverified")
+        return
+    check = verify_checkpoint(folder, ["config.json"])
+    if not check.usable:
+        raise CheckpointError(
+            f"best checkpoint {folder}: {check.problem}; evaluate the run's latest checkpoint without "
+            "--best, or restore the folder"
+        )
+
+
+def _verify_sealed(folder: Path) -> None:
+    """A model folder graftrl sealed (a policy folder of a checkpoint, a best checkpoint: a
+    manifest.json in it or in its parent) is verified against that manifest, a damaged one refused."""
+    for sealed in (folder, folder.parent):
+        if (sealed / MANIFEST).is_file() and not _is_shipped_manifest(sealed / MANIFEST):
+            check = verify_checkpoint(sealed)
+            if not check.usable:
+                raise CheckpointError(
+                    f"{sealed}: {check.problem}; evaluate an intact checkpoint (a run folder's newest intact "
+                    "one is chosen when you pass the run folder)"
+                )
+            return
+
+
+def _is_shipped_manifest(path: Path) -> bool:
+    """The manifest of shipped or pinned warm-starts (``embedded.shipped``: their own SHA-256 list,
+    checked where they are installed), not a checkpoint's."""
+    try:
+        return "models" in json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _best_index(path: Path) -> dict[str, Any]:
+    try:
+        chosen = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{path}: unreadable ({type(error).__name__}); evaluate the run's latest checkpoint without --best"
+        ) from None
+    if not isinstance(chosen, dict):
+        raise CheckpointError(
+            f"{path}: not a JSON object; evaluate the run's latest checkpoint without --best"
+        )
+    return chosen
+
+
+def _best_steps(path: Path, name: str, entry: Any) -> int:
+    """Training steps behind policy ``name``'s best checkpoint, from its best.json entry."""
+    completed = entry.get("completed_steps") if isinstance(entry, dict) else None
+    if completed is None and isinstance(entry, dict) and isinstance(entry.get("step"), int):
+        completed = entry["step"] + 1
+    if isinstance(completed, bool) or not isinstance(completed, int) or completed < 0:
+        raise CheckpointError(
+            f"{path}: field '{name}.completed_steps' is missing or not a count; evaluate the run's latest "
+            "checkpoint without --best"
+        )
+    return completed
+
+
 def resolve_targets(
     target: str | Path,
     best: bool = False,
@@ -117,29 +203,25 @@ def resolve_targets(
                     f"{best_file} not found: --best needs a run trained with validation "
                     "(set `validation.files` in the config); evaluate the latest checkpoint without --best"
                 )
-            chosen = json.loads(best_file.read_text())
+            chosen = _best_index(best_file)
             for name, spec in specs.items():
                 if name not in chosen or not _is_checkpoint(files.best / name):
                     raise FileNotFoundError(f"{files.best / name}: no best checkpoint for policy {name!r}")
-                entry = chosen[name]
-                completed = int(entry.get("completed_steps", int(entry["step"]) + 1))
+                completed = _best_steps(best_file, name, chosen[name])
+                _verify_best(files.best / name)
                 targets.append(
                     policy_target(spec, files.best / name, f"{name} (best, {completed} steps)", completed)
                 )
             return EvalPlan(targets, config, files.evaluation(best=True))
-        done = list_checkpoints(files.checkpoints)
-        if not done:
-            raise FileNotFoundError(
-                f"{files.checkpoints}: no checkpoint yet (checkpoints are saved every "
-                "`checkpoint.every` steps and at the end)"
-            )
-        latest = done[-1]
+        latest = _newest_intact(files.checkpoints, list(specs))
         completed = checkpoint_step(latest) or 0
         for name, spec in specs.items():
             targets.append(policy_target(spec, latest / name, f"{name} ({completed} steps)", completed))
         return EvalPlan(targets, config, files.evaluation(best=False))
 
     folders = [root] if _is_checkpoint(root) else sorted(p for p in root.iterdir() if _is_checkpoint(p))
+    for folder in folders:
+        _verify_sealed(folder)
     if not folders:
         raise FileNotFoundError(
             f"{root}: neither a run directory (config.yaml) nor a Hugging Face checkpoint folder (config.json)"

@@ -3,11 +3,12 @@ weights checked finite, dropout zeroed for RL, the device resolved."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from graftrl.errors import ModelError
 
@@ -51,6 +52,76 @@ def check_model_folder(name: str, path: str) -> None:
         )
 
 
+JSON_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "model.safetensors.index.json",
+)
+"""The JSON files of a model folder that loading reads (generation_config.json is not used)."""
+
+_REFETCH = "re-copy or re-save the folder (save_pretrained), or point policies[].path at an intact copy"
+
+
+def _json_problem(path: Path) -> str | None:
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 text (byte {error.start})"
+    except json.JSONDecodeError as error:
+        return f"not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+    return None if isinstance(value, dict) else "not a JSON object"
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (None when intact): the 8-byte header length,
+    the JSON header, and the tensor data's extent against the file size. Cheap (the header only), so
+    a truncated or overwritten file is named before a loader fails deep inside with its own error."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes: shorter than a safetensors header (empty or truncated)"
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > size - 8:
+            return f"its header claims {length} bytes, the file holds {size} (truncated or not safetensors)"
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, IndexError, TypeError):
+        return "its header is not a valid safetensors header (overwritten or not safetensors)"
+    data = size - 8 - length
+    if max(ends, default=0) != data:
+        return f"its tensors need {max(ends, default=0)} bytes of data, the file holds {data} (truncated or extended)"
+    return None
+
+
+def check_model_files(name: str, path: str) -> None:
+    """Refuse, naming the file, a model folder whose JSON files or safetensors framing are damaged
+    (truncated, emptied, overwritten): transformers and safetensors would fail with tracebacks that
+    do not say which file, or misattribute it (a broken config.json reads as a tokenizer error)."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return
+    for file in [folder / n for n in JSON_FILES] + sorted(folder.glob("*.safetensors")):
+        if not file.is_file():
+            continue
+        problem = safetensors_problem(file) if file.suffix == ".safetensors" else _json_problem(file)
+        if problem:
+            raise ModelError(f"policy {name!r}: {file}: {problem}; {_REFETCH}")
+
+
+def load_failure(name: str, path: str, what: str, error: BaseException) -> ModelError:
+    """A library's error while loading a model folder, as one line naming the folder and the fix."""
+    return ModelError(
+        f"policy {name!r}: cannot load {what} from {path} ({type(error).__name__}: {first_line(error)}); "
+        f"{_REFETCH}"
+    )
+
+
 def check_finite_weights(name: str, path: str, model: torch.nn.Module) -> None:
     """Refuse weights holding NaN or inf, naming the first such tensor: sampling from them would
     fail deep inside ``torch.multinomial`` and training would only spread them."""
@@ -76,7 +147,9 @@ def load_causal_lm(
     attention = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype, **attention)
-    except (OSError, ValueError, ImportError) as error:
+    except Exception as error:  # safetensors, tokenizers and torch raise their own types
+        if is_out_of_memory(error):
+            raise
         # transformers refuses an unknown or unavailable kernel with a ValueError / ImportError
         if attention and (isinstance(error, ImportError) or "attn" in str(error)):
             raise ModelError(
@@ -86,10 +159,12 @@ def load_causal_lm(
             ) from None
         if isinstance(error, ImportError):
             raise
-        raise ModelError(
-            f"policy {name!r}: cannot load a causal LM from {path} ({first_line(error)}); give the folder "
-            "of a Hugging Face checkpoint (config.json + *.safetensors)"
-        ) from None
+        raise load_failure(name, path, "a causal LM (config.json + *.safetensors)", error) from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Host or device memory ran out (not the folder's fault: the CLI says so in its own line)."""
+    return isinstance(error, MemoryError | torch.OutOfMemoryError)
 
 
 def zero_dropout(model: torch.nn.Module) -> int:
@@ -111,3 +186,40 @@ def zero_dropout(model: torch.nn.Module) -> int:
                 changed += value > 0
                 setattr(module, attribute, 0.0)
     return changed
+
+
+def load_tokenizer(name: str, path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder, its files checked first (``check_model_files``); any
+    failure is one line naming the folder. Every model folder graftrl loads comes through here."""
+    check_model_folder(name, path)
+    check_model_files(name, path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # tokenizers raises plain Exceptions
+        if is_out_of_memory(error):
+            raise
+        raise load_failure(
+            name,
+            path,
+            "a tokenizer (tokenizer.json / tokenizer_config.json, as save_pretrained writes)",
+            error,
+        ) from None
+
+
+def model_context(name: str, path: str) -> int | None:
+    """Positions a model folder's model attends over (``max_position_embeddings``, GPT-2's
+    ``n_positions``), from its config.json alone: no weights loaded."""
+    from transformers import AutoConfig
+
+    check_model_folder(name, path)
+    check_model_files(name, path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as error:
+        raise load_failure(name, path, "the model config (config.json)", error) from None
+    return context_of(config)
+
+
+def context_of(config: object) -> int | None:
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None

@@ -14,18 +14,19 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from graftrl.core.logprobs import chunked_token_logprobs
 from graftrl.errors import ModelError, UserError
 from graftrl.models.model_loading import (
     check_finite_weights,
-    check_model_folder,
-    first_line,
+    context_of,
     load_causal_lm,
+    load_tokenizer,
     resolve_device,
     zero_dropout,
 )
+from graftrl.models.prompts import check_prompt_lengths, encode_formatted, format_prompt, quiet_length_warning
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,14 +141,7 @@ class Policy:
         None keeps its default for the model. ``disable_dropout`` zeroes the model's dropout
         (``zero_dropout``), so the trainer's log-probs are the sampler's.
         """
-        check_model_folder(name, path)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError) as error:
-            raise ModelError(
-                f"policy {name!r}: cannot load a tokenizer from {path} ({first_line(error)}); the folder "
-                "needs the tokenizer files `save_pretrained` writes (tokenizer.json / tokenizer_config.json)"
-            ) from None
+        tokenizer = load_tokenizer(name, path)
         model = load_causal_lm(name, path, _DTYPES[param_dtype], attn_implementation)
         if disable_dropout:
             zero_dropout(model)
@@ -165,49 +159,29 @@ class Policy:
     @property
     def context_length(self) -> int | None:
         """Positions the model can attend over (``max_position_embeddings``/``n_positions``), if known."""
-        value = getattr(self.model.config, "max_position_embeddings", None)
-        return int(value) if isinstance(value, int) and value > 0 else None
+        return context_of(self.model.config)
 
     def check_prompt_lengths(
-        self, problems: Sequence[tuple[str, str]], max_new_tokens: int, source: str = "data.train"
+        self,
+        problems: Sequence[tuple[str, str]],
+        max_new_tokens: int,
+        source: str = "data.train",
+        limit: str = "rollout.max_new_tokens",
     ) -> None:
-        """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds the model's context.
-
-        problems: (prompt id, problem text with its suffix). A prompt that does not fit would fail
-        deep inside the forward pass (an IndexError for absolute positions) or allocate its
-        quadratic attention first; the run is refused up front, naming the prompt ids, rather than
-        silently training on a different prompt set.
-        """
-        context = self.context_length
-        if context is None:
-            return
-        if max_new_tokens >= context:
-            raise ModelError(
-                f"rollout.max_new_tokens ({max_new_tokens}) leaves no room for a prompt in policy "
-                f"{self.name!r}, whose context is {context} tokens (max_position_embeddings): lower "
-                "rollout.max_new_tokens"
-            )
-        budget = context - max_new_tokens
+        """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds the model's context
+        (``check_prompt_lengths``, with this policy's template and tokenizer)."""
         # This check replaces transformers' own "sequence length is longer than ..." warning.
-        warned = getattr(self.tokenizer, "deprecation_warnings", None)
-        if isinstance(warned, dict):
-            warned["sequence-length-is-longer-than-the-specified-maximum"] = True
-        too_long = []
-        for prompt_id, problem in problems:
-            # A token covers at least one byte (special tokens aside): short prompts need no tokenizing.
-            if len(self.format_prompt(problem).encode("utf-8")) + 16 <= budget:
-                continue
-            length = len(self.encode_prompts([problem])[0])
-            if length > budget:
-                too_long.append((prompt_id, length))
-        if too_long:
-            first_id, first_length = too_long[0]
-            ids = ", ".join(repr(i) for i, _ in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
-            raise ModelError(
-                f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {self.name!r} ({context} "
-                f"tokens) with rollout.max_new_tokens {max_new_tokens} (prompt {first_id!r} is {first_length} "
-                f"tokens; ids {ids}): remove or shorten them, or lower rollout.max_new_tokens"
-            )
+        quiet_length_warning(self.tokenizer)
+        check_prompt_lengths(
+            self.name,
+            self.context_length,
+            self.format_prompt,
+            lambda text: self.encode_formatted([text])[0],
+            problems,
+            max_new_tokens,
+            source,
+            limit,
+        )
 
     @property
     def eos_token_id(self) -> int:
@@ -265,16 +239,14 @@ class Policy:
     # ----- tokenization -------------------------------------------------------------------
     def format_prompt(self, problem: str) -> str:
         """The prompt string this policy sees for a problem (its own template or chat template)."""
-        if self.chat_template:
-            messages = [{"role": "user", "content": problem}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.template.format(problem=problem)
+        return format_prompt(self.tokenizer, self.template, self.chat_template, problem)
 
     def encode_prompts(self, problems: Sequence[str]) -> list[list[int]]:
-        # A chat template already spells out its special tokens.
-        add_special = not self.chat_template
-        texts = [self.format_prompt(p) for p in problems]
-        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+        return self.encode_formatted([self.format_prompt(p) for p in problems])
+
+    def encode_formatted(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of prompts already formatted (``format_prompt``)."""
+        return encode_formatted(self.tokenizer, self.chat_template, texts)
 
     def encode_response(self, text: str, finished: bool) -> list[int]:
         """Re-tokenize a response string (possibly another model's) on this policy's vocabulary.

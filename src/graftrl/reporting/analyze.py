@@ -41,11 +41,14 @@ from typing import Any
 
 import yaml
 
+from graftrl.console import warn
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
+from graftrl.reporting.run_logs import read_log
 from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
-from graftrl.storage.rundir import RunDir, RunLogError, read_jsonl
+from graftrl.storage.checkpoint import newest_usable, required_files
+from graftrl.storage.rundir import RunDir
 
 _TIME_PHASES = ("time_rollout", "time_reward", "time_peer_logprob", "time_update")
 
@@ -161,11 +164,32 @@ class RunAnalysis:
 
 
 def _read_jsonl(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """Rows of a JSONL log; a torn last line (a crash mid-append) is skipped with a note."""
+    """The valid rows of a run log: a torn last line (a crash mid-append) is skipped with a note,
+    a damaged line (not UTF-8, not JSON, a value of the wrong kind) with a warning and a note."""
+
+    return read_log(path, on_torn=notes.append, on_bad=lambda message: _damaged(notes, message))
+
+
+def _damaged(notes: list[str], message: str) -> None:
+    """A damaged input the analysis goes on without: one warning line, and a note in the report."""
+    warn(message)
+    notes.append(message)
+
+
+def _read_config(path: Path, notes: list[str]) -> dict[str, Any]:
+    """The run's config.yaml as a mapping; unreadable (not UTF-8, not YAML, not a mapping): a
+    warning, and the defaults."""
+    if not path.exists():
+        return {}
     try:
-        return read_jsonl(path, on_torn=notes.append)
-    except RunLogError as error:
-        raise AnalysisError(str(error)) from None
+        loaded = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        _damaged(notes, f"{path}: unreadable ({type(error).__name__}); the defaults are used")
+        return {}
+    if not isinstance(loaded, dict):
+        _damaged(notes, f"{path}: not a mapping of sections; the defaults are used")
+        return {}
+    return loaded
 
 
 def _latest_rows(rows: Sequence[dict[str, Any]], key: str, path: Path) -> list[dict[str, Any]]:
@@ -310,9 +334,9 @@ def _compute(
     compute = Compute(dict(accelerators), seconds, steps)
     if best_path.exists():
         try:
-            best = json.loads(best_path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            notes.append(f"{best_path}: unreadable ({error}); no hours-to-best")
+            best = json.loads(best_path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            _damaged(notes, f"{best_path}: unreadable ({type(error).__name__}); no hours-to-best")
             return compute
         last = _best_last_steps(best, models)
         if last is None:
@@ -348,20 +372,18 @@ def analyze_run(
     rows = _latest_rows(raw, "model", metrics_path)
     if not rows:
         raise AnalysisError(f"{metrics_path}: no rows; the run has not completed a step yet")
-    config: dict[str, Any] = {}
-    if files.config.exists():
-        try:
-            loaded = yaml.safe_load(files.config.read_text())
-            config = loaded if isinstance(loaded, dict) else {}
-        except yaml.YAMLError as error:
-            notes.append(f"config.yaml unreadable ({error}); defaults used")
+    config = _read_config(files.config, notes)
     models = list(dict.fromkeys(r["model"] for r in raw))  # the run's order
     steps = sorted({int(r["step"]) for r in rows})
     method = str(config.get("method") or rows[0].get("method") or "?")
     graft = config.get("graft") if isinstance(config.get("graft"), dict) else {}
-    if delta is None:
-        delta = float(graft.get("delta", DEFAULT_DELTA))
-    rule = WeightRule.of(method, {**graft, "delta": delta})
+    try:
+        delta = float(graft.get("delta", DEFAULT_DELTA)) if delta is None else delta
+        rule = WeightRule.of(method, {**graft, "delta": delta})
+    except (TypeError, ValueError) as error:
+        _damaged(notes, f"{files.config}: field 'graft' is not usable ({error}); the defaults are used")
+        delta = DEFAULT_DELTA
+        rule = WeightRule.of(method, {"delta": delta})
 
     logged = {(int(r["step"]), r["model"]) for r in rows}
     compat: list[dict[str, Any]] = []
@@ -382,6 +404,7 @@ def analyze_run(
             validation = _latest_rows(validation, "model", validation_path)  # a resume repeats steps
 
     comps = complementarity_by_step(rows, models)  # then checked against the store's rewards
+    _check_checkpoints(files, models, notes)
 
     store_root = Path(store_dir) if store_dir is not None else files.store
     store_report = store_ok = None
@@ -427,6 +450,18 @@ def analyze_run(
         if present
     ]
     return analysis
+
+
+def _check_checkpoints(files: RunDir, models: Sequence[str], notes: list[str]) -> None:
+    """Verify the run's checkpoints against their manifests as ``--resume`` does (newest first, up
+    to the newest intact one): each damaged one is named in a warning and a note; nothing moves."""
+    usable, damaged = newest_usable(files.checkpoints, required_files(models))
+    for check in damaged:
+        fallback = f"the newest intact one is {usable.folder.name}" if usable else "no checkpoint is intact"
+        _damaged(
+            notes,
+            f"checkpoint {check.folder.name}: {check.problem}; {fallback} (`graftrl train --resume` sets it aside)",
+        )
 
 
 def validation_metrics(validation: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -28,7 +28,8 @@ from graftrl.console import TaskBars
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.compare_task import CompareTask, evaluate_policies
 from graftrl.reporting.matrix import CompareError, Variant
-from graftrl.storage.rundir import ExperimentDir, RunDir, read_metrics
+from graftrl.reporting.run_logs import read_run_metrics
+from graftrl.storage.rundir import ExperimentDir, RunDir
 
 
 def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
@@ -91,10 +92,10 @@ def _eval_key(task: CompareTask) -> list[Any]:
 
 def _read_done(path: Path, digest: str) -> dict[str, Any] | None:
     try:
-        done = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        done = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):  # missing, or damaged (not UTF-8, not JSON): the cell runs again
         return None
-    return done if done.get("digest") == digest else None
+    return done if isinstance(done, dict) and done.get("digest") == digest else None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -107,7 +108,7 @@ def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, f
     """Mean over the models of each one's run totals: responses sampled (dynamic sampling logs its
     prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles)."""
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for row in read_metrics(run_dir):
+    for row in read_run_metrics(run_dir):
         model = totals[row["model"]]
         model["rollouts_per_model"] += int(row.get("prompts_sampled") or batch_prompts) * n
         model["rows_trained_per_model"] += int(row.get("train_rows") or 0)
@@ -259,8 +260,8 @@ def donor_cells(folders: Sequence[Path]) -> dict[str, Path]:
             raise CompareError(f"--reuse: {folder} is not a folder (give compare or sweep output folders)")
         for marker in sorted(Path(folder).rglob(RunDir(Path()).done.name)):
             try:
-                digest = json.loads(marker.read_text()).get("digest")
-            except (OSError, json.JSONDecodeError, AttributeError):
+                digest = json.loads(marker.read_bytes().decode("utf-8")).get("digest")
+            except (OSError, ValueError, AttributeError):  # a damaged marker donates nothing
                 continue
             if isinstance(digest, str) and marker.parent.parent.name == ExperimentDir(Path()).runs.name:
                 cells.setdefault(digest, marker.parent)

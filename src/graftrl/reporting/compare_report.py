@@ -42,8 +42,9 @@ from graftrl.reporting.render import (
     progress_markdown,
     table_markdown,
 )
+from graftrl.reporting.run_logs import read_log, read_run_metrics
 from graftrl.reporting.weights import WeightRule, logs_weights
-from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
+from graftrl.storage.rundir import ExperimentDir, RunDir
 
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
@@ -67,7 +68,7 @@ def _curves(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, list[d
         for seed in range(seeds):
             run = ExperimentDir(out_dir).run(name, seed)
             if run.holds_run():
-                for row in read_metrics(run.root):
+                for row in read_run_metrics(run.root):
                     # the reward on the step's shared batch (dynamic sampling trains on other prompts)
                     value = row.get("shared_reward_mean", row.get("reward_mean"))
                     if value is not None:
@@ -84,7 +85,7 @@ def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, l
     """Metrics rows per "<variant> seed <s>" (the per-family curves and the exchange diagnostics)."""
     out = ExperimentDir(out_dir)
     return {
-        f"{name} seed {seed}": read_metrics(out.run(name, seed).root)
+        f"{name} seed {seed}": read_run_metrics(out.run(name, seed).root)
         for name in names
         for seed in range(seeds)
         if out.run(name, seed).holds_run()
@@ -95,7 +96,7 @@ def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict
     """Every ``compatibility.jsonl`` row of ``variant``'s runs over seeds 0..seeds-1."""
     out = ExperimentDir(out_dir)
     logs = [RunDir(out.run(variant, seed).root).compatibility for seed in range(seeds)]
-    return [record for log in logs if log.is_file() for record in read_jsonl(log)]
+    return [record for log in logs if log.is_file() for record in read_log(log)]
 
 
 @dataclass

@@ -32,7 +32,8 @@ from graftrl.reporting.plots import (
 )
 from graftrl.reporting.provenance import signature
 from graftrl.reporting.render import diagnostics_table, results_table
-from graftrl.storage.rundir import ExperimentDir, read_metrics
+from graftrl.reporting.run_logs import read_run_metrics
+from graftrl.storage.rundir import ExperimentDir
 
 PRESET = "demo"
 """compare's preset the demo runs (its variants are named after their methods)."""
@@ -58,7 +59,7 @@ class DemoReport(CompareReport):
         for seed in range(run.seeds):
             for variant in run.matrix.variants:
                 run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
-                curves[f"{variant.method} seed {seed}"] = read_metrics(run_dir)
+                curves[f"{variant.method} seed {seed}"] = read_run_metrics(run_dir)
         diagnostics = summarize_exchange(curves)
         results = {
             "rows": rows,

@@ -39,9 +39,10 @@ from graftrl.reporting.compare_task import CompareTask, embedded_task
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
+from graftrl.reporting.run_logs import read_log, read_run_metrics
 from graftrl.reporting.sweep import run_points_seed_major
 from graftrl.storage.data import load_problems
-from graftrl.storage.rundir import ExperimentDir, RunDir, read_jsonl, read_metrics
+from graftrl.storage.rundir import ExperimentDir, RunDir
 
 PRESET = "mastery"
 BASELINE, REFERENCE = "grpo", "graft"
@@ -100,7 +101,13 @@ def _runs(folder: Path, variant: str, seeds: int) -> list[Path]:
 
 def _train_file(run: Path) -> str:
     """The training data a run read (its config.yaml's ``data.train``)."""
-    return yaml.safe_load(RunDir(run).config.read_text())["data"]["train"]
+    path = RunDir(run).config
+    try:
+        return str(yaml.safe_load(path.read_bytes().decode("utf-8"))["data"]["train"])
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise UserError(
+            f"{path}: cannot read data.train ({type(error).__name__}); restore the file"
+        ) from None
 
 
 def _deficit(rows: Sequence[Mapping[str, Any]], model: str) -> str | None:
@@ -114,7 +121,7 @@ def _early_reward(runs: Sequence[Path], model: str, family: str) -> float | None
     values = [
         row[f"family_reward/{family}"]
         for run in runs
-        for row in read_metrics(run)
+        for row in read_run_metrics(run)
         if row["model"] == model
         and row["step"] < EARLY_STEPS
         and row.get(f"family_reward/{family}") is not None
@@ -126,7 +133,7 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
     """One point: per receiver, pass@1 and the paired differences, and the training-side measures."""
     graft = _runs(folder, REFERENCE, seeds)
     metrics = {
-        variant: [row for run in _runs(folder, variant, seeds) for row in read_metrics(run)]
+        variant: [row for run in _runs(folder, variant, seeds) for row in read_run_metrics(run)]
         for variant in (BASELINE, REFERENCE, "success-only")
     }
     regime = summarize_exchange({f"{variant} runs": rows for variant, rows in metrics.items()})
@@ -136,7 +143,7 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
         row
         for run in graft
         if RunDir(run).compatibility.exists()
-        for row in read_jsonl(RunDir(run).compatibility)
+        for row in read_log(RunDir(run).compatibility)
     ]
     problems = {p.id: p.problem for run in graft[:1] for p in load_problems(_train_file(run))}
     errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES)

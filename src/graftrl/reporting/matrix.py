@@ -194,7 +194,11 @@ def load_matrix(path: str | Path) -> Matrix:
     if not path.is_file():
         raise CompareError(f"matrix file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise CompareError(
+            f"matrix file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
         raise CompareError(f"matrix file {path} is not valid YAML: {error}") from None
     return parse_matrix(raw, str(path))

@@ -16,7 +16,8 @@ from matplotlib.ticker import MaxNLocator
 
 from graftrl.core.compatibility import DELTA
 from graftrl.reporting.analyze import RunAnalysis, step_seconds, validation_metrics
-from graftrl.storage.rundir import RunDir, read_jsonl
+from graftrl.reporting.run_logs import read_log
+from graftrl.storage.rundir import RunDir
 
 FOOTER_INCHES = 0.16
 """Height kept free at a figure's foot for its footer line."""
@@ -106,7 +107,7 @@ def read_compatibility(run_dir: Path) -> dict[str, list[float]]:
     scores: dict[str, list[float]] = defaultdict(list)
     path = RunDir(run_dir).compatibility
     if path.exists():
-        for row in read_jsonl(path):
+        for row in read_log(path):
             scores[row["receiver"]].extend(row["s"])
     return scores
 

@@ -106,8 +106,8 @@ def _model_provenance(folder: Path) -> dict[str, Any]:
     report = folder / REPORT_NAME
     if report.is_file():
         try:
-            fingerprint = json.loads(report.read_text()).get("fingerprint")
-        except (OSError, json.JSONDecodeError):
+            fingerprint = json.loads(report.read_bytes().decode("utf-8")).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
             fingerprint = None
     return {"weights_sha256": weights_sha256(folder), "warm_start_fingerprint": fingerprint}
 

@@ -36,7 +36,8 @@ from graftrl.reporting.compare_report import PAIRED_NOTE
 from graftrl.reporting.compare_task import CompareTask, embedded_task
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
-from graftrl.storage.rundir import ExperimentDir, read_metrics
+from graftrl.reporting.run_logs import read_run_metrics
+from graftrl.storage.rundir import ExperimentDir
 
 PRESET = "demo"
 BASELINE, TREATMENT = "grpo", "graft"
@@ -68,7 +69,7 @@ def point_summary(
     and the regime statistics of its runs (seeds that finished)."""
     runs = ExperimentDir(out_dir)
     curves = {
-        f"{variant} seed {seed}": read_metrics(runs.run(variant, seed).root)
+        f"{variant} seed {seed}": read_run_metrics(runs.run(variant, seed).root)
         for variant in (BASELINE, TREATMENT)
         for seed in range(seeds)
         if runs.run(variant, seed).holds_run()

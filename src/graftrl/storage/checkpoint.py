@@ -41,6 +41,7 @@ from graftrl.files import atomic_write, fsync_dir, sha256_file
 from graftrl.storage.rundir import (
     DAMAGED,
     MANIFEST,
+    METHOD_STATE,
     STAGING_SUFFIX,
     TRAINER_STATE,
     RunDir,
@@ -204,6 +205,26 @@ def verify_checkpoint(folder: Path, required: Sequence[str] = ()) -> CheckpointC
         if digest != entry["sha256"]:
             return damaged(f"{name}: sha256 mismatch (the file changed after the checkpoint was written)")
     return CheckpointCheck(folder, "intact")
+
+
+def required_files(policies: Sequence[str]) -> list[str]:
+    """What a run's checkpoint must list: the trainer and method states and a folder per policy."""
+    return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in policies)]
+
+
+def newest_usable(
+    root: Path, required: Sequence[str] = ()
+) -> tuple[CheckpointCheck | None, list[CheckpointCheck]]:
+    """The newest checkpoint under ``root`` that passes ``verify_checkpoint`` (intact, or legacy:
+    unverifiable), and the damaged ones newer than it, newest first, as ``--resume`` looks at them.
+    For readers (``graftrl eval``, ``graftrl analyze``): nothing is moved or changed."""
+    damaged = []
+    for folder in reversed(list_checkpoints(root)):
+        check = verify_checkpoint(folder, required)
+        if check.usable:
+            return check, damaged
+        damaged.append(check)
+    return None, damaged
 
 
 def set_aside(folder: Path) -> Path:

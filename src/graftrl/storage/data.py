@@ -122,7 +122,7 @@ def _read_parquet_records(path: Path) -> list[tuple[str, Any]]:
 
     try:
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot read as Parquet ({exc})") from exc
     return [(f"row {i}", rec) for i, rec in enumerate(table.to_pylist())]
 

@@ -10,7 +10,7 @@ paths (file names included) and its JSONL readers and writers are :mod:`graftrl.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -293,6 +293,73 @@ LOGS: dict[str, tuple[LogKey, ...]] = {
     _RUN.samples.name: SAMPLE_KEYS,
 }
 """The declared keys of each log, by its file name in the run folder."""
+
+
+TEXT_UNITS = frozenset({"name", "names", "id", "text"})
+"""Units of keys that hold text (the rest hold numbers, or null where nothing was measured)."""
+LIST_UNITS = {"names": str, "ids": str, "texts": str, "bools": bool}
+"""In a per-response log (compatibility.jsonl): list units whose elements are not numbers."""
+IDENTITY = ("step", "model", "receiver")
+"""Keys a row must hold, valid, when its log declares them: what every reader groups rows by."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def row_checker(
+    declared: Sequence[LogKey], per_response: bool = False
+) -> Callable[[Mapping[str, Any]], str | None]:
+    """``row_problem`` for one log, with each key's declaration looked up once."""
+    found: dict[str, LogKey | None] = {}
+
+    def lookup(key: str) -> LogKey | None:
+        if key not in found:
+            found[key] = find_key(key, declared)
+        return found[key]
+
+    return lambda row: row_problem(row, declared, per_response, lookup)
+
+
+def row_problem(
+    row: Mapping[str, Any],
+    declared: Sequence[LogKey],
+    per_response: bool = False,
+    lookup: Callable[[str], LogKey | None] | None = None,
+) -> str | None:
+    """What is wrong with a log row against its log's declared keys (None when nothing): a missing
+    or invalid step/model/receiver, or a value of the wrong kind (a string where a number belongs).
+    ``per_response``: the log holds one list per key, a value per response (compatibility.jsonl).
+    Keys no declaration covers are not checked (readers do not use them)."""
+    names = {entry.name for entry in declared}
+    for key in IDENTITY:
+        if key in names and key not in row:
+            return f"field {key!r} is missing"
+    for key, value in row.items():
+        entry = lookup(key) if lookup is not None else find_key(key, declared)
+        if entry is None:
+            continue
+        if entry.unit == "step":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return f"field {key!r} must be a step number >= 0, got {value!r}"[:200]
+        elif key in IDENTITY or entry.unit == "name":
+            if not isinstance(value, str) or not value:
+                return f"field {key!r} must be a non-empty name, got {value!r}"[:200]
+        elif per_response:
+            kind = LIST_UNITS.get(entry.unit)
+            if not isinstance(value, list) or not all(
+                (isinstance(v, kind) if kind is not None else _number(v) or v is None) for v in value
+            ):
+                return f"field {key!r} must be a list of {kind.__name__ if kind else 'numbers'}"
+        elif entry.unit in TEXT_UNITS:
+            if not isinstance(value, str):
+                return f"field {key!r} must be text, got {value!r}"[:200]
+        elif entry.unit == "bool":
+            if not isinstance(value, bool):
+                return f"field {key!r} must be true or false, got {value!r}"[:200]
+        elif value is not None and not _number(value):
+            return f"field {key!r} must be a number, got {value!r}"[:200]
+    return None
 
 
 def find_key(key: str, declared: Sequence[LogKey] = METRIC_KEYS) -> LogKey | None:

@@ -19,6 +19,7 @@ for a path instead of naming a file. Layout of ``graftrl train --out RUN``::
       analysis/                        `graftrl analyze` output
       eval/  eval-best/                `graftrl eval RUN [--best]` output
       run.lock                         the OS lock of the process training into RUN
+      errors.log                       full reports of policy workers (Ray actors, ranks) that died
       done.json                        `graftrl compare`: the cell finished (config digest, scores)
 
 ``graftrl compare --out OUT`` (and ``graftrl demo``) write ``OUT/data/{train,heldout}.jsonl``,
@@ -33,7 +34,9 @@ never lost). Storage layer: imports only ``graftrl.errors`` and ``graftrl.files`
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +139,12 @@ class RunDir:
     def lock(self) -> Path:
         return self.root / "run.lock"
 
+    @property
+    def errors_log(self) -> Path:
+        """Full reports (tracebacks) of policy workers that died or failed (Ray actors, ranks):
+        the terminal gets one paragraph naming this file (``graftrl.training.failures``)."""
+        return self.root / "errors.log"
+
     def bulky(self) -> tuple[Path, ...]:
         """What a finished run's results do not need: weights, trajectories and the lock (a
         finished compare cell copied to another folder leaves them out)."""
@@ -207,6 +216,24 @@ class ExperimentDir:
         return self.root / "report.md"
 
 
+def ensure_writable(folder: Path, what: str) -> Path:
+    """Create ``folder`` (with its parents) and prove a file can be written there, before a command
+    does its work: an output that cannot be written is refused in one line up front, not after an
+    hour of evaluation. ``what`` names the option (``--out``); returns the folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".graftrl-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise UserError(
+            f"{what} {folder}: cannot write there ({error.strerror or type(error).__name__}"
+            f"{f': {error.filename}' if error.filename and str(error.filename) != str(folder) else ''}); "
+            "choose a writable folder"
+        ) from None
+    return folder
+
+
 # ----- JSONL logs ----------------------------------------------------------------------------------
 
 
@@ -229,36 +256,59 @@ def append_jsonl(path: Path, rows: dict[str, Any] | Iterable[dict[str, Any]]) ->
             handle.write(json.dumps(row) + "\n")
 
 
-def read_jsonl(path: Path, on_torn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def read_jsonl(
+    path: Path,
+    on_torn: Callable[[str], None] | None = None,
+    *,
+    check: Callable[[dict[str, Any]], str | None] | None = None,
+    on_bad: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """The rows of a JSONL log. A torn last line (a run killed mid-append) is skipped, with a note
-    to ``on_torn``; any other line that is not a JSON object raises RunLogError naming it."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    to ``on_torn``. Any other line that is not UTF-8 text holding a JSON object, or that ``check``
+    rejects (``check(row)`` returns what is wrong, None when nothing is), raises RunLogError naming
+    the file and line, or with ``on_bad`` is skipped and reported to it (``file:line: what``)."""
+    lines = path.read_bytes().splitlines()
     last = max((number for number, line in enumerate(lines, start=1) if line.strip()), default=0)
     rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == last:
-                if on_torn is not None:
-                    on_torn(f"{path.name} line {number}: incomplete last line skipped (interrupted write)")
-                continue
-            raise RunLogError(
-                f"{path} line {number}: not valid JSON ({error.msg}); repair or delete the line",
-                line,
-                error.pos,
-            ) from None
-        if not isinstance(row, dict):
-            raise RunLogError(f"{path} line {number}: expected a JSON object", line)
-        rows.append(row)
+        problem, row = _parse_line(raw)
+        if problem is None and check is not None:
+            problem = check(row)
+        if problem is None:
+            rows.append(row)
+            continue
+        if problem.startswith("not valid JSON") and number == last:
+            if on_torn is not None:
+                on_torn(f"{path.name} line {number}: incomplete last line skipped (interrupted write)")
+            continue
+        if on_bad is None:
+            fix = "repair or delete the line"
+            raise RunLogError(f"{path} line {number}: {problem}; {fix}", raw.decode("utf-8", "replace"))
+        on_bad(f"{path}:{number}: {problem}; line skipped")
     return rows
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of a run's ``metrics.jsonl``; a torn last line is skipped."""
-    return read_jsonl(RunDir(run_dir).metrics)
+def _parse_line(raw: bytes) -> tuple[str | None, Any]:
+    """(what is wrong with a log line, or None; the row)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 text (byte {error.start})", None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as error:
+        return f"not valid JSON ({error.msg})", None
+    if not isinstance(row, dict):
+        return "expected a JSON object", None
+    return None, row
+
+
+def read_metrics(run_dir: str | Path, on_bad: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The rows of a run's ``metrics.jsonl``; a torn last line is skipped (for reports that check
+    each row's keys and skip damaged lines: ``graftrl.reporting.run_logs``)."""
+    return read_jsonl(RunDir(run_dir).metrics, on_bad=on_bad)
 
 
 def discarded_path(path: Path) -> Path:

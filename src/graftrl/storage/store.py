@@ -20,6 +20,10 @@ step file's rename and the manifest's leaves a complete file the manifest does n
 new step: ``verify`` reports it as unlisted) or, when a step is being overwritten, a file whose
 checksum no longer matches (the reader says so and suggests re-writing the step).
 
+An import writes several steps as one unit (``graftrl.storage.store_import``): while its
+``import_in_progress`` record is in the manifest (``graftrl.storage.store_manifest``), every reader
+and writer refuses the store, naming the command that finishes it.
+
 Matching rule of the readers (``groups``, ``find_groups``): a group is identified by
 (step, source, group_index), group_index being the prompt's position in the step's batch (a
 batch can hold a prompt twice). When no step is given, a (prompt_id, source) pair resolves to
@@ -31,7 +35,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,10 +45,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from graftrl.files import atomic_write, remove_stale_temps, sha256_bytes
+from graftrl.storage.rundir import ensure_writable
+from graftrl.storage.store_manifest import (
+    FORMAT,
+    MANIFEST,
+    STEP_FILE,
+    read_manifest,
+    rebuild_manifest,
+    step_file_name,
+    step_files,
+    write_manifest,
+)
 from graftrl.storage.store_rows import (
     FINISH_REASONS,
     MEAN_TOLERANCE,
-    META_STEP,
     SCHEMA,
     SCHEMA_VERSION,
     StoredTrajectory,
@@ -55,10 +68,6 @@ from graftrl.storage.store_rows import (
     tokenizer_id,
     validate_table,
 )
-
-FORMAT = "graftrl.trajectory_store"
-MANIFEST = "manifest.json"
-_STEP_FILE = re.compile(r"^step_(\d{6,})\.parquet$")
 
 __all__ = [  # the row format's public names are the store's too
     "FINISH_REASONS",
@@ -78,172 +87,77 @@ __all__ = [  # the row format's public names are the store's too
 ]
 
 
-def step_file_name(step: int) -> str:
-    return f"step_{step:06d}.parquet"
-
-
-# ------------------------------------------------------------------------------------------
-# Manifest
-# ------------------------------------------------------------------------------------------
-
-
-def _empty_manifest() -> dict[str, Any]:
-    return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "files": {}}
-
-
-def _read_manifest(root: Path, *, missing_ok: bool) -> dict[str, Any]:
-    path = root / MANIFEST
-    if not path.exists():
-        if missing_ok:
-            return _empty_manifest()
-        if _step_files(root):
-            raise StoreError(
-                f"{path}: missing, but the folder holds {len(_step_files(root))} step files; rebuild it with "
-                "graftrl.storage.store.rebuild_manifest (resuming the run that records into it does so)"
-            )
-        raise StoreError(
-            f"{path}: no trajectory store here (manifest.json is missing); check the path, "
-            "or create one with TrajectoryWriter or `graftrl import-trajectories`"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise StoreError(
-            f"{path}: unreadable manifest ({error}); restore it from a backup (the step files hold "
-            "the data; their checksums are lost with the manifest)"
-        ) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise StoreError(f"{path}: field 'format' is not {FORMAT!r}: not a graftrl trajectory store manifest")
-    if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: field 'schema_version' is {manifest.get('schema_version')!r}, but this graftrl reads "
-            f"version {SCHEMA_VERSION}; use the graftrl release that wrote the store, or re-create it"
-        )
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise StoreError(f"{path}: field 'files' must be an object; restore the manifest from a backup")
-    for name, entry in files.items():
-        if not _STEP_FILE.match(name) or not isinstance(entry, dict):
-            raise StoreError(f"{path}: field 'files': bad entry {name!r}; restore the manifest from a backup")
-        for key, kind in (("step", int), ("rows", int), ("sha256", str)):
-            if not isinstance(entry.get(key), kind):
-                raise StoreError(
-                    f"{path}: field 'files.{name}.{key}' is missing or not {kind.__name__}; "
-                    "restore the manifest from a backup"
-                )
-        if entry["step"] != int(_STEP_FILE.match(name).group(1)):  # type: ignore[union-attr]
-            raise StoreError(
-                f"{path}: field 'files.{name}.step' is {entry['step']}, which is not the file's step; "
-                "restore the manifest from a backup"
-            )
-    return manifest
-
-
-def _write_manifest(root: Path, manifest: Mapping[str, Any]) -> None:
-    data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8") + b"\n"
-    atomic_write(root / MANIFEST, data)
-
-
-def _step_files(root: Path) -> list[Path]:
-    return sorted(path for path in root.glob("step_*.parquet") if _STEP_FILE.match(path.name))
-
-
-def rebuild_manifest(root: str | Path) -> list[int]:
-    """Re-create a missing manifest.json from the step files present; returns the steps listed.
-
-    Each file must be a valid step file of this schema (its Parquet metadata names the step and the
-    schema version), so recorded steps are never orphaned silently; a file that is not refuses the
-    rebuild with one line naming it. The checksums are the files' current ones.
-    """
-    root = Path(root)
-    manifest = _empty_manifest()
-    for path in _step_files(root):
-        data = path.read_bytes()
-        step = int(_STEP_FILE.match(path.name).group(1))  # type: ignore[union-attr]
-        fix = f"move {path.name} out of the store to rebuild manifest.json from the other step files"
-        where = f"{path} (rebuilding the missing {MANIFEST})"
-        try:
-            table = pq.read_table(pa.BufferReader(data))
-        except (pa.ArrowException, OSError, ValueError) as error:
-            raise StoreError(f"{where}: not a readable Parquet file ({error}); {fix}") from None
-        validate_table(table, where, step, fix)
-        stored_step = (table.schema.metadata or {}).get(META_STEP)
-        if stored_step is not None and stored_step != str(step).encode():
-            raise StoreError(
-                f"{where}: its metadata says step {stored_step.decode(errors='replace')}, not {step}; {fix}"
-            )
-        manifest["files"][path.name] = {
-            "step": step,
-            "rows": table.num_rows,
-            "bytes": len(data),
-            "sha256": sha256_bytes(data),
-            "sources": sorted(set(table.column("source").to_pylist())),
-        }
-    _write_manifest(root, manifest)
-    return sorted(entry["step"] for entry in manifest["files"].values())
-
-
 # ------------------------------------------------------------------------------------------
 # Writer
 # ------------------------------------------------------------------------------------------
 
 
-class TrajectoryWriter:
-    """Writes step files and keeps the manifest current. One writer per store at a time."""
+def encode_step(step: int, rows: Sequence[StoredTrajectory]) -> tuple[bytes, dict[str, Any]]:
+    """A step file's bytes and its manifest entry. Rows are validated first (the reader's checks),
+    so a bad row is never written; the same rows give the same bytes."""
+    if step < 0:
+        raise StoreError(f"write_step: step must be >= 0, got {step}")
+    if not rows:
+        raise StoreError(f"write_step: no rows for step {step}")
+    ordered = sorted(rows, key=lambda r: (r.source, r.group_index, r.index))
+    table = table_from_rows(ordered, step)
+    validate_table(table, f"step {step} (not written)", step, "fix the rows before writing them")
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd")
+    data = buffer.getvalue()
+    entry = {
+        "step": step,
+        "rows": table.num_rows,
+        "bytes": len(data),
+        "sha256": sha256_bytes(data),
+        "sources": sorted({r.source for r in rows}),
+    }
+    return data, entry
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise StoreError(
-                f"store folder {self.root}: cannot create it ({error.strerror or error}); choose a writable "
-                "folder (--store / store.path)"
-            ) from None
+
+class TrajectoryWriter:
+    """Writes step files and keeps the manifest current. One writer per store at a time.
+
+    A store an import left unfinished is refused (``finishing_import``: the import that finishes
+    it, ``graftrl.storage.store_import``)."""
+
+    def __init__(self, root: str | Path, *, finishing_import: bool = False) -> None:
+        self.root = ensure_writable(Path(root), "store folder (--store / store.path)")
         remove_stale_temps(self.root)  # left by a writer killed mid-write; never read
         self.rebuilt: list[int] = []
         """Steps re-listed from their files because manifest.json was missing (see ``rebuild_manifest``)."""
-        if not (self.root / MANIFEST).exists() and _step_files(self.root):
+        if not (self.root / MANIFEST).exists() and step_files(self.root):
             self.rebuilt = rebuild_manifest(self.root)
-        _read_manifest(self.root, missing_ok=True)  # refuse a foreign or newer store up front
+        # refuse a foreign or newer store, or an unfinished import, up front
+        read_manifest(self.root, missing_ok=True, pending_ok=finishing_import)
+        self._pending_ok = finishing_import
+
+    def manifest(self) -> dict[str, Any]:
+        return read_manifest(self.root, missing_ok=True, pending_ok=self._pending_ok)
 
     def write_step(self, step: int, rows: Sequence[StoredTrajectory]) -> Path:
-        """Write all models' rows for ``step`` (replacing an earlier file for that step).
+        """Write all models' rows for ``step`` (replacing an earlier file for that step)."""
+        data, entry = encode_step(step, rows)
+        return self.write_encoded(step, data, entry)
 
-        Rows are validated first (same checks as the reader), so a bad row is never written.
-        """
-        if step < 0:
-            raise StoreError(f"write_step: step must be >= 0, got {step}")
-        if not rows:
-            raise StoreError(f"write_step: no rows for step {step}")
-        ordered = sorted(rows, key=lambda r: (r.source, r.group_index, r.index))
-        table = table_from_rows(ordered, step)
+    def write_encoded(self, step: int, data: bytes, entry: Mapping[str, Any]) -> Path:
+        """Write a step file ``encode_step`` made, then list it in the manifest."""
         name = step_file_name(step)
-        validate_table(table, f"step {step} (not written)", step, "fix the rows before writing them")
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer, compression="zstd")
-        data = buffer.getvalue()
-        manifest = _read_manifest(self.root, missing_ok=True)
+        manifest = self.manifest()
         atomic_write(self.root / name, data)
-        manifest["files"][name] = {
-            "step": step,
-            "rows": table.num_rows,
-            "bytes": len(data),
-            "sha256": sha256_bytes(data),
-            "sources": sorted({r.source for r in rows}),
-        }
-        _write_manifest(self.root, manifest)
+        manifest["files"][name] = dict(entry)
+        write_manifest(self.root, manifest)
         return self.root / name
 
     def truncate_after(self, step: int) -> list[int]:
         """Drop steps > ``step`` (on resume); their files move to ``discarded/``. Returns them."""
-        manifest = _read_manifest(self.root, missing_ok=True)
+        manifest = self.manifest()
         later = {name: e for name, e in manifest["files"].items() if e["step"] > step}
         if not later:
             return []
         for name in later:
             del manifest["files"][name]
-        _write_manifest(self.root, manifest)
+        write_manifest(self.root, manifest)
         discarded = self.root / "discarded"
         discarded.mkdir(exist_ok=True)
         for name in later:
@@ -292,18 +206,24 @@ class TrajectoryStore:
     which (prompt_id, source) groups each file holds, keyed by the file's checksum.
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, finishing_import: bool = False) -> None:
         self.root = Path(root)
-        _read_manifest(self.root, missing_ok=False)
+        self._pending_ok = finishing_import
+        """Only for the import finishing an interrupted one: every other reader refuses such a store."""
+        self._manifest()
         self._keys: dict[str, tuple[str, list[tuple[str, str, int]]]] = {}
 
     def _entries(self) -> dict[int, tuple[str, dict[str, Any]]]:
-        manifest = _read_manifest(self.root, missing_ok=False)
+        manifest = self._manifest()
         return {entry["step"]: (name, entry) for name, entry in manifest["files"].items()}
 
     def steps(self) -> list[int]:
         """Steps listed in the manifest, ascending."""
         return sorted(self._entries())
+
+    def sources_by_step(self) -> dict[int, list[str]]:
+        """step -> the sources the manifest lists for its file (from the manifest alone)."""
+        return {step: list(entry.get("sources", [])) for step, (_, entry) in self._entries().items()}
 
     def sources(self) -> list[str]:
         return sorted({s for _, e in self._entries().values() for s in e.get("sources", [])})
@@ -315,7 +235,10 @@ class TrajectoryStore:
         return sha256_bytes(json.dumps(entries).encode("utf-8"))
 
     def _read_files(self) -> dict[str, Any]:
-        return _read_manifest(self.root, missing_ok=False)["files"]
+        return self._manifest()["files"]
+
+    def _manifest(self) -> dict[str, Any]:
+        return read_manifest(self.root, missing_ok=False, pending_ok=self._pending_ok)
 
     def _load(self, step: int, name: str, entry: Mapping[str, Any]) -> pa.Table:
         path = self.root / name
@@ -477,7 +400,7 @@ class TrajectoryStore:
                 report.problems.append(str(error))
         listed = {name for name, _ in entries.values()}
         for path in sorted(self.root.iterdir()):
-            if _STEP_FILE.match(path.name) and path.name not in listed:
+            if STEP_FILE.match(path.name) and path.name not in listed:
                 report.warnings.append(
                     f"{path}: step file not listed in manifest.json (a writer stopped before updating the "
                     "manifest); readers ignore it: re-write the step, or delete the file"

@@ -12,6 +12,7 @@ store. A worker is a ``PolicyWorker`` (graftrl.training.worker), or for a policy
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from graftrl.methods import ExchangePlan, Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
+from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.worker import PolicyWorker
@@ -238,6 +240,19 @@ class LocalBackend(WorkerGroup):
             self._owned_verifier.close()
 
 
+class RayPolicyWorker(PolicyWorker):
+    """A ``PolicyWorker`` as a Ray actor, built by ``start`` (a method, as ``RayDataParallelWorker``
+    is): an error while building it (a damaged model folder, a prompt that does not fit) then
+    reaches the driver as itself, one line, rather than as a dead actor whose traceback Ray prints."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._arguments = (args, kwargs)
+
+    def start(self) -> None:
+        args, kwargs = self._arguments
+        PolicyWorker.__init__(self, *args, **kwargs)
+
+
 class RayBackend(WorkerGroup):
     """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
 
@@ -268,6 +283,7 @@ class RayBackend(WorkerGroup):
             raise ValueError("backend: ray loads every policy inside its actor from `policies[].path`")
         self.ray = ray
         self.config = config
+        self.run_dir = Path(run_dir)
         self._started = False
         self._driver_verifier: Any = None
         if not ray.is_initialized():
@@ -281,7 +297,7 @@ class RayBackend(WorkerGroup):
                 include_dashboard=False,
             )
             self._started = True
-        actor_class = ray.remote(PolicyWorker)
+        actor_class = ray.remote(RayPolicyWorker)
         ranks_class = ray.remote(RayDataParallelWorker)
         shared_problems = ray.put(list(problems))
         self.actors: list[Any] = []
@@ -310,22 +326,41 @@ class RayBackend(WorkerGroup):
         # Fail here, not at the first step, when an actor cannot start (bad path, no GPU, ranks
         # that cannot be placed, ...), and leave no actor or private Ray behind.
         try:
-            ray.get(
-                [
-                    actor.start.remote() if spec.parallel.data > 1 else actor.__ray_ready__.remote()
-                    for actor, spec in zip(self.actors, config.policies, strict=True)
-                ]
+            self._gather(
+                "start",
+                [actor.start.remote() for actor in self.actors],
             )
         except BaseException:
             self.close()
             raise
 
+    def _gather(self, during: str, refs: list[Any], indices: Sequence[int] | None = None) -> list[Any]:
+        """Every actor's reply to the call ``during``, in policy order. The first actor that fails
+        stops the run: an anticipated error as its own one line, anything else (a dead actor, a bug,
+        out of memory) as one paragraph naming the policy, with the report in the run's error log.
+        ``indices``: the policies of ``refs`` when not all of them, in order."""
+        pending = list(refs)
+        while pending:
+            done, pending = self.ray.wait(pending, num_returns=1)
+            try:
+                self.ray.get(done[0])
+            except Exception as error:
+                cause, details, anticipated = ray_cause(error)
+                if anticipated is not None:
+                    raise anticipated from None
+                position = refs.index(done[0])
+                name = self.config.policies[indices[position] if indices is not None else position].name
+                raise worker_failure(
+                    self.run_dir, f"policy {name!r} (Ray actor)", during, cause, details
+                ) from None
+        return self.ray.get(refs)
+
     # Each call starts on every actor before waiting on any: the policies run concurrently.
     def reset_peak_memory(self) -> None:
-        self.ray.get([actor.reset_peak_memory.remote() for actor in self.actors])
+        self._gather("reset_peak_memory", [actor.reset_peak_memory.remote() for actor in self.actors])
 
     def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
-        return self.ray.get([actor.rollout.remote(step, problems) for actor in self.actors])
+        return self._gather("rollout", [actor.rollout.remote(step, problems) for actor in self.actors])
 
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
@@ -333,30 +368,35 @@ class RayBackend(WorkerGroup):
         # Every actor holds its own copy of the method; the records go into the object store once.
         method_state = method.state_dict()
         shared = self.ray.put(records)
-        return self.ray.get(
+        return self._gather(
+            "update",
             [
                 actor.update.remote(step, plan, shared, method_state)
                 for actor, plan in zip(self.actors, plans, strict=True)
-            ]
+            ],
         )
 
     def validation_scores(self) -> list[dict[str, float]]:
-        return self.ray.get([actor.validation_scores.remote() for actor in self.actors])
+        return self._gather("validation_scores", [actor.validation_scores.remote() for actor in self.actors])
 
     def save_policy(self, index: int, folder: str | Path) -> None:
-        self.ray.get(self.actors[index].save_policy.remote(folder))
+        self._gather("save_policy", [self.actors[index].save_policy.remote(folder)], [index])
 
     def save(self, folders: Sequence[str | Path]) -> None:
-        self.ray.get([actor.save.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)])
+        self._gather(
+            "save", [actor.save.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)]
+        )
 
     def load(self, folders: Sequence[str | Path]) -> None:
-        self.ray.get([actor.load.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)])
+        self._gather(
+            "load", [actor.load.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)]
+        )
 
     def nonfinite_state(self) -> list[list[str]]:
-        return self.ray.get([actor.nonfinite_state.remote() for actor in self.actors])
+        return self._gather("nonfinite_state", [actor.nonfinite_state.remote() for actor in self.actors])
 
     def state_dicts(self) -> list[dict[str, Tensor]]:
-        return self.ray.get([actor.state_dict.remote() for actor in self.actors])
+        return self._gather("state_dict", [actor.state_dict.remote() for actor in self.actors])
 
     def driver_verifier(self) -> Any:
         """The workers' verifiers live in their actors: the driver gets its own, on first use."""
@@ -383,7 +423,10 @@ class RayBackend(WorkerGroup):
         if not self.actors:
             return
         try:
-            self.ray.get([actor.close.remote() for actor in self.actors])
+            # A dead actor's close fails again: the failure that stopped the run was already raised.
+            for ref in [actor.close.remote() for actor in self.actors]:
+                with contextlib.suppress(Exception):
+                    self.ray.get(ref)
         finally:
             for actor in self.actors:
                 self.ray.kill(actor)

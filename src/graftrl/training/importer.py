@@ -3,9 +3,12 @@
 ``graftrl import-trajectories`` calls ``import_jsonl``: it checks the whole file first (one line
 naming the file, line and field per problem), computes GRPO advantages for groups that lack them
 (eq. 1), scores responses that lack the source's log-probs with the source model (eq. 6: mean over
-content tokens, terminal EOS excluded), then writes one step file per step with the store's
-writer, merging with steps already in the store. It sits above the model layer because scoring
-loads a model; the store itself (``graftrl.storage.store``) never does.
+content tokens, terminal EOS excluded), then writes one step file per step, merging with steps
+already in the store, as one unit (``graftrl.storage.store_import``): an import killed half way
+leaves a store every reader refuses, and rerunning the same command finishes it, byte for byte as
+an uninterrupted import. Everything that can be refused (the file, the store, the lines' fit in
+the source model's context) is checked before the model's weights load. It sits above the model
+layer because scoring loads a model; the store itself (``graftrl.storage.store``) never does.
 """
 
 from __future__ import annotations
@@ -22,18 +25,20 @@ import torch
 
 from graftrl.core import grpo_advantages
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.errors import ModelError
+from graftrl.files import sha256_bytes, sha256_file
+from graftrl.models.model_loading import load_tokenizer, model_context
 from graftrl.models.policy import Policy
+from graftrl.models.prompts import encode_formatted, format_prompt
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.store import (
     FINISH_REASONS,
-    MANIFEST,
     MEAN_TOLERANCE,
     StoredTrajectory,
     StoreError,
-    TrajectoryStore,
-    TrajectoryWriter,
     tokenizer_id,
 )
+from graftrl.storage.store_import import StoreImport
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,33 @@ def import_jsonl(
             f"source's log-probs the compatibility score needs ({len(needs_score)} line(s) lack them); "
             "pass --model PATH (the source model) to compute them"
         )
+    # The store next: one that cannot be written, a foreign one, another command's unfinished
+    # import or a step already holding these sources is refused before the model is loaded.
+    root = Path(store_root)
+    options = {
+        "model": None if model_path is None else str(Path(model_path).expanduser().resolve()),
+        "template": template,
+        "source": source,
+        "chat_template": chat_template,
+        "temperature": temperature,
+        "device": device,
+        "dtype": dtype,
+        "source_tokenizer_id": source_tokenizer_id,
+        "adv_eps": adv_eps,
+        "adv_std_unbiased": adv_std_unbiased,
+    }
+    key = sha256_bytes(json.dumps([sha256_file(path)[0], options], sort_keys=True).encode())
+    command = f"graftrl import-trajectories {path} --store {root}" + (
+        f" --model {model_path} (and the same options)"
+        if model_path is not None
+        else " (and the same options)"
+    )
+    store_import = StoreImport(root, key, command)
+    sources_by_step: dict[int, set[str]] = defaultdict(set)
+    for line in lines:
+        sources_by_step[line.step].add(line.source)
+    store_import.check_sources(sources_by_step)
+
     default_tokenizer = source_tokenizer_id
     if model_path is not None:
         default_tokenizer = _score_lines(
@@ -279,24 +311,7 @@ def import_jsonl(
                 )
             )
 
-    root = Path(store_root)
-    writer = TrajectoryWriter(root)
-    existing = TrajectoryStore(root) if (root / MANIFEST).exists() else None
-    merged: dict[int, list[StoredTrajectory]] = {}
-    for step, rows in sorted(rows_by_step.items()):
-        new_sources = {r.source for r in rows}
-        if existing is not None and step in existing.steps():
-            old = existing.read_step(step)
-            clash = new_sources & {r.source for r in old}
-            if clash:
-                raise StoreError(
-                    f"{root}: step {step} already holds trajectories from source(s) {sorted(clash)}; import "
-                    "into a new --store folder, or give these another name with --source"
-                )
-            rows = old + rows
-        merged[step] = rows
-    for step, rows in merged.items():
-        writer.write_step(step, rows)
+    store_import.commit(rows_by_step)
     return ImportSummary(
         rows=len(lines),
         groups=len(groups),
@@ -369,6 +384,8 @@ def _score_lines(
     dtype: str,
 ) -> str:
     """Fill mean_logprob / token_logprobs / num_tokens from the source model; returns its tokenizer id."""
+    if lines:
+        _check_fit(lines, model_path, template, chat_template)
     try:
         policy = Policy.from_pretrained(
             "source",
@@ -406,3 +423,39 @@ def _score_lines(
         line.mean_logprob = content_mean_logprob(logprobs, line.finished)
         line.eos_logprob = float(logprobs[-1]) if line.finished and len(logprobs) else None
     return source_id
+
+
+def _check_fit(lines: Sequence[_Line], model_path: str, template: str, chat_template: bool) -> None:
+    """Refuse, before the model's weights load, a line whose prompt and response do not fit the
+    source model's context (scoring it would fail inside the forward pass, or first allocate its
+    quadratic attention); from the folder's tokenizer and config alone."""
+    missing_prompt = [line for line in lines if line.prompt_text is None]
+    if missing_prompt:
+        raise StoreError(
+            f"{missing_prompt[0].where}: field 'prompt' is missing; scoring a response with --model needs the "
+            "prompt text it answered (the text the --template is applied to)"
+        )
+    try:
+        tokenizer = load_tokenizer("source", model_path)
+        context = model_context("source", model_path)
+    except ModelError as error:
+        raise StoreError(f"--model {model_path}: cannot load the source model ({error})") from None
+    if context is None:
+        return
+    for line in lines:
+        try:
+            prompt = format_prompt(tokenizer, template, chat_template, line.prompt_text or "")
+        except (KeyError, IndexError, ValueError) as error:
+            raise StoreError(
+                f"--template {template!r}: cannot format a prompt ({error}); use '{{problem}}'"
+            ) from None
+        if len(prompt.encode("utf-8")) + len(line.response.encode("utf-8")) + 16 <= context:
+            continue  # a token covers at least one byte: no need to tokenize
+        length = len(encode_formatted(tokenizer, chat_template, [prompt])[0])
+        length += len(tokenizer(line.response, add_special_tokens=False)["input_ids"]) + int(line.finished)
+        if length > context:
+            raise StoreError(
+                f"{line.where}: prompt and response are {length} tokens of the source model, more than its "
+                f"context of {context} (max_position_embeddings); shorten or drop the line, or score it "
+                "elsewhere and give its 'token_logprobs'"
+            )

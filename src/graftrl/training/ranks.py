@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from graftrl.config import Config
+from graftrl.training.failures import WorkerFailure, exception_cause, exit_cause, ray_cause, worker_failure
 from graftrl.training.parallel import rank_device
 from graftrl.training.worker import PolicyWorker
 
@@ -90,11 +91,11 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def _describe(error: BaseException) -> str:
-    """``Type: message (at file:line in function)`` of the innermost frame."""
+def _describe(error: BaseException) -> tuple[str, str]:
+    """(``Type: message (at file:line in function)`` of the innermost frame, the full traceback)."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return f"{type(error).__name__}: {error}{where}"
+    return f"{exception_cause(error)}{where}", "".join(traceback.format_exception(error))
 
 
 def _has_reply(connection: Connection) -> bool:
@@ -105,8 +106,9 @@ def _has_reply(connection: Connection) -> bool:
         return False
 
 
-class RankFailure(RuntimeError):
-    """A rank of a data-parallel policy raised or died; every rank of it has been stopped."""
+class RankFailure(WorkerFailure):
+    """A rank of a data-parallel policy raised or died; every rank of it has been stopped. One
+    paragraph naming the policy, the rank, the cause and how to resume (``training.failures``)."""
 
 
 class _RankCalls:
@@ -171,6 +173,7 @@ class DataParallelWorker(_RankCalls):
 
         super().__init__(config, index)
         self.verifier = verifier
+        self.run_dir = Path(run_dir)
         context = multiprocessing.get_context("spawn")
         port = _free_port()
         self.connections: list[Connection] = []
@@ -219,17 +222,23 @@ class DataParallelWorker(_RankCalls):
                 del pending[rank]
                 if status == "error":
                     self._stop()
-                    raise RankFailure(f"policy {self.name!r}: rank {rank} failed during `{name}`: {value}")
+                    summary, details = value
+                    raise self._failure(rank, name, summary, details)
                 if rank == 0:
                     result = value
         return result
 
     def _rank_exited(self, rank: int, name: str) -> None:
-        self.processes[rank].join(timeout=5)
-        code = self.processes[rank].exitcode
+        process = self.processes[rank]
+        process.join(timeout=5)
+        code = process.exitcode
         self._stop()
-        raise RankFailure(
-            f"policy {self.name!r}: rank {rank} exited (code {code}) during `{name}`; all its ranks were stopped"
+        cause = f"{exit_cause(code)} (exit code {code}; all its ranks were stopped)"
+        raise self._failure(rank, name, cause, f"rank {rank} (pid {process.pid}) exited with code {code}")
+
+    def _failure(self, rank: int, name: str, cause: str, details: str) -> RankFailure:
+        return worker_failure(
+            self.run_dir, f"policy {self.name!r}, rank {rank}", name, cause, details, kind=RankFailure
         )
 
     def _stop(self) -> None:
@@ -394,9 +403,14 @@ class RayDataParallelWorker(_RankCalls):
             except Exception as error:  # the rank's own error, or RayActorError when it died
                 rank = refs.index(done[0])
                 self._stop()
-                cause = getattr(error, "cause", None) or error
-                raise RankFailure(
-                    f"policy {self.name!r}: rank {rank} failed during `{name}`: {type(cause).__name__}: {cause}"
+                cause, details, _ = ray_cause(error)
+                raise worker_failure(
+                    self._start_args[2],
+                    f"policy {self.name!r}, rank {rank}",
+                    name,
+                    cause,
+                    details,
+                    kind=RankFailure,
                 ) from None
         return ray.get(refs[0])
 

@@ -40,6 +40,7 @@ from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
+from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 
 __all__ = ["Trainer", "step_seed"]
@@ -70,6 +71,21 @@ class Trainer(TrainerCheckpoints):
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
         self.names = [p.name for p in config.policies]
+        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (algorithm.md §2.3).
+        self.recorder = None
+        if config.store.record:
+            self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
+        self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
+        for peer, store in self.stored_peers.values():  # before any model loads
+            check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+        self.validator = None
+        if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
+            from graftrl.training.validation import Validator
+
+            # During training each worker samples and scores its own policy (validation_scores),
+            # whatever the backend or rank count; the trainer's validator records the scores and
+            # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
+            self.validator = Validator(config, self.run_dir, verifier)
         if policies is None:  # before any weights load: a clear error when the run cannot fit
             from graftrl.models.memory import check_before_loading
 
@@ -86,19 +102,6 @@ class Trainer(TrainerCheckpoints):
         the first resumed step's metrics)."""
         self._inputs: dict[str, dict[str, str]] | None = None
         self.logger: MetricsLogger | None = None
-        self.validator = None
-        if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
-            from graftrl.training.validation import Validator
-
-            # During training each worker samples and scores its own policy (validation_scores),
-            # whatever the backend or rank count; the trainer's validator records the scores and
-            # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
-            self.validator = Validator(config, self.run_dir, verifier)
-        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (algorithm.md §2.3).
-        self.recorder = None
-        if config.store.record:
-            self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
-        self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
         self._peer_verifier = verifier
 
     @property

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from graftrl.config import Config, ConfigError
+from graftrl.console import warn as _warn
 from graftrl.errors import CheckpointError
 from graftrl.files import folder_bytes, is_disk_full, sha256_file
 from graftrl.methods import Method
@@ -28,6 +29,7 @@ from graftrl.storage.checkpoint import (
     identity_changes,
     input_changes,
     list_checkpoints,
+    required_files,
     rotate,
     set_aside,
     trainer_state,
@@ -81,7 +83,7 @@ class TrainerCheckpoints:
         return self._inputs
 
     def _required_files(self) -> list[str]:
-        return [TRAINER_STATE, METHOD_STATE, *(f"{name}/" for name in self.names)]
+        return required_files(self.names)
 
     def save_checkpoint(self, step: int) -> Path:
         """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.storage.checkpoint).
@@ -154,8 +156,8 @@ class TrainerCheckpoints:
         if not list_checkpoints(self.checkpoint_root):
             return  # nothing to resume: the run starts over from step 0 anyway
         try:
-            saved = yaml.safe_load(saved_path.read_text())
-        except (OSError, yaml.YAMLError) as error:
+            saved = yaml.safe_load(saved_path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
             raise ConfigError(
                 f"--resume: cannot read {saved_path} ({error.__class__.__name__}) to check that the config "
                 "still describes this run; restore it, or pass --force to resume under the new config"
@@ -265,10 +267,3 @@ class TrainerCheckpoints:
             if self.recorder.rebuilt:
                 _warn(f"{self.recorder.root}/manifest.json was missing; rebuilt from its step files")
             self.recorder.truncate_after(step)
-
-
-def _warn(message: str) -> None:
-    """A note on the resume, on stderr (the CLI's stdout carries the progress bar)."""
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)

@@ -14,8 +14,9 @@ Files in the run directory:
   ``aggregate``, ``pass_at_1/<benchmark>`` per benchmark, ``best`` (the new best?) and
   ``time_validation`` (seconds). A resumed run re-validates the steps it repeats; readers should
   take the last row per (step, model).
-- ``best/<policy>/``: the best checkpoint (``save_pretrained`` model + tokenizer), replaced
-  atomically: written to ``best/<policy>.tmp`` and renamed into place.
+- ``best/<policy>/``: the best checkpoint (``save_pretrained`` model + tokenizer) and its
+  ``manifest.json`` (size and SHA-256 of each file, as a checkpoint's), replaced atomically:
+  written to ``best/<policy>.tmp`` and renamed into place.
 - ``best/best.json``: ``{policy: {"step": s, "completed_steps": s + 1, "aggregate": A}}`` with
   ``step`` 0-based as in ``metrics.jsonl`` (the weights after ``s + 1`` training steps, like
   ``checkpoints/step_{s+1:06d}``), replaced atomically.
@@ -38,10 +39,12 @@ from typing import Any
 import torch
 
 from graftrl.config import Config
+from graftrl.errors import CheckpointError
 from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, sample_correctness, summarize_benchmark
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine
+from graftrl.storage.checkpoint import write_manifest
 from graftrl.storage.rundir import RunDir, append_jsonl
 
 __all__ = ["Validator"]
@@ -95,9 +98,7 @@ class Validator:
         self.best_dir = files.best
         self.log_path = files.validation
         self.best_file = files.best_index
-        self.best: dict[str, dict[str, Any]] = (
-            json.loads(self.best_file.read_text()) if self.best_file.is_file() else {}
-        )
+        self.best: dict[str, dict[str, Any]] = _read_best(self.best_file)
 
     def due(self, step: int) -> bool:
         """Validate after training step ``step`` (0-based)?"""
@@ -174,6 +175,7 @@ class Validator:
         retired = self.best_dir / f"{name}.old"
         shutil.rmtree(staging, ignore_errors=True)
         save(str(staging))
+        write_manifest(staging, step + 1)  # sealed as checkpoints are: `graftrl eval --best` verifies it
         shutil.rmtree(retired, ignore_errors=True)
         if final.exists():
             final.rename(retired)
@@ -183,3 +185,23 @@ class Validator:
         tmp = self.best_file.with_name(self.best_file.name + ".tmp")
         tmp.write_text(json.dumps(self.best, indent=1) + "\n")
         os.replace(tmp, self.best_file)
+
+
+def _read_best(path: Path) -> dict[str, dict[str, Any]]:
+    """best/best.json (empty before the first validation). A damaged one is refused in one line:
+    starting afresh would let a worse checkpoint replace a better one in best/."""
+    if not path.is_file():
+        return {}
+    try:
+        best = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(best, dict) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("aggregate"), int | float)
+            for entry in best.values()
+        ):
+            raise ValueError("not a mapping of policy -> {step, completed_steps, aggregate}")
+    except ValueError as error:
+        raise CheckpointError(
+            f"{path}: unreadable ({type(error).__name__}); restore it, or move best/ aside to select the best "
+            "checkpoints anew"
+        ) from None
+    return best

@@ -128,6 +128,7 @@ class PolicyWorker:
             [(p.id, with_suffix(p.problem, config.data.prompt_suffix)) for p in problems],
             config.rollout.max_new_tokens,
         )
+        self._check_validation_prompts()
         self.policy.temperature = config.rollout.temperature
         self.policy.micro_batch_size = config.train.micro_batch_size
         self.policy.micro_batch_tokens = config.train.micro_batch_tokens
@@ -181,6 +182,22 @@ class PolicyWorker:
         self.validator = None  # built on first use (backend: ray scores validation here)
         self._rollout: RolloutBatch | None = None
         self.guard = NonfiniteGuard(self.name, config.train.max_nonfinite_steps)
+
+    def _check_validation_prompts(self) -> None:
+        """The validation benchmarks' prompts must fit the context too (before anything is sampled)."""
+        settings = self.config.validation
+        if not settings.files:
+            return
+        from graftrl.evaluation.benchmarks import load_benchmarks
+
+        limit = "validation.max_new_tokens" if settings.max_new_tokens else "rollout.max_new_tokens"
+        for benchmark in load_benchmarks(settings.specs(), settings.max_problems):
+            self.policy.check_prompt_lengths(
+                [(p.id, with_suffix(p.problem, self.config.data.prompt_suffix)) for p in benchmark.problems],
+                settings.max_new_tokens or self.config.rollout.max_new_tokens,
+                source=f"validation benchmark {benchmark.name} ({benchmark.source})",
+                limit=limit,
+            )
 
     @property
     def ranks(self) -> Ranks:

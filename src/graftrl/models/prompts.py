@@ -1,0 +1,116 @@
+"""Prompts as a policy sees them: its template or chat template, their token ids, and the check
+that each fits the model's context with the response budget (before anything is sampled)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from graftrl.errors import ModelError
+
+
+def format_prompt(
+    tokenizer: PreTrainedTokenizerBase, template: str, chat_template: bool, problem: str
+) -> str:
+    """The prompt string a policy sees for a problem: its template, or its tokenizer's chat template."""
+    if chat_template:
+        messages = [{"role": "user", "content": problem}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return template.format(problem=problem)
+
+
+def encode_formatted(
+    tokenizer: PreTrainedTokenizerBase, chat_template: bool, texts: Sequence[str]
+) -> list[list[int]]:
+    """Token ids of prompts already formatted (``format_prompt``)."""
+    # A chat template already spells out its special tokens.
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=not chat_template)["input_ids"]]
+
+
+def check_prompt_lengths(
+    name: str,
+    context: int | None,
+    format_prompt: Callable[[str], str],
+    encode: Callable[[str], list[int]],
+    problems: Sequence[tuple[str, str]],
+    max_new_tokens: int,
+    source: str = "data.train",
+    limit: str = "rollout.max_new_tokens",
+) -> None:
+    """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds a model's context.
+
+    problems: (prompt id, problem text with its suffix); ``format_prompt`` applies the policy's
+    template, ``encode`` tokenizes the formatted prompt; ``limit`` names the setting of
+    ``max_new_tokens`` in the message. A prompt that does not fit would fail deep inside the forward
+    pass (an IndexError for absolute positions) or allocate its quadratic attention first; it is
+    refused up front, naming the prompt ids, rather than silently skipped.
+    """
+    if context is None:
+        return
+    if max_new_tokens >= context:
+        raise ModelError(
+            f"{limit} ({max_new_tokens}) leaves no room for a prompt in policy {name!r}, whose context "
+            f"is {context} tokens (max_position_embeddings): lower {limit}"
+        )
+    budget = context - max_new_tokens
+    # A prompt far longer than the budget is measured on a prefix: tokenizing megabytes to learn
+    # that they do not fit would itself take long (a token rarely spans more than 64 characters).
+    prefix = (budget + _MARGIN) * 64
+    too_long: list[tuple[str, str]] = []
+    for prompt_id, problem in problems:
+        text = format_prompt(problem)
+        # A token covers at least one byte (special tokens aside): short prompts need no tokenizing.
+        if len(text.encode("utf-8")) + _MARGIN <= budget:
+            continue
+        if len(text) > prefix and (head := len(encode(text[:prefix]))) > budget + _MARGIN:
+            too_long.append((prompt_id, f"over {head - _MARGIN}"))
+            continue
+        length = len(encode(text))
+        if length > budget:
+            too_long.append((prompt_id, str(length)))
+    if too_long:
+        first_id, first_length = too_long[0]
+        ids = ", ".join(repr(i) for i, _ in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
+        raise ModelError(
+            f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {name!r} ({context} "
+            f"tokens) with {limit} {max_new_tokens} (prompt {first_id!r} is {first_length} "
+            f"tokens; ids {ids}): remove or shorten them, or lower {limit}"
+        )
+
+
+_MARGIN = 16
+"""Tokens of slack for special tokens and a token cut at a prefix's end."""
+
+
+def quiet_length_warning(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Silence transformers' "sequence length is longer than ..." warning: graftrl measures prompts
+    against the context itself (``check_prompt_lengths``) and refuses those that do not fit."""
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+
+
+def check_prompts_fit(
+    name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    context: int | None,
+    template: str,
+    chat_template: bool,
+    problems: Sequence[tuple[str, str]],
+    max_new_tokens: int,
+    source: str,
+    limit: str,
+) -> None:
+    """``check_prompt_lengths`` for a model folder's tokenizer and context, without its weights."""
+    quiet_length_warning(tokenizer)
+    check_prompt_lengths(
+        name,
+        context,
+        lambda problem: format_prompt(tokenizer, template, chat_template, problem),
+        lambda text: encode_formatted(tokenizer, chat_template, [text])[0],
+        problems,
+        max_new_tokens,
+        source,
+        limit,
+    )

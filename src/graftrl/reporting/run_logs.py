@@ -1,0 +1,39 @@
+"""Reading a run's logs for reports: every row checked against its log's declared keys
+(``graftrl.storage.log_keys``), a damaged line skipped with one warning naming ``file:line``.
+
+A run's JSONL logs are append-only files another tool, an editor or a disk may damage: a line of
+bytes that are not UTF-8, truncated JSON, a string where a number belongs, a null model. ``graftrl
+analyze`` and the reports (compare, sweep, demo, mastery) read them through here, so such a line
+costs a warning, never a traceback, and the rest of the run is still reported. (A torn last line,
+the trace of a run killed mid-append, is skipped with a note instead.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from graftrl.console import warn
+from graftrl.storage.log_keys import logs, row_checker
+from graftrl.storage.rundir import RunDir, read_jsonl
+from graftrl.training.log_schema import metric_keys
+
+_PER_RESPONSE = RunDir(Path()).compatibility.name
+"""The log that holds one list per key (a value per transferred response)."""
+
+
+def read_log(
+    path: Path, on_torn: Callable[[str], None] | None = None, on_bad: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """The valid rows of a run log (metrics, samples, compatibility or validation, by file name);
+    each damaged line is skipped and reported to ``on_bad`` (default: a warning line)."""
+    check = row_checker(logs(metric_keys()).get(path.name, ()), per_response=path.name == _PER_RESPONSE)
+    return read_jsonl(path, on_torn, check=check, on_bad=on_bad or warn)
+
+
+def read_run_metrics(
+    run_dir: str | Path, on_bad: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """The valid rows of a run's metrics.jsonl (``read_log``)."""
+    return read_log(RunDir(run_dir).metrics, on_bad=on_bad)
