@@ -22,6 +22,8 @@ from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.rundir import read_metrics
+from graftrl.training import worker as worker_module
+from graftrl.training.rows import build_rows
 from graftrl.training.trainer import Trainer
 
 
@@ -46,19 +48,18 @@ def test_graft_step_grafts_the_selected_groups(tiny_checkpoints, tmp_path):
         assert row["w_mean"] == pytest.approx(float(weights.mean()), abs=1e-4)
 
 
-def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, tmp_path):
+def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, tmp_path, monkeypatch):
     """algorithm.md §2.2: grafted rows are the receiver's tokenization, its old log-probs, the source advantage."""
     config = config_from_dict(make_config(tiny_checkpoints))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(CROSSED))
     captured = {}
-    for worker in trainer.workers:
 
-        def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
-            batch = original(step, rollout, plan, records, *rest)
-            captured[worker.name] = (batch.rows, rollout, records, plan)
-            return batch
+    def spy(step, rollout, plan, records, *, policy, **rest):
+        batch = build_rows(step, rollout, plan, records, policy=policy, **rest)
+        captured[policy.name] = (batch.rows, rollout, records, plan)
+        return batch
 
-        worker._training_rows = spy
+    monkeypatch.setattr(worker_module, "build_rows", spy)
     trainer.logger = MetricsLogger(tmp_path / "run")
     trainer.step(0)
     # gpt2 receives llama's group on prompt 1; gpt2 is updated after llama, so when it scored the

@@ -24,7 +24,7 @@ import torch
 
 from graftrl.config import Config, dump_config
 from graftrl.console import progress_bar
-from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
+from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
@@ -41,6 +41,7 @@ from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
+from graftrl.training.trajectories import peer_groups
 
 __all__ = ["Trainer", "step_seed"]
 
@@ -259,26 +260,16 @@ class Trainer(TrainerCheckpoints):
                 )
             texts = [row.response for group in groups for row in group]
             answers = [p.answer for p in problems for _ in range(n)]
-            rewards = torch.tensor(self.peer_verifier.score(texts, answers), dtype=torch.float32).view(
-                len(ids), n
+            rewards = self.peer_verifier.score(texts, answers)
+            replayed = peer_groups(
+                groups,
+                n,
+                {p: rewards[p * n : (p + 1) * n] for p in range(len(ids))},
+                self.config.train.adv_eps,
+                self.config.train.adv_std_unbiased,
             )
-            stored_rewards = torch.tensor([[row.reward for row in g] for g in groups], dtype=torch.float32)
-            stored_advantages = torch.tensor(
-                [[row.advantage for row in g] for g in groups], dtype=torch.float32
-            )
-            changed = (rewards != stored_rewards).any(dim=-1)  # [P]
-            recomputed = grpo_advantages(
-                rewards, self.config.train.adv_eps, self.config.train.adv_std_unbiased
-            )
-            advantages = torch.where(changed.unsqueeze(-1), recomputed, stored_advantages)
-            records = [
-                dataclasses.replace(
-                    row.to_record(), reward=float(rewards[p, i]), advantage=float(advantages[p, i])
-                )
-                for p, group in enumerate(groups)
-                for i, row in enumerate(group)
-            ]
-            out[name] = (GroupOutcomes(rewards, advantages), records, float(changed.sum()))
+            records = [record for group in replayed.records for record in group or ()]
+            out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
         return out
 
     def _outcome_metrics(
