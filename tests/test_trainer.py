@@ -221,14 +221,17 @@ def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
 
 def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract(tiny_checkpoints, tmp_path):
     """With train.kl_coef > 0 an all-correct group still enters the loss (its KL has a gradient);
-    every row carries its sampling policy's lbar and EOS flag, and num_rows the minibatch's rows."""
+    a method that reads row origins gets each row's sampling policy's lbar and EOS flag, and the
+    minibatch's rows; one that does not gets none."""
     uniform = [[[1, 1, 1, 1]] * 4, [[0, 0, 0, 0]] * 4]
     config = config_from_dict(make_config(tiny_checkpoints, method="grpo", steps=1, kl_coef=1e-3))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(uniform))
-    batches = []
+    batches, plain = [], []
     method = trainer.method
 
-    class Spy:  # the method is a frozen dataclass: wrap it rather than patch it
+    class Spy:  # wrap the method rather than patch it
+        reads_row_origins = True
+
         def __getattr__(self, item):
             return getattr(method, item)
 
@@ -236,16 +239,22 @@ def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract
             batches.append(batch)
             return method.loss(batch)
 
-    for worker in trainer.workers:
-        worker.method = Spy()
+    class PlainSpy(Spy):
+        reads_row_origins = False
+
+        def loss(self, batch):
+            plain.append(batch)
+            return method.loss(batch)
+
+    trainer.workers[0].method, trainer.workers[1].method = Spy(), PlainSpy()
     trainer.train()
-    assert {b.receiver for b in batches} == {"llama", "gpt2"}
-    assert all(bool((b.advantages == 0).all()) for b in batches)
-    assert sum(len(b.advantages) for b in batches) == 2 * 4 * 4  # every own row, both models
+    assert {b.origins.receiver for b in batches} == {"llama"} and plain
+    assert all(bool((b.advantages == 0).all()) for b in batches + plain)
+    assert sum(len(b.advantages) for b in batches + plain) == 2 * 4 * 4  # every own row, both models
     for b in batches:
-        assert b.num_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
-        assert b.finished is not None and b.source_mean_logp is not None
-        assert b.source_mean_logp.shape == b.advantages.shape == b.finished.shape
+        assert b.origins.minibatch_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
+        assert b.origins.source_mean_logp.shape == b.advantages.shape == b.origins.finished.shape
+    assert all(b.origins is None for b in plain)
 
 
 def test_truncated_importance_sampling_on_the_hf_engine(tiny_checkpoints, tmp_path):
