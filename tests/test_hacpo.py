@@ -419,13 +419,14 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     resumed = Trainer(config_from_dict(raw), cut, verifier=ScriptedRewards(SKEWED))
     seen = {}
     resumed.step_callback = lambda step, metrics: seen.setdefault(step, dict(resumed.method.history))
-    original_resume = resumed.resume
+    original_resume = resumed.checkpoints.resume
 
-    def resume_and_check():
-        original_resume()
+    def resume_and_check(force):
+        where = original_resume(force)
         assert resumed.method.history == states[0]["history"]
+        return where
 
-    resumed.resume = resume_and_check
+    resumed.checkpoints.resume = resume_and_check
     resumed.train(resume=True)
     assert resumed.start_step == 1 and seen[1] == states[1]["history"]
     assert resumed.method.state_dict() == full.method.state_dict()

@@ -212,7 +212,7 @@ def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
         verifier=ScriptedRewards(CROSSED),
     )
     trainer.train()
-    checkpoint = trainer.latest_checkpoint()
+    checkpoint = trainer.checkpoints.latest()
     assert checkpoint is not None and checkpoint.name == "step_000001"
     reloaded = Policy.from_pretrained("llama", str(checkpoint / "llama"))
     for key, value in trainer.policies[0].model.state_dict().items():

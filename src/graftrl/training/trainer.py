@@ -9,7 +9,7 @@ The trainer is the driver: it samples the prompt batch, plans the exchange, logs
 replays stored peers. Everything that touches a policy's weights is a ``PolicyWorker``
 (graftrl.training.worker), placed by the backend and driven through its typed ``WorkerGroup``
 interface (graftrl.training.backends): in this process or in Ray actors. Checkpoints and resume
-are the trainer's ``TrainerCheckpoints`` part (graftrl.training.trainer_checkpoints).
+are its collaborator ``checkpoints`` (graftrl.training.trainer_checkpoints.TrainerCheckpoints).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from graftrl.training.trajectories import peer_groups
 __all__ = ["Trainer", "step_seed"]
 
 
-class Trainer(TrainerCheckpoints):
+class Trainer:
     """Runs Algorithm 1 for a config and writes everything into ``run_dir``."""
 
     def __init__(
@@ -65,8 +65,6 @@ class Trainer(TrainerCheckpoints):
         self.files = RunDir(self.run_dir)
         """Every path of the run folder (graftrl.storage.rundir)."""
         self.problems = list(problems) if problems is not None else load_problems(config.data.train)
-        self._problems_in_code = problems is not None
-        """Problems handed over in code: the run reads them, not ``data.train`` (which may not exist)."""
         self.method = build_method(config.method, config)
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
@@ -80,12 +78,10 @@ class Trainer(TrainerCheckpoints):
         )
         self.step_callback = step_callback
         self.start_step = 0
-        self.force = False
-        """Resume even when the config changes the run's identity (``train(force=True)``)."""
-        self.resume_changed_inputs: list[str] = []
+        """The first step ``train`` runs (a resume's checkpoint step)."""
+        self.resume_changed_inputs: tuple[str, ...] = ()
         """Inputs whose content changed since the checkpoint a forced resume loaded (marked in
         the first resumed step's metrics)."""
-        self._inputs: dict[str, dict[str, str]] | None = None
         self.logger: MetricsLogger | None = None
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
@@ -101,6 +97,17 @@ class Trainer(TrainerCheckpoints):
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
         self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
         self._peer_verifier = verifier
+        self.checkpoints = TrainerCheckpoints(
+            self.files,
+            config,
+            self.backend,
+            self.method,
+            problems=self.problems,
+            problems_in_code=problems is not None,  # the run reads them, not data.train (may not exist)
+            stored_peers=self.stored_peers,
+            recorder=self.recorder,
+        )
+        """Checkpoint writing and resume (graftrl.training.trainer_checkpoints)."""
 
     @property
     def policies(self) -> list[Policy]:
@@ -132,7 +139,7 @@ class Trainer(TrainerCheckpoints):
     def _train(self, resume: bool, force: bool) -> None:
         clear_interrupt()  # an interrupt from before this run (same process) is not this run's
         if resume and not force:
-            self.check_identity()  # before config.yaml is replaced
+            self.checkpoints.check_identity()  # before config.yaml is replaced
         logging = self.config.logging
         self.logger = MetricsLogger(
             self.run_dir,
@@ -143,15 +150,15 @@ class Trainer(TrainerCheckpoints):
             keys=metric_keys(),
         )
         if resume:
-            self.force = force
             try:
-                self.resume()
+                resumed = self.checkpoints.resume(force)
+                self.start_step, self.resume_changed_inputs = resumed.start_step, resumed.changed_inputs
             except BaseException:
                 self.logger.close()
                 self.close()
                 raise
         atomic_write(self.files.config, dump_config(self.config).encode())
-        self.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
+        self.checkpoints.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
@@ -170,7 +177,7 @@ class Trainer(TrainerCheckpoints):
                         self.validate(step)  # after the step: not part of its timings
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         raise_if_interrupted()  # an interrupt swallowed during the step stops here
-                        self.save_checkpoint(step)
+                        self.checkpoints.save(step)
         finally:
             self.logger.close()
             self.close()
