@@ -267,9 +267,9 @@ def no_final_checkpoint(monkeypatch) -> None:
     """A run always checkpoints its last step; at ~0.5B that is 6 GB per policy (weights and AdamW
     state, hashed into the manifest): left out where the test is about the steps (the resume test
     checkpoints)."""
-    from graftrl.training.trainer import Trainer
+    from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 
-    monkeypatch.setattr(Trainer, "save_checkpoint", lambda self, step: None)
+    monkeypatch.setattr(TrainerCheckpoints, "save", lambda self, step: None)
 
 
 def step_figures(run: Path) -> dict[str, Any]:

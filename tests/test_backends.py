@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("ray_ships_test_helpers")
 
 
 def checkpoint_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    checkpoint = trainer.latest_checkpoint()
+    checkpoint = trainer.checkpoints.latest()
     assert checkpoint is not None
     return {
         f"{name}.{key}": value

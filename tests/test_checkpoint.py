@@ -355,7 +355,7 @@ def test_non_finite_state_is_never_checkpointed(tiny_checkpoints, reference, tmp
     with pytest.raises(
         CheckpointError, match=r"step 3: non-finite values in gpt2 \(weights .*checkpoint not written"
     ):
-        trainer.save_checkpoint(3)
+        trainer.checkpoints.save(3)
     assert sha256_tree(run) == before and not (run / "checkpoints" / "step_000004.tmp").exists()
     trainer.close()
 

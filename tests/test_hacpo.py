@@ -21,7 +21,7 @@ from graftrl.core import (
     pooled_minibatch_order,
     stepwise_lower_bound,
 )
-from graftrl.methods import GroupOutcomes, LossInputs, build_method
+from graftrl.methods import GroupOutcomes, LossInputs, RowOrigins, TrainSettings, build_method
 from graftrl.methods.hacpo import HACPO
 from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
@@ -184,7 +184,7 @@ def test_peer_ratio_clip_bounds_and_stepwise_tightening():
 
 def test_method_loss_aggregates_own_and_peer_rows_and_adds_kl_on_own_rows():
     """Sequence-mean over the minibatch's rows; k3 KL token-mean per own row, own rows only."""
-    method = HACPO()
+    method = HACPO(train=TrainSettings(kl_coef=1e-3))
     method.observe({"r": 0.3, "p": 0.6})  # omega^(p, r) = 2
     logp_peer, src, _ = peer_rows([math.log(0.9)])
     own_logp = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
@@ -198,16 +198,15 @@ def test_method_loss_aggregates_own_and_peer_rows_and_adds_kl_on_own_rows():
         mask=torch.ones(2, 4, dtype=torch.bool),
         is_peer=torch.tensor([False, True]),
         normalizer=8,
-        eps_low=0.2,
-        eps_high=0.28,
-        sources=("r", "p"),
-        receiver="r",
-        minibatch_index=0,
         ref_logp=ref,
-        kl_coef=1e-3,
-        num_rows=4,  # two more rows of this minibatch are in other micro-batches
-        source_mean_logp=torch.tensor([-1.0, float(src[0])]),
-        finished=torch.tensor([True, True]),
+        origins=RowOrigins(
+            receiver="r",
+            sources=("r", "p"),
+            source_mean_logp=torch.tensor([-1.0, float(src[0])]),
+            finished=torch.tensor([True, True]),
+            minibatch_index=0,
+            minibatch_rows=4,  # two more rows of this minibatch are in other micro-batches
+        ),
     )
     loss, metrics = method.loss(batch)
     own_term = 1.0  # s = 1 on own rows before any update
@@ -221,7 +220,7 @@ def test_method_loss_aggregates_own_and_peer_rows_and_adds_kl_on_own_rows():
     assert float(metrics["own_s_sum"]) == pytest.approx(1.0) and float(metrics["own_rows"]) == 1
     assert float(metrics["peer_lower_bound_sum"]) == pytest.approx(0.8)  # lower_0 x 1 peer row
     # token-mean: each row's term weighted by its 4 tokens over the 8-token normalizer
-    token_method = HACPO(loss_agg="token-mean", history=dict(method.history))
+    token_method = HACPO(loss_agg="token-mean", train=method.train, history=dict(method.history))
     loss, _ = token_method.loss(batch)
     assert float(loss.detach()) == pytest.approx(-4 * (own_term + peer_term) / 8 + 1e-3 * k3 / 8, rel=1e-6)
 
@@ -316,12 +315,14 @@ def test_recipe_minibatch_needs_a_multiple_of_the_agents(tiny_checkpoints):
 
 
 def test_build_from_config_reads_the_hacpo_section(tiny_checkpoints):
-    raw = make_config(tiny_checkpoints, method="hacpo")
+    raw = make_config(tiny_checkpoints, method="hacpo", kl_coef=1e-3)
     raw["hacpo"] = {"window": 3, "alpha": 3.0, "clip_lower": 0.2, "exp_ratio": "raw"}
     method = build_method("hacpo", config_from_dict(raw))
     assert isinstance(method, HACPO)
-    assert (method.window, method.alpha, method.clip_lower, method.exp_ratio) == (3, 3.0, 0.2, "raw")
-    assert (method.own_clip_low, method.own_clip_high, method.clip_step) == (3e-4, 4e-4, 0.025)
+    options = method.options
+    assert (options.window, options.alpha, options.clip_lower, options.exp_ratio) == (3, 3.0, 0.2, "raw")
+    assert (options.own_clip_low, options.own_clip_high, options.clip_step) == (3e-4, 4e-4, 0.025)
+    assert method.train.kl_coef == 1e-3  # the loss's KL weight: fixed when built, not sent per batch
     one = {**raw, "policies": raw["policies"][:1]}
     with pytest.raises(ValueError, match="at least two"):
         build_method("hacpo", config_from_dict(one))
@@ -380,8 +381,8 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
         assert row[f"omega/{peer}"] == pytest.approx(expected)
 
     # every micro-batch holds whole prompts' pooled groups; the minibatch index runs 0, 1
-    assert {b.minibatch_index for b, _ in captured} == {0, 1}
-    assert all(b.kl_coef == 1e-3 and b.ref_logp is not None for b, _ in captured)
+    assert {b.origins.minibatch_index for b, _ in captured} == {0, 1}
+    assert full.method.train.kl_coef == 1e-3 and all(b.ref_logp is not None for b, _ in captured)
     assert any(bool(b.is_peer.any()) and bool((~b.is_peer).any()) for b, _ in captured)
     assert any("kl_sum" in m for _, m in captured)
     for model in ("llama", "gpt2"):  # what the loss measured reaches metrics.jsonl
@@ -396,18 +397,19 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     ]
     first = {c["receiver"]: c["s"] for c in compat[:2]}
     for batch, _ in captured:
-        if batch.minibatch_index != 0 or not bool(batch.is_peer.any()):
+        origins = batch.origins
+        if origins.minibatch_index != 0 or not bool(batch.is_peer.any()):
             continue
         _, s, _ = hacpo_peer_terms(
             batch.logp.detach(),
-            batch.source_mean_logp,
+            origins.source_mean_logp,
             batch.advantages,
             torch.ones(len(batch.advantages)),
-            content_mask(batch.mask, batch.finished),
+            content_mask(batch.mask, origins.finished),
             0.8,
         )
         for value in s[batch.is_peer].tolist():
-            assert min(abs(math.log(value) - math.log(x)) for x in first[batch.receiver]) < 1e-3
+            assert min(abs(math.log(value) - math.log(x)) for x in first[origins.receiver]) < 1e-3
         break
 
     # resume from step 1: the tracker comes back, and step 2 matches the uninterrupted run
@@ -417,13 +419,14 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     resumed = Trainer(config_from_dict(raw), cut, verifier=ScriptedRewards(SKEWED))
     seen = {}
     resumed.step_callback = lambda step, metrics: seen.setdefault(step, dict(resumed.method.history))
-    original_resume = resumed.resume
+    original_resume = resumed.checkpoints.resume
 
-    def resume_and_check():
-        original_resume()
+    def resume_and_check(force):
+        where = original_resume(force)
         assert resumed.method.history == states[0]["history"]
+        return where
 
-    resumed.resume = resume_and_check
+    resumed.checkpoints.resume = resume_and_check
     resumed.train(resume=True)
     assert resumed.start_step == 1 and seen[1] == states[1]["history"]
     assert resumed.method.state_dict() == full.method.state_dict()

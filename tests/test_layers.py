@@ -33,6 +33,15 @@ LAYERS = [
 share a layer (the CLI and the integrations, side by side at the top) do not import each other."""
 FORBIDDEN = {("graftrl.integrations", "graftrl.reporting")}
 """Pairs the ranks allow that a package's docstring rules out."""
+INTEGRATIONS_MAY_IMPORT = (
+    "graftrl.core",
+    "graftrl.methods",
+    "graftrl.storage",
+    "graftrl.models",
+    "graftrl.training.trajectories",
+)
+"""Besides the top-level utilities (the first layer) and themselves: what ``graftrl.integrations``
+says it imports (its docstring names each)."""
 
 
 def module_names() -> dict[str, Path]:
@@ -91,6 +100,24 @@ def test_no_import_goes_up_the_layers():
                 continue
             if rank(other) >= rank(own) or (own, other) in FORBIDDEN:
                 wrong.append(f"{module} line {line} imports {target} ({own} may not import {other})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_integrations_import_only_what_their_docstring_names():
+    import graftrl.integrations
+
+    docstring = " ".join((graftrl.integrations.__doc__ or "").split())
+    unnamed = [name for name in INTEGRATIONS_MAY_IMPORT if name.removeprefix("graftrl.") not in docstring]
+    assert not unnamed, f"graftrl.integrations' docstring does not name {unnamed}"
+    allowed = set(LAYERS[0]) | {"graftrl.integrations"}
+    wrong = [
+        f"{module} line {line} imports {target}"
+        for module, edges in import_graph().items()
+        if package(module) == "graftrl.integrations"
+        for target, line in edges.items()
+        if package(target) not in allowed
+        and not any(target == name or target.startswith(name + ".") for name in INTEGRATIONS_MAY_IMPORT)
+    ]
     assert not wrong, "\n".join(wrong)
 
 

@@ -1,5 +1,5 @@
 """What a loss measures reaches metrics.jsonl: sums and counts, added over micro-batches exactly,
-declared by each method in the log schema (issue 23)."""
+declared by each method in the log schema (issue 23), as its plan's diagnostics are."""
 
 from __future__ import annotations
 
@@ -10,10 +10,20 @@ import torch
 from conftest import CROSSED, ScriptedRewards, make_config
 
 from graftrl.config import config_from_dict
-from graftrl.methods import METHODS, ClippedSurrogate, LossInputs, build_method
+from graftrl.core import grpo_advantages
+from graftrl.methods import (
+    METHODS,
+    ClippedSurrogate,
+    GroupOutcomes,
+    LossInputs,
+    RowOrigins,
+    TrainSettings,
+    build_method,
+)
 from graftrl.methods.loss_metrics import CLIP_OWN, KL, LossMetric
+from graftrl.storage.log_keys import LogKey, undeclared_keys
 from graftrl.storage.rundir import read_metrics
-from graftrl.training.log_schema import loss_metric_keys, metric_keys
+from graftrl.training.log_schema import loss_metric_keys, metric_keys, plan_metric_keys
 from graftrl.training.trainer import Trainer
 from graftrl.training.update import LossTotals
 
@@ -35,18 +45,18 @@ def random_batch(seed: int, **fields) -> LossInputs:
         mask=mask,
         is_peer=torch.tensor([False, False, False, True, True, True]),
         normalizer=float(lengths[:5].sum()),
-        eps_low=0.2,
-        eps_high=0.28,
         is_nll=torch.tensor([False, False, False, False, False, True]),
         nll_normalizer=4.0,
         minibatch_tokens=float(lengths.sum()),
-        sources=("a", "a", "a", "b", "b", "b"),
-        receiver="a",
         ref_logp=old - 0.1 * torch.rand(B, T, generator=g),
-        kl_coef=0.01,
-        num_rows=5,
-        source_mean_logp=-torch.rand(B, generator=g) - 0.5,
-        finished=torch.tensor([True, False, True, True, False, True]),
+        origins=RowOrigins(
+            receiver="a",
+            sources=("a", "a", "a", "b", "b", "b"),
+            source_mean_logp=-torch.rand(B, generator=g) - 0.5,
+            finished=torch.tensor([True, False, True, True, False, True]),
+            minibatch_index=0,
+            minibatch_rows=5,
+        ),
     )
     return dataclasses.replace(batch, **fields)
 
@@ -54,15 +64,22 @@ def random_batch(seed: int, **fields) -> LossInputs:
 def rows(batch: LossInputs, index: list[int]) -> LossInputs:
     """The micro-batch of rows ``index`` (the minibatch's denominators kept)."""
     per_row = ("logp", "old_logp", "advantages", "weights", "mask", "is_peer", "is_nll", "ref_logp")
-    per_row += ("source_mean_logp", "finished")
     cut = {name: getattr(batch, name)[index] for name in per_row if getattr(batch, name) is not None}
-    return dataclasses.replace(batch, sources=tuple(batch.sources[i] for i in index), **cut)
+    origins = batch.origins
+    assert origins is not None
+    origins = dataclasses.replace(
+        origins,
+        sources=tuple(origins.sources[i] for i in index),
+        source_mean_logp=origins.source_mean_logp[index],
+        finished=origins.finished[index],
+    )
+    return dataclasses.replace(batch, origins=origins, **cut)
 
 
 @pytest.mark.parametrize("method", ["grpo", "graft", "sgt", "hacpo", "luffy", "pooling"])
 def test_micro_batches_add_up_to_the_minibatch(method):
     """A minibatch cut into micro-batches gives the same loss (their sum) and the same sums."""
-    loss_of = build_method(method).loss
+    loss_of = build_method(method, train=TrainSettings(kl_coef=0.01)).loss
     batch = random_batch(0)
     if method == "hacpo":  # HACPO plans no NLL rows
         batch = dataclasses.replace(batch, is_nll=None, weights=torch.ones(B))
@@ -121,6 +138,20 @@ def test_every_method_declares_its_keys_in_the_log_schema(monkeypatch):
     monkeypatch.setitem(METHODS, "clash", Clash)
     with pytest.raises(ValueError, match="'kl' is declared twice, differently"):
         loss_metric_keys()
+
+
+@pytest.mark.parametrize("name", ["grpo", "graft", "sgt", "hacpo", "luffy", "pooling"])
+def test_each_method_declares_the_diagnostics_its_plan_logs(name):
+    """A plan's diagnostics are the keys its method declares (``plan_keys``), not another's."""
+    rewards = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 0.0]], [[1.0, 1.0, 0.0, 0.0], [0.0] * 4]])
+    outcomes = {model: GroupOutcomes(r, grpo_advantages(r)) for model, r in zip("ab", rewards, strict=True)}
+    method = build_method(name)
+    own = [LogKey(key.name, key.meaning, key.unit, name) for key in type(method).plan_keys]
+    logged = [plan.diagnostics for plan in method.plan(outcomes, torch.Generator()).values()]
+    assert undeclared_keys(logged, own) == []
+    assert bool(own) == any(logged), "a method declares keys its plan does not log, or the reverse"
+    groups = {key.name: key.group for key in plan_metric_keys()}
+    assert groups["candidates/<source>"] == "plan: graft, luffy" and groups["omega/<source>"] == "plan: hacpo"
 
 
 def graft_rows(tiny_checkpoints, tmp_path, name: str, **train) -> list[dict]:

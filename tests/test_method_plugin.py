@@ -3,7 +3,8 @@ own config section, validated, lays out its own minibatches and trains end to en
 checkpoints, with no change to graftrl.config, the worker or the trainer.
 
 The method is "GRPO with a different clip": GRPO's plan, the clipped surrogate with the clip range
-of its own ``grpo_wide:`` section, one prompt per optimizer step, last prompt first.
+of its own ``grpo_wide:`` section (fixed when it is built), one prompt per optimizer step, last
+prompt first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from pydantic import Field
 
 from graftrl.config import ConfigError, config_from_dict, config_reference, dump_config
 from graftrl.core import clipped_policy_loss
-from graftrl.methods import METHODS, ConfigSection, ExchangePlan, LossInputs, build_method, register_method
+from graftrl.methods import (
+    METHODS,
+    ConfigSection,
+    ExchangePlan,
+    LossInputs,
+    TrainSettings,
+    build_method,
+    register_method,
+)
 from graftrl.methods.grpo import GRPO
 from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
@@ -39,8 +48,17 @@ class WideClipGRPO(GRPO):
     last prompt first."""
 
     section = WideClipConfig
+    options: WideClipConfig
+    reads_row_origins = True  # only for the test's spy: the minibatch index and the receiver
     orders: ClassVar[list[tuple[ExchangePlan, list[list[int]]]]] = []
     """Every (plan, order) it laid out, for the test to compare with what the loss saw."""
+
+    def __init__(self, options: WideClipConfig | None = None, /, **fields: Any) -> None:
+        super().__init__(options, **fields)
+        # its own clip range replaces the train section's, once, when it is built
+        self.train = dataclasses.replace(
+            self.train, eps_low=self.options.eps_low, eps_high=self.options.eps_high
+        )
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -57,9 +75,6 @@ class WideClipGRPO(GRPO):
         self.orders.append((plan, [o.tolist() for o in order]))
         return order
 
-    def loss(self, batch: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return super().loss(dataclasses.replace(batch, eps_low=self.eps_low, eps_high=self.eps_high))
-
 
 @pytest.fixture
 def grpo_wide():
@@ -75,7 +90,12 @@ def test_its_section_is_part_of_every_config_and_validated(grpo_wide, tiny_check
     config = config_from_dict({**raw, "grpo_wide": {"eps_high": 0.7}})
     assert (config.grpo_wide.eps_low, config.grpo_wide.eps_high) == (0.1, 0.7)
     method = build_method("grpo_wide", config)
-    assert isinstance(method, WideClipGRPO) and (method.eps_low, method.eps_high) == (0.1, 0.7)
+    assert isinstance(method, WideClipGRPO) and (method.options.eps_low, method.options.eps_high) == (
+        0.1,
+        0.7,
+    )
+    assert (method.train.eps_low, method.train.eps_high) == (0.1, 0.7)
+    assert method.train == dataclasses.replace(TrainSettings.of(config.train), eps_low=0.1, eps_high=0.7)
     assert yaml.safe_load(dump_config(config))["grpo_wide"] == {"eps_low": 0.1, "eps_high": 0.7}
     rows = {key: (default, text) for key, default, text in config_reference()}
     assert rows["grpo_wide.eps_low"] == ("0.1", "Lower clip range of the token ratio.")
@@ -103,8 +123,6 @@ def test_its_loss_uses_its_own_clip(grpo_wide):
         mask=torch.ones(1, 2, dtype=torch.bool),
         is_peer=torch.zeros(1, dtype=torch.bool),
         normalizer=2,
-        eps_low=0.2,
-        eps_high=0.28,
     )
     loss, _ = WideClipGRPO().loss(batch)
     expected, _ = clipped_policy_loss(
@@ -118,7 +136,9 @@ def test_it_trains_end_to_end_in_its_own_minibatch_order(grpo_wide, tiny_checkpo
     original = WideClipGRPO.loss
 
     def spy(self, batch):
-        seen.append((batch.receiver, batch.minibatch_index, sorted(batch.advantages.tolist())))
+        seen.append(
+            (batch.origins.receiver, batch.origins.minibatch_index, sorted(batch.advantages.tolist()))
+        )
         return original(self, batch)
 
     monkeypatch.setattr(WideClipGRPO, "loss", spy)

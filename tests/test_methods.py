@@ -31,6 +31,7 @@ from graftrl.methods import (
     GroupOutcomes,
     LossInputs,
     TrainGroup,
+    TrainSettings,
     build_method,
     own_groups,
 )
@@ -39,9 +40,8 @@ from graftrl.methods.luffy import LUFFY
 from graftrl.methods.pooling import Pooling
 from graftrl.methods.sgt import SGT
 from graftrl.storage.rundir import read_metrics
+from graftrl.training import worker as worker_module
 from graftrl.training.trainer import Trainer
-
-EPS_LOW, EPS_HIGH = 0.2, 0.28
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -75,8 +75,8 @@ def pair(a=SGT_A, b=SGT_B) -> dict[str, GroupOutcomes]:
 
 
 def loss_inputs(**kw) -> LossInputs:
-    defaults = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH}
-    return LossInputs(**{**defaults, **kw})
+    """A micro-batch: tensors and counts only (the clip range is the method's, fixed when built)."""
+    return LossInputs(**kw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,12 +98,20 @@ def test_every_method_is_registered_and_reads_its_section(tiny_checkpoints):
         }
     )
     sgt = build_method("sgt", config)
-    assert (sgt.nll_coef, sgt.selection, sgt.peer_position) == (0.3, "balanced", "last")
+    assert (sgt.options.nll_coef, sgt.options.selection, sgt.peer_position) == (0.3, "balanced", "last")
     luffy = build_method("luffy", config)
-    assert (luffy.gamma, luffy.balance, luffy.peer_position) == (0.2, False, "first")
+    assert (luffy.options.gamma, luffy.balance, luffy.peer_position) == (0.2, False, "first")
     graft = build_method("graft", config)
-    assert (graft.delta, graft.balance, graft.ratio_level, graft.adv_eps) == (0.7, False, "sequence", 1e-4)
-    assert build_method("pooling", config).adv_eps == 1e-4
+    options = graft.options
+    assert (options.delta, options.balance, options.ratio_level, graft.train.adv_eps) == (
+        0.7,
+        False,
+        "sequence",
+        1e-4,
+    )
+    assert build_method("pooling", config).train.adv_eps == 1e-4
+    # every method reads the train section's loss settings once, when built
+    assert all(build_method(name, config).train == TrainSettings.of(config.train) for name in METHODS)
 
 
 def test_paper_defaults_and_rejected_combinations(tiny_checkpoints):
@@ -118,6 +126,7 @@ def test_paper_defaults_and_rejected_combinations(tiny_checkpoints):
     )
     assert (g.admission, g.peer_position, g.groups, g.transfer) == ("gate", "last", "replace", "all")
     assert (config.sgt.nll_coef, config.sgt.selection, config.luffy.gamma) == (0.1, "all", 0.1)
+    assert TrainSettings.of(config.train) == TrainSettings()  # a method built in code: the section's defaults
     with pytest.raises(ConfigError, match="gate"):
         config_from_dict({**make_config(tiny_checkpoints), "graft": {"gate": False, "admission": "random"}})
     with pytest.raises(ConfigError, match="ratio_level"):
@@ -548,14 +557,20 @@ def run(tiny_checkpoints, tmp_path, method: str, **sections):
 
 def test_sgt_end_to_end(tiny_checkpoints, tmp_path, monkeypatch):
     seen = []
-    original = SGT.loss
+    receivers: list[str] = []  # the policy whose rows are built, then trained (one update at a time)
+    original, original_rows = SGT.loss, worker_module.build_rows
+
+    def rows_spy(*args, policy, **kwargs):
+        receivers.append(policy.name)
+        return original_rows(*args, policy=policy, **kwargs)
 
     def spy(self, batch):
         loss, metrics = original(self, batch)
         nll = int(batch.is_nll.sum()) if batch.is_nll is not None else 0
-        seen.append((batch.receiver, nll, float(metrics.get("nll_sum", 0.0))))
+        seen.append((receivers[-1], nll, float(metrics.get("nll_sum", 0.0))))
         return loss, metrics
 
+    monkeypatch.setattr(worker_module, "build_rows", rows_spy)
     monkeypatch.setattr(SGT, "loss", spy)
     rows, _ = run(tiny_checkpoints, tmp_path, "sgt")
     # one NLL row per model per step reaches the loss, with a positive NLL

@@ -128,7 +128,10 @@ def test_config_documents_and_validates_the_new_fields():
 
 
 class _Wrapped:
-    """A method whose loss is replaced; everything else is the real method's."""
+    """A method whose loss is replaced; everything else is the real method's. It reads the row
+    origins (the minibatch index)."""
+
+    reads_row_origins = True
 
     def __init__(self, method, loss):
         self._method, self.loss = method, loss
@@ -145,7 +148,7 @@ def _poisoned_trainer(tiny_checkpoints, tmp_path, bad_minibatches: set[int] | No
 
         def loss(batch, method_loss=worker.method.loss):
             value, metrics = method_loss(batch)
-            if bad_minibatches is None or batch.minibatch_index in bad_minibatches:
+            if bad_minibatches is None or batch.origins.minibatch_index in bad_minibatches:
                 value = value * math.nan
             return value, metrics
 

@@ -123,10 +123,13 @@ def test_truncate_logs_cuts_every_log_and_removes_stale_temps(tmp_path):
 def test_declared_keys_match_names_and_patterns():
     assert find_key("reward_mean").name == "reward_mean"
     assert find_key("family_reward/add").name == "family_reward/<family>"
-    assert find_key("candidates/gpt2-large").name == "candidates/<source>"
+    assert find_key("candidates/gpt2-large", metric_keys()).name == "candidates/<source>"  # GRAFT's
     assert find_key("family_reward/") is None  # a placeholder stands for a non-empty name
     assert find_key("reward_mean_typo") is None
-    assert undeclared_keys([{"step": 0, "model": "a", "omega/b": 1.0, "new_thing": 2}]) == ["new_thing"]
+    row = {"step": 0, "model": "a", "omega/b": 1.0, "new_thing": 2}
+    assert undeclared_keys([row], metric_keys()) == ["new_thing"]
+    # HACPO declares omega/<source> (training.log_schema), not the trainer (METRIC_KEYS)
+    assert undeclared_keys([row]) == ["new_thing", "omega/b"]
     for declared in (METRIC_KEYS, VALIDATION_KEYS, COMPATIBILITY_KEYS, SAMPLE_KEYS):
         names = [key.name for key in declared]
         assert len(names) == len(set(names)), "a key declared twice"

@@ -14,6 +14,8 @@ from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import StoreError, TrajectoryStore
+from graftrl.training import worker as worker_module
+from graftrl.training.rows import build_rows
 from graftrl.training.trainer import Trainer
 
 LLAMA, GPT2 = CROSSED  # [P, n] reward patterns: llama fails prompt 0, gpt2 fails prompt 1
@@ -122,19 +124,18 @@ def test_graft_with_three_policies_follows_the_multi_source_rule(tiny_checkpoint
                 assert rows[receiver][f"selected/{source}"] == float((chosen[r] == j).sum())
 
 
-def test_byte_normalised_compatibility(tiny_checkpoints, tmp_path):
+def test_byte_normalised_compatibility(tiny_checkpoints, tmp_path, monkeypatch):
     config = make_config(tiny_checkpoints, steps=1)
     config["graft"] = {"compat_normalization": "byte"}
     fresh = Policy.from_pretrained("gpt2", str(tiny_checkpoints["gpt2"]), template="Q: {problem}\nA: ")
     trainer = Trainer(config_from_dict(config), tmp_path / "byte", verifier=ScriptedRewards(CROSSED))
     captured = {}
-    for worker in trainer.workers:
 
-        def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
-            captured[worker.name] = records
-            return original(step, rollout, plan, records, *rest)
+    def spy(step, rollout, plan, records, *, policy, **rest):
+        captured[policy.name] = records
+        return build_rows(step, rollout, plan, records, policy=policy, **rest)
 
-        worker._training_rows = spy
+    monkeypatch.setattr(worker_module, "build_rows", spy)
     trainer.train()
     compat = {
         c["receiver"]: c

@@ -22,6 +22,8 @@ from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.rundir import read_metrics
+from graftrl.training import worker as worker_module
+from graftrl.training.rows import build_rows
 from graftrl.training.trainer import Trainer
 
 
@@ -46,19 +48,18 @@ def test_graft_step_grafts_the_selected_groups(tiny_checkpoints, tmp_path):
         assert row["w_mean"] == pytest.approx(float(weights.mean()), abs=1e-4)
 
 
-def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, tmp_path):
+def test_training_rows_retokenize_and_rescore_on_the_receiver(tiny_checkpoints, tmp_path, monkeypatch):
     """algorithm.md §2.2: grafted rows are the receiver's tokenization, its old log-probs, the source advantage."""
     config = config_from_dict(make_config(tiny_checkpoints))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(CROSSED))
     captured = {}
-    for worker in trainer.workers:
 
-        def spy(step, rollout, plan, records, *rest, worker=worker, original=worker._training_rows):
-            batch = original(step, rollout, plan, records, *rest)
-            captured[worker.name] = (batch.rows, rollout, records, plan)
-            return batch
+    def spy(step, rollout, plan, records, *, policy, **rest):
+        batch = build_rows(step, rollout, plan, records, policy=policy, **rest)
+        captured[policy.name] = (batch.rows, rollout, records, plan)
+        return batch
 
-        worker._training_rows = spy
+    monkeypatch.setattr(worker_module, "build_rows", spy)
     trainer.logger = MetricsLogger(tmp_path / "run")
     trainer.step(0)
     # gpt2 receives llama's group on prompt 1; gpt2 is updated after llama, so when it scored the
@@ -211,7 +212,7 @@ def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
         verifier=ScriptedRewards(CROSSED),
     )
     trainer.train()
-    checkpoint = trainer.latest_checkpoint()
+    checkpoint = trainer.checkpoints.latest()
     assert checkpoint is not None and checkpoint.name == "step_000001"
     reloaded = Policy.from_pretrained("llama", str(checkpoint / "llama"))
     for key, value in trainer.policies[0].model.state_dict().items():
@@ -220,14 +221,17 @@ def test_checkpoint_loads_back_by_path(tiny_checkpoints, tmp_path):
 
 def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract(tiny_checkpoints, tmp_path):
     """With train.kl_coef > 0 an all-correct group still enters the loss (its KL has a gradient);
-    every row carries its sampling policy's lbar and EOS flag, and num_rows the minibatch's rows."""
+    a method that reads row origins gets each row's sampling policy's lbar and EOS flag, and the
+    minibatch's rows; one that does not gets none."""
     uniform = [[[1, 1, 1, 1]] * 4, [[0, 0, 0, 0]] * 4]
     config = config_from_dict(make_config(tiny_checkpoints, method="grpo", steps=1, kl_coef=1e-3))
     trainer = Trainer(config, tmp_path / "run", verifier=ScriptedRewards(uniform))
-    batches = []
+    batches, plain = [], []
     method = trainer.method
 
-    class Spy:  # the method is a frozen dataclass: wrap it rather than patch it
+    class Spy:  # wrap the method rather than patch it
+        reads_row_origins = True
+
         def __getattr__(self, item):
             return getattr(method, item)
 
@@ -235,16 +239,22 @@ def test_kl_trains_own_rows_with_zero_advantage_and_rows_carry_the_lbar_contract
             batches.append(batch)
             return method.loss(batch)
 
-    for worker in trainer.workers:
-        worker.method = Spy()
+    class PlainSpy(Spy):
+        reads_row_origins = False
+
+        def loss(self, batch):
+            plain.append(batch)
+            return method.loss(batch)
+
+    trainer.workers[0].method, trainer.workers[1].method = Spy(), PlainSpy()
     trainer.train()
-    assert {b.receiver for b in batches} == {"llama", "gpt2"}
-    assert all(bool((b.advantages == 0).all()) for b in batches)
-    assert sum(len(b.advantages) for b in batches) == 2 * 4 * 4  # every own row, both models
+    assert {b.origins.receiver for b in batches} == {"llama"} and plain
+    assert all(bool((b.advantages == 0).all()) for b in batches + plain)
+    assert sum(len(b.advantages) for b in batches + plain) == 2 * 4 * 4  # every own row, both models
     for b in batches:
-        assert b.num_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
-        assert b.finished is not None and b.source_mean_logp is not None
-        assert b.source_mean_logp.shape == b.advantages.shape == b.finished.shape
+        assert b.origins.minibatch_rows == 2 * 4  # 2 prompts x n = 4 per minibatch
+        assert b.origins.source_mean_logp.shape == b.advantages.shape == b.origins.finished.shape
+    assert all(b.origins is None for b in plain)
 
 
 def test_truncated_importance_sampling_on_the_hf_engine(tiny_checkpoints, tmp_path):

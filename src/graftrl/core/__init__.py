@@ -4,7 +4,12 @@ P prompts, n rollouts per prompt, B responses, T tokens.
 """
 
 from graftrl.core.advantages import grpo_advantages
-from graftrl.core.compatibility import compatibility_score, compatibility_weight, mean_token_logprob
+from graftrl.core.compatibility import (
+    compatibility_score,
+    compatibility_weight,
+    content_mean_logprob,
+    mean_token_logprob,
+)
 from graftrl.core.diagnostics import complementarity, group_outcome_fractions, weight_summary
 from graftrl.core.hacpo import (
     capability_baseline,
@@ -45,6 +50,7 @@ __all__ = [
     "compatibility_weight",
     "complementarity",
     "content_mask",
+    "content_mean_logprob",
     "group_outcome_fractions",
     "grpo_advantages",
     "gspo_own_terms",

@@ -17,6 +17,19 @@ def mean_token_logprob(token_logprobs: Tensor, mask: Tensor) -> Tensor:
     return total / mask.sum(dim=-1).clamp(min=1).to(token_logprobs.dtype)
 
 
+def content_mean_logprob(token_logprobs: Tensor, finished: bool) -> float:
+    """lbar (eq. 6) over a response's own tokens: a terminal EOS is excluded (algorithm.md §2.2).
+
+    token_logprobs: [L] one response's token log-probs. An empty response has lbar = 0, so two
+    empty sides give s = 1.
+    """
+    content = token_logprobs[:-1] if finished else token_logprobs  # [L'] without the EOS
+    # The EOS is sliced off, not masked: a masked zero would shift the summation order, and
+    # stored records, resumed runs and the trainer must agree bit for bit.
+    everything = torch.ones_like(content, dtype=torch.bool)
+    return float(mean_token_logprob(content[None], everything[None])[0])
+
+
 def compatibility_score(receiver_mean_logp: Tensor, source_mean_logp: Tensor) -> Tensor:
     """s(o|q) = exp(lbar(pi_old^R, o^R) - lbar(pi_src, o^S)) (eq. 7). Shapes broadcast."""
     return torch.exp(receiver_mean_logp - source_mean_logp)

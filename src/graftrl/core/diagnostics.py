@@ -23,19 +23,27 @@ def group_outcome_fractions(rewards: Tensor) -> tuple[Tensor, Tensor]:
     return (successes == 0).float().mean(), (successes == n).float().mean()
 
 
-def weight_summary(s: Tensor, w: Tensor) -> dict[str, float]:
+def weight_summary(s: Tensor | None, w: Tensor) -> dict[str, float]:
     """What a step's exchange admitted and how compatible it was (the exchange metrics).
 
-    s, w: [N] compatibility scores and applied weights of the step's peer responses, N > 0.
-    ``peer_admitted`` counts the responses that entered the loss (w > 0).
+    s, w: [N] compatibility scores and applied weights of the step's peer responses, N > 0; s is
+    None when the method does not score them (no s statistics). ``peer_admitted`` counts the
+    responses that entered the loss (w > 0).
     """
     admitted = w > 0
+    scores = (
+        {}
+        if s is None
+        else {
+            "s_mean": float(s.mean()),
+            "s_median": float(s.median()),
+            "s_min": float(s.min()),
+            "s_max": float(s.max()),
+        }
+    )
     return {
         "peer_admitted": int(admitted.sum()),
         "admit_rate": float(admitted.float().mean()),
-        "s_mean": float(s.mean()),
-        "s_median": float(s.median()),
-        "s_min": float(s.min()),
-        "s_max": float(s.max()),
+        **scores,
         "w_mean": float(w.mean()),
     }

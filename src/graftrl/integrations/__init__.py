@@ -2,7 +2,9 @@
 
 Nothing else in graftrl imports these libraries. Each integration imports without its library
 installed and fails only when a part that needs it is used, with a one-line install hint.
-Integrations sit beside the CLI at the top of the layers: they may import storage, core, methods,
-models and training's rollout -> record converter (``training.trajectories``, so a recorded run's
-rows are the trainer's), never reporting or the CLI (tests/test_layers.py).
+Integrations sit beside the CLI at the top of the layers, but reach down only to what a bridge
+needs: graftrl's top-level utilities (``graftrl.errors``, ...), core, methods, storage, models and
+training's records (``training.trajectories``: a recorded run's rows are the trainer's, and a
+replayed stored peer's groups are re-verified as the trainer's are); never config, evaluation,
+embedded, the rest of training, reporting or the CLI (tests/test_layers.py).
 """

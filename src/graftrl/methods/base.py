@@ -12,7 +12,7 @@ backward) and never names a method.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -27,7 +27,9 @@ from graftrl.core import (
     minibatch_order,
     pooled_minibatch_order,
 )
-from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S, PEER_S, LossMetric
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.losses import EPS_HIGH, EPS_LOW
+from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S, PEER_S, LossMetric, PlanKey
 
 M = TypeVar("M", bound="Method")
 
@@ -97,9 +99,65 @@ def own_groups(receiver: str, outcomes: GroupOutcomes, skip: Tensor | None = Non
     ]
 
 
-@dataclass
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train`` section's values a method's plan and loss read, fixed when the method is built
+    (``Method.from_config``), as torchtune's losses take theirs: never re-sent with a micro-batch.
+    The defaults are the section's."""
+
+    eps_low: float = EPS_LOW
+    """Lower clip range of the token ratio."""
+    eps_high: float = EPS_HIGH
+    """Upper clip range of the token ratio (DAPO clip-higher)."""
+    clip_ratio_c: float | None = None
+    """Dual-clip bound for negative advantages; None = off."""
+    log_ratio_clamp: float | None = None
+    """Clamp of log rho before exp; None = off."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the frozen reference policy (the worker then provides
+    ``LossInputs.ref_logp``); 0 = off."""
+    adv_eps: float = ADV_EPS
+    """eps_adv of eq. 1 (advantages a method computes itself: pooled groups, HACPO)."""
+    adv_std_unbiased: bool = ADV_STD_UNBIASED
+    """Unbiased (n - 1) group std in eq. 1."""
+
+    @classmethod
+    def of(cls, train: Any) -> TrainSettings:
+        """The settings of a validated run config's ``train`` section."""
+        return cls(**{f.name: getattr(train, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class RowOrigins:
+    """Where a micro-batch's rows come from and where the micro-batch sits in the update: what a
+    loss that compares each row with the policy that sampled it reads (HACPO: omega per source, the
+    stepwise clip of optimizer step m, a sequence mean over the minibatch's rows). The worker builds
+    it only for a method with ``reads_row_origins``."""
+
+    receiver: str
+    """Name of the policy being trained."""
+    sources: tuple[str, ...]
+    """[B] name of the model that sampled each row."""
+    source_mean_logp: Tensor
+    """[B] lbar of each row's sampling policy on its own tokenization, terminal EOS excluded (the
+    record's ``mean_logprob``: the source's behaviour mean for peer rows, the receiver's own for
+    own rows)."""
+    finished: Tensor
+    """[B] bool: the response ended with EOS, so its last response token is outside lbar's
+    content tokens (algorithm.md §2.2)."""
+    minibatch_index: int
+    """Position of this minibatch among the step's optimizer steps (0-based, across epochs)."""
+    minibatch_rows: int
+    """Row count of the whole minibatch's surrogate rows (a sequence-mean denominator shared by
+    its micro-batches)."""
+
+
+@dataclass(frozen=True)
 class LossInputs:
-    """One micro-batch of rows, on the receiver's own tokenization. B rows, T response tokens."""
+    """One micro-batch of rows, on the receiver's own tokenization. B rows, T response tokens.
+
+    Only the micro-batch's tensors and counts: a method's hyperparameters are fixed when it is
+    built (``Method.train``, its section)."""
 
     logp: Tensor
     """[B, T] current policy log-probs (with grad)."""
@@ -116,41 +174,19 @@ class LossInputs:
     normalizer: float
     """Token count of the whole minibatch's surrogate rows (token-mean denominator shared by its
     micro-batches); NLL rows are not counted."""
-    eps_low: float
-    eps_high: float
     is_nll: Tensor | None = None
     """[B] bool: rows of NLL groups (None: no such rows)."""
     nll_normalizer: float = 1.0
     """Token count of the minibatch's NLL rows."""
     minibatch_tokens: float = 1.0
     """Token count of the whole minibatch's surrogate and NLL rows together."""
-    sources: tuple[str, ...] = ()
-    """[B] name of the model that sampled each row."""
-    receiver: str = ""
-    """Name of the policy being trained."""
-    minibatch_index: int = 0
-    """Position of this minibatch among the step's optimizer steps (0-based, across epochs)."""
     ref_logp: Tensor | None = None
     """[B, T] frozen reference policy log-probs when ``train.kl_coef`` > 0, else None."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the reference policy."""
-    num_rows: int = 0
-    """Row count of the whole minibatch's surrogate rows (sequence-mean denominator shared by its
-    micro-batches; 0: not given, use this call's rows)."""
-    source_mean_logp: Tensor | None = None
-    """[B] lbar of each row's sampling policy on its own tokenization, terminal EOS excluded (the
-    record's ``mean_logprob``: the source's behaviour mean for peer rows, the receiver's own for
-    own rows); None when the trainer does not provide it."""
-    finished: Tensor | None = None
-    """[B] bool: the response ended with EOS, so its last response token is outside lbar's
-    content tokens (algorithm.md §2.2); None when not provided."""
     token_weights: Tensor | None = None
     """[B, T] truncated importance-sampling weights for the rollout/trainer mismatch
     (``rollout.tis_cap``); None = no correction."""
-    clip_ratio_c: float | None = None
-    """Dual-clip bound for negative advantages (``train.clip_ratio_c``); None = off."""
-    log_ratio_clamp: float | None = None
-    """Clamp of log rho before exp (``train.log_ratio_clamp``); None = off."""
+    origins: RowOrigins | None = None
+    """Where the rows come from, for a method with ``reads_row_origins`` (else None)."""
 
 
 class ConfigSection(BaseModel):
@@ -187,7 +223,9 @@ class Method:
 
     Options: a method with a ``section`` (a ``ConfigSection`` model, the YAML section
     ``section_key``) is built from one validated instance of it, ``Method(options)``, or from its
-    fields, ``Method(delta=0.7)``; the section's fields then read as attributes (``method.delta``).
+    fields, ``Method(delta=0.7)``; a subclass declares ``options`` with its section's type, so
+    ``method.options.delta`` is typed. The ``train`` section's values it reads are fixed at the same
+    time (``TrainSettings``, ``Method(train=...)``).
     """
 
     name: ClassVar[str] = ""
@@ -209,11 +247,23 @@ class Method:
     (``peer_weights``) and a line in compatibility.jsonl. With this and
     ``needs_peer_old_logprobs`` both False the receiver never scores peer rows: each enters with
     w = 1."""
+    reads_row_origins: ClassVar[bool] = False
+    """The loss reads ``LossInputs.origins`` (each row's source and its behaviour mean, the
+    minibatch's position and rows); the worker builds them only then."""
     loss_metrics: ClassVar[tuple[LossMetric, ...]] = CLIPPING
     """The metrics.jsonl keys of the loss (``loss_metrics.LossMetric``): each the ratio of two sums
     the loss returns (or of a sum and the worker's count of trained tokens)."""
+    plan_keys: ClassVar[tuple[PlanKey, ...]] = ()
+    """The metrics.jsonl keys of ``plan``'s ``ExchangePlan.diagnostics`` (``loss_metrics.PlanKey``)."""
 
-    def __init__(self, options: ConfigSection | None = None, /, **fields: Any) -> None:
+    options: ConfigSection | None
+    """The validated section (None without one); subclasses narrow its type."""
+    train: TrainSettings
+    """The ``train`` section's values the plan and loss read."""
+
+    def __init__(
+        self, options: ConfigSection | None = None, /, *, train: TrainSettings | None = None, **fields: Any
+    ) -> None:
         if self.section is None:
             if options is not None or fields:
                 raise TypeError(f"method {self.name!r} has no options, got {sorted(fields) or options}")
@@ -222,16 +272,10 @@ class Method:
         elif fields:
             raise TypeError(f"method {self.name!r}: pass its options or its fields, not both")
         self.options = options
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when normal lookup fails: the section's fields read as attributes.
-        options = self.__dict__.get("options")
-        if options is not None and name in type(options).model_fields:
-            return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self.train = train if train is not None else TrainSettings()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.options!r})"
+        return f"{type(self).__name__}({self.options!r}, train={self.train!r})"
 
     # ----- configuration --------------------------------------------------------------------
     @classmethod
@@ -241,8 +285,8 @@ class Method:
 
     @classmethod
     def from_config(cls, config: Any) -> Method:
-        """The method of a validated run config."""
-        return cls(cls.options_of(config))
+        """The method of a validated run config: its section and the ``train`` settings."""
+        return cls(cls.options_of(config), train=TrainSettings.of(config.train))
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -321,25 +365,26 @@ class ClippedSurrogate(Method):
     loss_metrics = (*CLIPPING, *CLIPPING_BY_SIGN, OWN_S, PEER_S, KL)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        train = self.train
         loss, core = clipped_policy_loss(
             batch.logp,
             batch.old_logp,
             batch.advantages,
             batch.weights,
             batch.mask,
-            batch.eps_low,
-            batch.eps_high,
+            train.eps_low,
+            train.eps_high,
             normalizer=batch.normalizer,
             is_peer=batch.is_peer,
             token_weights=batch.token_weights,
-            clip_ratio_c=batch.clip_ratio_c,
-            log_ratio_clamp=batch.log_ratio_clamp,
+            clip_ratio_c=train.clip_ratio_c,
+            log_ratio_clamp=train.log_ratio_clamp,
         )
         metrics = self.loss_sums(core)
-        if batch.ref_logp is not None and batch.kl_coef > 0:
+        if batch.ref_logp is not None and train.kl_coef > 0:
             own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)
             kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
-            loss = loss + batch.kl_coef * kl
+            loss = loss + train.kl_coef * kl
             metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
         return loss, metrics
 

@@ -58,7 +58,6 @@ from graftrl.core.ablations import (
     sequence_ratio_logp,
     success_only_keep,
 )
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.compatibility import DELTA
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
@@ -69,8 +68,10 @@ from graftrl.methods.base import (
     LossInputs,
     PeerLikelihoods,
     TrainGroup,
+    TrainSettings,
     register_method,
 )
+from graftrl.methods.loss_metrics import PlanKey
 
 
 class GraftConfig(ConfigSection):
@@ -113,6 +114,20 @@ class GraftConfig(ConfigSection):
         return self
 
 
+PLAN_KEYS = (
+    PlanKey(
+        "candidates/<source>",
+        "prompts the policy failed entirely on which <source>'s group is mixed (GRAFT eq. 4)",
+        "prompts",
+    ),
+    PlanKey("selected/<source>", "candidates selected for transfer from <source> (GRAFT eq. 5)", "prompts"),
+    PlanKey(
+        "transferred/<source>", "responses of <source> planned into the policy's batch (GRAFT)", "responses"
+    ),
+)
+"""GRAFT's plan diagnostics (also LUFFY's, which plans as GRAFT)."""
+
+
 @register_method("graft")
 class GRAFT(ClippedSurrogate):
     """Peers exchange whole groups where the receiver failed all n (eq. 4).
@@ -123,30 +138,20 @@ class GRAFT(ClippedSurrogate):
     Selection is balanced across the two directions; each transferred response keeps its source
     advantage and is weighted by w = 1[s > delta] min(s, 1) (eq. 8); peer groups train last.
     The ablation switches (``GraftConfig``) are described in the module docstring.
-    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1, from the ``train`` section) serve pooled groups.
+    ``train.adv_eps`` and ``train.adv_std_unbiased`` (eq. 1) serve pooled groups.
     """
 
     section = GraftConfig
     trains_on_stored_peers = True
-
-    def __init__(
-        self,
-        options: GraftConfig | None = None,
-        /,
-        *,
-        adv_eps: float = ADV_EPS,
-        adv_std_unbiased: bool = ADV_STD_UNBIASED,
-        **fields: Any,
-    ) -> None:
-        super().__init__(options, **fields)
-        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
+    plan_keys = PLAN_KEYS
+    options: GraftConfig
 
     @classmethod
     def from_config(cls, config: Any) -> GRAFT:
         options = cls.options_of(config)
         if config.peers:  # transfer from a stored peer is one-way: nothing to balance (algorithm.md §2.3)
             options = options.model_copy(update={"balance": False})
-        return cls(options, adv_eps=config.train.adv_eps, adv_std_unbiased=config.train.adv_std_unbiased)
+        return cls(options, train=TrainSettings.of(config.train))
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -165,19 +170,19 @@ class GRAFT(ClippedSurrogate):
             raise ValueError(f"GRAFT needs at least two models (policies or stored peers), got {names}")
         if len(names) == 2:
             (name_a, a), (name_b, b) = outcomes.items()
-            a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=self.balance)
-            if self.selection == "random_prompts":  # count-matched, per direction, A->B drawn first
+            a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=self.options.balance)
+            if self.options.selection == "random_prompts":  # count-matched, per direction, A->B drawn first
                 a_to_b = random_prompt_selection(int(a_to_b.sum()), a.num_prompts, generator)
                 b_to_a = random_prompt_selection(int(b_to_a.sum()), b.num_prompts, generator)
             return {
                 name_b: self._plan_for(name_b, outcomes, {name_a: a_to_b}),
                 name_a: self._plan_for(name_a, outcomes, {name_b: b_to_a}),
             }
-        if self.selection != "complementary":
+        if self.options.selection != "complementary":
             raise ValueError("graft.selection 'random_prompts' is defined for two models only")
         # K > 2: each receiver takes the group of its best eligible source, balanced per pair.
         successes = torch.stack([outcomes[name].successes for name in names])  # [K, P]
-        source_index = multi_source_selection(successes, outcomes[names[0]].n, self.balance)  # [K, P]
+        source_index = multi_source_selection(successes, outcomes[names[0]].n, self.options.balance)  # [K, P]
         return {
             receiver: self._plan_for(
                 receiver, outcomes, {source: source_index[r] == j for j, source in enumerate(names) if j != r}
@@ -190,7 +195,7 @@ class GRAFT(ClippedSurrogate):
     ) -> ExchangePlan:
         """Own groups (prompt order), then each source's groups on its ``incoming`` [P] prompts."""
         rcv = outcomes[receiver]
-        pooled = self.groups == "pooled"
+        pooled = self.options.groups == "pooled"
         selected = torch.zeros(rcv.num_prompts, dtype=torch.bool)
         own_advantages = rcv.advantages.clone()
         peer_groups: list[TrainGroup] = []
@@ -200,12 +205,14 @@ class GRAFT(ClippedSurrogate):
             selected |= chosen
             if pooled:
                 rcv_adv, src_adv = pooled_advantages(
-                    [rcv.rewards, src.rewards], self.adv_eps, self.adv_std_unbiased
+                    [rcv.rewards, src.rewards], self.train.adv_eps, self.train.adv_std_unbiased
                 )
                 own_advantages[chosen] = rcv_adv[chosen]
             else:
                 src_adv = src.advantages
-            keep = success_only_keep(src.rewards) if self.transfer == "success_only" else None  # [P, n]
+            keep = (
+                success_only_keep(src.rewards) if self.options.transfer == "success_only" else None
+            )  # [P, n]
             prompts = chosen.nonzero().flatten().tolist()
             peer_groups += [
                 TrainGroup(
@@ -232,7 +239,7 @@ class GRAFT(ClippedSurrogate):
         return ExchangePlan(groups=groups + peer_groups, diagnostics=diagnostics)
 
     def compatibility(self, peers: PeerLikelihoods) -> Tensor:
-        if self.compat_normalization == "byte":
+        if self.options.compat_normalization == "byte":
             # Total log-likelihood of the same string under each model, per UTF-8 byte.
             receiver = peers.receiver_mean_logp * peers.receiver_tokens / peers.num_bytes
             source = peers.source_mean_logp * peers.source_tokens / peers.num_bytes
@@ -240,14 +247,14 @@ class GRAFT(ClippedSurrogate):
         return super().compatibility(peers)
 
     def peer_weights(self, s: Tensor, generator: torch.Generator) -> Tensor:
-        if not self.gate:
+        if not self.options.gate:
             return torch.ones_like(s)
-        if self.admission == "random":
-            return random_admission_weight(s, self.delta, generator)
-        return compatibility_weight(s, self.delta)
+        if self.options.admission == "random":
+            return random_admission_weight(s, self.options.delta, generator)
+        return compatibility_weight(s, self.options.delta)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
-        if self.ratio_level == "sequence":
+        if self.options.ratio_level == "sequence":
             rows = batch.is_peer.bool() & (batch.weights > 0)
             batch = replace(batch, logp=sequence_ratio_logp(batch.logp, batch.old_logp, batch.mask, rows))
         return super().loss(batch)

@@ -19,9 +19,10 @@ Zhang et al. 2026 (arXiv 2603.02604), as algorithm.md §3 states it and the revi
   current receiver on its own re-tokenization (content tokens: terminal EOS excluded on both
   sides, as the compatibility score) against the source's behaviour mean from the record;
   c = clip(s, lower_m, 1), lower_m = min(1, 0.8 + 0.025 m) at optimizer step m of the rollout
-  step (``LossInputs.minibatch_index``); term c * sg(c)^alpha * omega^(j,k) * A, alpha = 1.
-  The source mean reaches the loss as ``LossInputs.source_mean_logp`` (the trainer copies the
-  record's ``mean_logprob`` per row), so ``peer_weights`` is 1 for every peer response: HACPO
+  step (``RowOrigins.minibatch_index``); term c * sg(c)^alpha * omega^(j,k) * A, alpha = 1.
+  The source mean reaches the loss as ``RowOrigins.source_mean_logp`` (``reads_row_origins``:
+  the worker copies the record's ``mean_logprob`` per row), so ``peer_weights`` is 1 for every
+  peer response: HACPO
   has no compatibility gate. No PPO min on the peer term (the review: cross-agent ratios do not
   drift monotonically).
 - **Capability coefficient.** The review's "Model Capabilities Discrepancy Coefficient" (its
@@ -73,7 +74,6 @@ from graftrl.core import (
     k3_sums,
     stepwise_lower_bound,
 )
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.hacpo import ALPHA, CLIP_LOWER, CLIP_STEP, OMEGA_MAX, OMEGA_MIN, OWN_CLIP_HIGH, OWN_CLIP_LOW
 from graftrl.methods.base import (
     ConfigSection,
@@ -82,10 +82,11 @@ from graftrl.methods.base import (
     LossInputs,
     Method,
     TrainGroup,
+    TrainSettings,
     WholePromptMinibatches,
     register_method,
 )
-from graftrl.methods.loss_metrics import CLIPPING, KL, OWN_S, PEER_S, LossMetric
+from graftrl.methods.loss_metrics import CLIPPING, KL, OWN_S, PEER_S, LossMetric, PlanKey
 
 
 class HacpoConfig(ConfigSection):
@@ -128,41 +129,53 @@ PEER_LOWER_BOUND = LossMetric(
 )
 
 
+PLAN_KEYS = (
+    PlanKey(
+        "omega/<source>",
+        "capability ratio on <source>'s term, clip(P_hat(self) / P_hat(source)) (HACPO)",
+        "ratio",
+    ),
+    PlanKey(
+        "capability",
+        "P_hat: the policy's mean reward over the capability window (HACPO)",
+        "mean reward (0-1)",
+    ),
+    PlanKey(
+        "baseline_fallbacks",
+        "prompts whose capability baseline fell back to the own group mean (HACPO)",
+        "prompts",
+    ),
+)
+
+
 @register_method("hacpo")
 class HACPO(WholePromptMinibatches, Method):
     """K >= 2 agents; each trains on every prompt's pooled group with capability corrections.
 
-    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1) come from the ``train`` section; ``history`` is
-    the capability tracker's state."""
+    ``train.adv_eps`` and ``train.adv_std_unbiased`` (eq. 1) and ``train.kl_coef`` come from the
+    ``train`` section; ``history`` is the capability tracker's state."""
 
     section = HacpoConfig
     loss_metrics = (*CLIPPING, OWN_S, PEER_S, KL, PEER_LOWER_BOUND)  # its peer clip has no sign split
+    plan_keys = PLAN_KEYS
     allows_tis = False  # own rows use GSPO's sequence ratio, peer rows the source's behaviour mean
     needs_peer_old_logprobs = False  # the peer term compares with the source's mean (the record)
     # Peers are still scored: s is the peer ratio at the first optimizer step (compatibility.jsonl).
+    reads_row_origins = True  # omega per source, the source's mean, the stepwise clip, seq-mean rows
+    options: HacpoConfig
 
     def __init__(
         self,
         options: HacpoConfig | None = None,
         /,
         *,
-        adv_eps: float = ADV_EPS,
-        adv_std_unbiased: bool = ADV_STD_UNBIASED,
+        train: TrainSettings | None = None,
         history: dict[str, list[float]] | None = None,
         **fields: Any,
     ) -> None:
-        super().__init__(options, **fields)
-        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
+        super().__init__(options, train=train, **fields)
         self.history: dict[str, list[float]] = {} if history is None else history
         """Per agent, its per-step mean rewards of the last ``window`` steps (oldest first)."""
-
-    @classmethod
-    def from_config(cls, config: Any) -> HACPO:
-        return cls(
-            cls.options_of(config),
-            adv_eps=config.train.adv_eps,
-            adv_std_unbiased=config.train.adv_std_unbiased,
-        )
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -170,7 +183,7 @@ class HACPO(WholePromptMinibatches, Method):
         if len(config.policies) < 2:
             raise ValueError(f"method {cls.name!r} needs at least two policies, got {len(config.policies)}")
         agents = len(config.policies)
-        options = cls.options_of(config)
+        options: HacpoConfig = cls.options_of(config)
         if options.minibatch == "rows" and config.train.minibatch_prompts % agents:
             raise ValueError(
                 f"train.minibatch_prompts ({config.train.minibatch_prompts}) must be a multiple of the "
@@ -181,7 +194,7 @@ class HACPO(WholePromptMinibatches, Method):
     def order_minibatches(
         self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
     ) -> list[Tensor]:
-        if self.minibatch == "rows":  # minibatch_prompts x n rows of pooled K x n-row prompts
+        if self.options.minibatch == "rows":  # minibatch_prompts x n rows of pooled K x n-row prompts
             agents = len({g.source for g in plan.groups})
             prompts_per_minibatch = max(1, prompts_per_minibatch // agents)
         return super().order_minibatches(plan, prompts_per_minibatch, generator)
@@ -192,7 +205,7 @@ class HACPO(WholePromptMinibatches, Method):
         for agent, value in mean_rewards.items():
             window = self.history.setdefault(agent, [])
             window.append(float(value))
-            del window[: -self.window]
+            del window[: -self.options.window]
 
     def capability(self, agent: str) -> float:
         """P_hat of ``agent``: the mean of its window; NaN before any step."""
@@ -202,10 +215,10 @@ class HACPO(WholePromptMinibatches, Method):
     def omega(self, agents: list[str]) -> Tensor:
         """[K, K] omega^(k,j) = clip(P_hat^(k) / P_hat^(j)) for ``agents`` in that order."""
         p_hat = torch.tensor([self.capability(a) for a in agents], dtype=torch.float64)
-        return capability_ratios(p_hat, self.omega_min, self.omega_max)
+        return capability_ratios(p_hat, self.options.omega_min, self.options.omega_max)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window": self.window, "history": {a: list(w) for a, w in self.history.items()}}
+        return {"window": self.options.window, "history": {a: list(w) for a, w in self.history.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:  # a checkpoint without method state: start the tracker afresh
@@ -214,7 +227,9 @@ class HACPO(WholePromptMinibatches, Method):
         unknown = set(state) - {"window", "history"}
         if unknown:
             raise ValueError(f"HACPO state has unknown keys {sorted(unknown)}")
-        self.history = {str(a): [float(x) for x in w][-self.window :] for a, w in state["history"].items()}
+        self.history = {
+            str(a): [float(x) for x in w][-self.options.window :] for a, w in state["history"].items()
+        }
 
     # ----- plan -----------------------------------------------------------------------------
     def plan(
@@ -228,7 +243,9 @@ class HACPO(WholePromptMinibatches, Method):
         rewards = torch.stack([outcomes[a].rewards.float() for a in agents])  # [K, P, n]
         plans: dict[str, ExchangePlan] = {}
         for k, receiver in enumerate(agents):
-            advantages = hacpo_advantages(rewards, omega[k], k, self.adv_eps, self.adv_std_unbiased)
+            advantages = hacpo_advantages(
+                rewards, omega[k], k, self.train.adv_eps, self.train.adv_std_unbiased
+            )
             _, fell_back = capability_baseline(rewards, omega[k], k)
             order = [k] + [j for j in range(len(agents)) if j != k]
             groups = [
@@ -256,39 +273,45 @@ class HACPO(WholePromptMinibatches, Method):
         is_own = ~batch.is_peer.bool() & kept
         if batch.is_nll is not None and bool(batch.is_nll.any()):
             raise ValueError("HACPO plans no NLL groups")
+        origins = batch.origins
+        if origins is None:
+            raise ValueError("HACPO reads LossInputs.origins (reads_row_origins); the batch has none")
 
         own_term, own_s, own_clipped = gspo_own_terms(
-            logp, batch.old_logp, batch.advantages, mask, self.own_clip_low, self.own_clip_high
+            logp,
+            batch.old_logp,
+            batch.advantages,
+            mask,
+            self.options.own_clip_low,
+            self.options.own_clip_high,
         )
         terms = torch.where(is_own, own_term, torch.zeros_like(own_term))
         peer_clipped = torch.zeros_like(is_peer)
         peer_s = torch.zeros_like(own_s)
-        lower = stepwise_lower_bound(batch.minibatch_index, self.clip_lower, self.clip_step)
+        lower = stepwise_lower_bound(origins.minibatch_index, self.options.clip_lower, self.options.clip_step)
         if bool(is_peer.any()):
-            if batch.source_mean_logp is None or batch.finished is None:
-                raise ValueError("HACPO needs LossInputs.source_mean_logp and .finished for peer rows")
-            agents = sorted(set(batch.sources) | {batch.receiver})
+            agents = sorted(set(origins.sources) | {origins.receiver})
             omega = self.omega(agents)
-            receiver = agents.index(batch.receiver)
+            receiver = agents.index(origins.receiver)
             # omega^(j,k) = P_hat^(j) / P_hat^(k): source j over learner k.
             row_omega = torch.tensor(
-                [float(omega[agents.index(src), receiver]) for src in batch.sources], device=device
+                [float(omega[agents.index(src), receiver]) for src in origins.sources], device=device
             )
             peer_term, peer_s, peer_clipped = hacpo_peer_terms(
                 logp,
-                batch.source_mean_logp.to(device),
+                origins.source_mean_logp.to(device),
                 batch.advantages,
                 row_omega,
-                content_mask(mask, batch.finished),
+                content_mask(mask, origins.finished),
                 lower,
-                self.alpha,
-                self.exp_ratio,  # type: ignore[arg-type]
+                self.options.alpha,
+                self.options.exp_ratio,  # type: ignore[arg-type]
             )
             terms = torch.where(is_peer, peer_term, terms)
 
         lengths = mask.sum(dim=-1).to(logp.dtype)
-        if self.loss_agg == "seq-mean":
-            denominator = float(batch.num_rows) if batch.num_rows > 0 else float(kept.sum().clamp(min=1))
+        if self.options.loss_agg == "seq-mean":
+            denominator = float(origins.minibatch_rows)
             loss = -terms.sum() / denominator
             kl_mask = (mask & is_own.unsqueeze(-1)).to(logp.dtype) / lengths.clamp(min=1).unsqueeze(-1)
         else:
@@ -307,9 +330,9 @@ class HACPO(WholePromptMinibatches, Method):
                 "peer_s_sum": torch.where(is_peer, peer_s, zero).sum(),
                 "peer_lower_bound_sum": lower * is_peer.sum().float(),
             }
-        if batch.ref_logp is not None and batch.kl_coef > 0:
+        if batch.ref_logp is not None and self.train.kl_coef > 0:
             kl = k3_kl(logp, batch.ref_logp, kl_mask, normalizer=denominator)
-            loss = loss + batch.kl_coef * kl
+            loss = loss + self.train.kl_coef * kl
             # the token-mean over own tokens whatever loss_agg weighs them with
             metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(
                 logp, batch.ref_logp, mask & is_own.unsqueeze(-1)

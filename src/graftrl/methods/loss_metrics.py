@@ -1,4 +1,5 @@
-"""What a method's loss measures, as sums and counts: the ``LossMetric`` keys of metrics.jsonl.
+"""What a method measures: the ``LossMetric`` keys of its loss (sums and counts) and the
+``PlanKey`` keys of its plan's diagnostics, in metrics.jsonl.
 
 A loss returns, with its value, a dict of detached scalar *sums* over the rows of its micro-batch
 (clipped tokens, a KL summed over tokens, rows and their sequence ratios summed, ...). The
@@ -114,3 +115,14 @@ CLIPPING = (CLIP_OWN, CLIP_PEER)
 """Every method's loss reports what it clipped on own and on peer tokens."""
 CLIPPING_BY_SIGN = (CLIP_PEER_POS, CLIP_PEER_NEG)
 """Peer tokens clipped by the advantage's sign (losses built on ``core.clipped_policy_loss``)."""
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """A metrics.jsonl key of a method's plan (``ExchangePlan.diagnostics``): a name, or a pattern
+    with one ``<source>`` placeholder (``candidates/<source>``). The method that logs it declares
+    it (``Method.plan_keys``); ``graftrl metrics-reference`` lists it under the methods' names."""
+
+    name: str
+    meaning: str
+    unit: str

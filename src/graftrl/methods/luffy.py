@@ -28,9 +28,10 @@ from graftrl.methods.base import (
     GroupOutcomes,
     LossInputs,
     Method,
+    TrainSettings,
     register_method,
 )
-from graftrl.methods.graft import GRAFT, GraftConfig
+from graftrl.methods.graft import GRAFT, PLAN_KEYS, GraftConfig
 from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S
 
 
@@ -54,12 +55,20 @@ class LUFFY(Method):
     allows_tis = False  # peer tokens have no ratio; own rows keep the rollout's behaviour log-probs
     needs_peer_old_logprobs = False  # f(pi_theta) only: no ratio to an old policy on peer tokens
     scores_peers = False  # no compatibility gate or weight
+    plan_keys = PLAN_KEYS  # GRAFT's plan
+    options: LuffyConfig
 
     def __init__(
-        self, options: LuffyConfig | None = None, /, *, graft: GraftConfig | None = None, **fields: Any
+        self,
+        options: LuffyConfig | None = None,
+        /,
+        *,
+        graft: GraftConfig | None = None,
+        train: TrainSettings | None = None,
+        **fields: Any,
     ):
         graft_fields = {k: fields.pop(k) for k in list(fields) if k in GraftConfig.model_fields}
-        super().__init__(options, **fields)
+        super().__init__(options, train=train, **fields)
         self.graft = graft if graft is not None else GraftConfig(**graft_fields)
 
     @property
@@ -72,7 +81,9 @@ class LUFFY(Method):
 
     @classmethod
     def from_config(cls, config: Any) -> LUFFY:
-        return cls(cls.options_of(config), graft=GRAFT.options_of(config))
+        return cls(
+            cls.options_of(config), graft=GRAFT.options_of(config), train=TrainSettings.of(config.train)
+        )
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -83,9 +94,10 @@ class LUFFY(Method):
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        return GRAFT(balance=self.balance).plan(outcomes, generator)
+        return GRAFT(balance=self.balance, train=self.train).plan(outcomes, generator)
 
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        train = self.train
         loss, core = luffy_policy_loss(
             batch.logp,
             batch.old_logp,
@@ -93,19 +105,19 @@ class LUFFY(Method):
             batch.weights,
             batch.mask,
             batch.is_peer.bool(),
-            batch.eps_low,
-            batch.eps_high,
-            self.gamma,
+            train.eps_low,
+            train.eps_high,
+            self.options.gamma,
             normalizer=batch.normalizer,
-            clip_ratio_c=batch.clip_ratio_c,
-            log_ratio_clamp=batch.log_ratio_clamp,
+            clip_ratio_c=train.clip_ratio_c,
+            log_ratio_clamp=train.log_ratio_clamp,
         )
         metrics = self.loss_sums(core)
-        if batch.ref_logp is not None and batch.kl_coef > 0:
+        if batch.ref_logp is not None and train.kl_coef > 0:
             own_mask = (
                 batch.mask.bool() & ~batch.is_peer.bool().unsqueeze(-1) & (batch.weights > 0).unsqueeze(-1)
             )
             kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
-            loss = loss + batch.kl_coef * kl
+            loss = loss + train.kl_coef * kl
             metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
         return loss, metrics

@@ -16,11 +16,9 @@ algorithm.md §3 also names a GSPO variant of the pooled advantage's loss; this 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.pooling import pooled_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
@@ -30,21 +28,22 @@ from graftrl.methods.base import (
     WholePromptMinibatches,
     register_method,
 )
+from graftrl.methods.loss_metrics import PlanKey
 
 
 @register_method("pooling")
 class Pooling(WholePromptMinibatches, ClippedSurrogate):
     """K >= 1 models; each trains on every prompt's pooled group with one shared GRPO advantage.
 
-    ``adv_eps`` and ``adv_std_unbiased`` (eq. 1, over the pool) come from the ``train`` section."""
+    ``train.adv_eps`` and ``train.adv_std_unbiased`` (eq. 1, over the pool) come from the ``train``
+    section."""
 
-    def __init__(self, *, adv_eps: float = ADV_EPS, adv_std_unbiased: bool = ADV_STD_UNBIASED) -> None:
-        super().__init__()
-        self.adv_eps, self.adv_std_unbiased = adv_eps, adv_std_unbiased
-
-    @classmethod
-    def from_config(cls, config: Any) -> Pooling:
-        return cls(adv_eps=config.train.adv_eps, adv_std_unbiased=config.train.adv_std_unbiased)
+    plan_keys = (
+        PlanKey("pooled_prompts", "prompts trained on as pooled groups of all policies (pooling)", "prompts"),
+        PlanKey("pooled/<source>", "prompts on which <source>'s group joined the pool (pooling)", "prompts"),
+        PlanKey("mixed_pools", "pools whose rewards are not all equal (pooling)", "prompts"),
+        PlanKey("pool_rescued", "prompts with a uniform own group but a mixed pool (pooling)", "prompts"),
+    )
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
@@ -52,7 +51,11 @@ class Pooling(WholePromptMinibatches, ClippedSurrogate):
         models = list(outcomes)
         rewards = [outcomes[m].rewards for m in models]
         advantages = dict(
-            zip(models, pooled_advantages(rewards, self.adv_eps, self.adv_std_unbiased), strict=True)
+            zip(
+                models,
+                pooled_advantages(rewards, self.train.adv_eps, self.train.adv_std_unbiased),
+                strict=True,
+            )
         )
         pool = torch.cat([r.float() for r in rewards], dim=-1)  # [P, K n]
         mixed = ~(pool == pool[:, :1]).all(dim=-1)  # [P] pools with a learning signal

@@ -49,7 +49,7 @@ from graftrl.methods.base import (
     own_groups,
     register_method,
 )
-from graftrl.methods.loss_metrics import LossMetric
+from graftrl.methods.loss_metrics import LossMetric, PlanKey
 
 
 class SGTConfig(ConfigSection):
@@ -85,6 +85,17 @@ class SGT(ClippedSurrogate):
 
     section = SGTConfig
     loss_metrics = (*ClippedSurrogate.loss_metrics, NLL)
+    plan_keys = (
+        PlanKey(
+            "eligible/<source>", "prompts the policy failed entirely that <source> solved (SGT)", "prompts"
+        ),
+        PlanKey(
+            "nll_responses/<source>",
+            "correct <source> responses trained on with the NLL term (SGT)",
+            "responses",
+        ),
+    )
+    options: SGTConfig
 
     @classmethod
     def check(cls, config: Any) -> None:
@@ -98,7 +109,7 @@ class SGT(ClippedSurrogate):
         if len(outcomes) != 2:
             raise ValueError(f"SGT pairs exactly two policies, got {len(outcomes)}")
         (name_a, a), (name_b, b) = outcomes.items()
-        if self.selection == "balanced":
+        if self.options.selection == "balanced":
             a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=True)
         else:
             a_to_b, b_to_a = sgt_eligible(b.successes, a.successes), sgt_eligible(a.successes, b.successes)
@@ -134,7 +145,7 @@ class SGT(ClippedSurrogate):
         self, plan: ExchangePlan, prompts_per_minibatch: int, generator: torch.Generator
     ) -> list[Tensor]:
         """Group indices per optimizer step (the trainer's hook); see ``peer_position``."""
-        if self.peer_position == "with_prompt":
+        if self.options.peer_position == "with_prompt":
             prompts = torch.tensor([g.prompt for g in plan.groups], dtype=torch.long)
             return pooled_minibatch_order(prompts, prompts_per_minibatch)
         return super().order_minibatches(plan, prompts_per_minibatch, generator)
@@ -143,10 +154,10 @@ class SGT(ClippedSurrogate):
         loss, metrics = super().loss(batch)  # NLL rows have weight 0: outside the surrogate
         if batch.is_nll is not None and bool(batch.is_nll.any()):
             nll_mask = batch.mask.bool() & batch.is_nll.bool().unsqueeze(-1)  # [B, T]
-            tokens_only = self.nll_normalization == "nll_tokens"
+            tokens_only = self.options.nll_normalization == "nll_tokens"
             denominator = batch.nll_normalizer if tokens_only else batch.minibatch_tokens
             nll = nll_loss(batch.logp, nll_mask, normalizer=denominator)
-            loss = loss + self.nll_coef * nll
+            loss = loss + self.options.nll_coef * nll
             metrics["nll_sum"] = nll_loss(batch.logp.detach(), nll_mask, normalizer=1.0)
             metrics["nll_tokens"] = nll_mask.sum().float()
         return loss, metrics

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
-from graftrl.core import mean_token_logprob
+from graftrl.core import content_mean_logprob
 from graftrl.models.kv_cache import cache_argument, dynamic_cache, preallocated_cache
 from graftrl.models.policy import Policy
 from graftrl.models.shared_prefill import generate_sharing_prompts, sharing_pays
@@ -33,20 +33,6 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 4096
-
-
-def content_mean_logprob(token_logprobs: Tensor, finished: bool) -> float:
-    """lbar (eq. 6, ``core.mean_token_logprob``) over a response's own tokens: a terminal EOS is
-    excluded (algorithm.md §2.2).
-
-    token_logprobs: [L] one response's token log-probs. An empty response has lbar = 0, so two
-    empty sides give s = 1.
-    """
-    content = token_logprobs[:-1] if finished else token_logprobs  # [L'] without the EOS
-    # The EOS is sliced off, not masked: a masked zero would shift the summation order, and
-    # stored records, resumed runs and the trainer must agree bit for bit.
-    everything = torch.ones_like(content, dtype=torch.bool)
-    return float(mean_token_logprob(content[None], everything[None])[0])
 
 
 @dataclass

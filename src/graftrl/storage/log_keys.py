@@ -1,9 +1,10 @@
 """The declared keys of a run folder's logs: one :class:`LogKey` per key, with its meaning, unit and group.
 
 Every key a run writes to ``metrics.jsonl``, ``validation.jsonl``, ``compatibility.jsonl`` or
-``samples.jsonl`` is declared here once (each method adds its loss metrics through
-``graftrl.training.log_schema``); ``docs/metrics.md`` and ``graftrl metrics-reference`` are generated
-from these declarations, and a test checks that every key a run logs is declared. The run folder's
+``samples.jsonl`` is declared once: the trainer's here, each method's (its plan's diagnostics and
+its loss metrics) in its own module, joined by ``graftrl.training.log_schema``; ``docs/metrics.md``
+and ``graftrl metrics-reference`` are generated from these declarations, and a test checks that
+every key a run logs is declared. The run folder's
 paths (file names included) and its JSONL readers and writers are :mod:`graftrl.storage.rundir`'s.
 """
 
@@ -105,38 +106,6 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
     )
     + _keys(
         "exchange",
-        (
-            "candidates/<source>",
-            "prompts the policy failed entirely on which <source>'s group is mixed (GRAFT eq. 4)",
-            "prompts",
-        ),
-        ("selected/<source>", "candidates selected for transfer from <source> (GRAFT eq. 5)", "prompts"),
-        (
-            "transferred/<source>",
-            "responses of <source> planned into the policy's batch (GRAFT)",
-            "responses",
-        ),
-        ("eligible/<source>", "prompts the policy failed entirely that <source> solved (SGT)", "prompts"),
-        (
-            "nll_responses/<source>",
-            "correct <source> responses trained on with the NLL term (SGT)",
-            "responses",
-        ),
-        (
-            "omega/<source>",
-            "capability ratio on <source>'s term, clip(P_hat(self) / P_hat(source)) (HACPO)",
-            "ratio",
-        ),
-        ("capability", "P_hat: the policy's mean reward over the capability window (HACPO)", REWARD),
-        (
-            "baseline_fallbacks",
-            "prompts whose capability baseline fell back to the own group mean (HACPO)",
-            "prompts",
-        ),
-        ("pooled_prompts", "prompts trained on as pooled groups of all policies (pooling)", "prompts"),
-        ("pooled/<source>", "prompts on which <source>'s group joined the pool (pooling)", "prompts"),
-        ("mixed_pools", "pools whose rewards are not all equal (pooling)", "prompts"),
-        ("pool_rescued", "prompts with a uniform own group but a mixed pool (pooling)", "prompts"),
         ("peer_responses", "peer responses in the policy's training batch", "responses"),
         ("peer_admitted", "peer responses the compatibility gate admitted (w > 0)", "responses"),
         ("admit_rate", "peer_admitted / peer_responses", FRACTION),
@@ -228,7 +197,7 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
     )
 )
 """The trainer's keys of a ``metrics.jsonl`` row (also the TensorBoard / W&B scalars, as
-``<model>/<key>``); each method's loss adds its own (``graftrl.training.log_schema.metric_keys``)."""
+``<model>/<key>``); each method's plan and loss add their own (``graftrl.training.log_schema.metric_keys``)."""
 
 VALIDATION_KEYS: tuple[LogKey, ...] = tuple(
     _keys(

@@ -28,7 +28,7 @@ from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
 from graftrl.training.sampling import PolicyRollout
-from graftrl.training.worker import PolicyWorker
+from graftrl.training.worker import PolicyWorker, UpdateResult
 
 Records = dict[str, list[TrajectoryRecord]]
 """Every model's tokenizer-neutral records of a step, by model name."""
@@ -46,7 +46,7 @@ class Worker(Protocol):
 
     def update(
         self, step: int, plan: ExchangePlan, records: Records, method_state: dict[str, Any] | None = None
-    ) -> dict[str, Any]: ...
+    ) -> UpdateResult: ...
 
     def save(self, folder: str | Path) -> None: ...
 
@@ -85,10 +85,11 @@ class WorkerGroup(abc.ABC):
     @abc.abstractmethod
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[dict[str, Any]]:
+    ) -> list[UpdateResult]:
         """Every policy trains on its plan (``plans`` in policy order) given every model's records;
-        returns each policy's metrics. ``method`` is the driver's, after planning: workers that
-        hold their own copy of it receive its state."""
+        returns each policy's ``UpdateResult`` (its metrics row, the compatibility scores of what it
+        received). ``method`` is the driver's, after planning: workers that hold their own copy of
+        it receive its state."""
 
     @abc.abstractmethod
     def validation_scores(self) -> list[dict[str, float]]:
@@ -194,7 +195,7 @@ class LocalBackend(WorkerGroup):
 
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[dict[str, Any]]:
+    ) -> list[UpdateResult]:
         method_state = None if self._shares_method else method.state_dict()
         return [
             worker.update(step, plan, records, method_state)
@@ -364,7 +365,7 @@ class RayBackend(WorkerGroup):
 
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[dict[str, Any]]:
+    ) -> list[UpdateResult]:
         # Every actor holds its own copy of the method; the records go into the object store once.
         method_state = method.state_dict()
         shared = self.ray.put(records)

@@ -3,8 +3,9 @@
 ``build_rows`` turns the method's plan into rows: own responses with their behaviour log-probs,
 peer responses re-tokenized by the receiver (algorithm.md §2.2) and, for a method that scores
 peers, re-scored in one no-grad pass that gives both the ratio's denominator (eq. 9) and the
-receiver's side of the compatibility score (eq. 7), then weighted (eq. 8 or the method's rule).
-The same pass measures how the step's moved groups contrast (``core.contrast``).
+receiver's side of the compatibility score (eq. 7), then weighted (eq. 8 or the method's rule;
+``methods.receive``, the path the TRL integration takes too). The same pass measures how the
+step's moved groups contrast (``core.contrast``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import torch
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.core import truncated_is_weights, weight_summary
+from graftrl.core import truncated_is_weights
 from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
-from graftrl.methods import ExchangePlan, Method, PeerLikelihoods
+from graftrl.methods import ExchangePlan, Method
+from graftrl.methods.receive import scores_peer_rows, weigh_peers
 from graftrl.models.policy import Policy
-from graftrl.models.rollout import RolloutBatch, content_mean_logprob
+from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.records import TrajectoryRecord
 
 
@@ -90,12 +92,6 @@ class TrainingBatch:
     """Peer responses, admissions, s and w summaries, TIS and contrast metrics."""
     compatibility: CompatibilityScores | None = None
     """The peer rows' compatibility scores, when the method scores peers."""
-
-
-def scores_peers(method: Method) -> bool:
-    """Peer rows get the receiver's old log-probs (one no-grad pass) for the method's loss or
-    its compatibility scores; otherwise they enter with w = 1 and are never scored."""
-    return method.needs_peer_old_logprobs or method.scores_peers
 
 
 def build_rows(
@@ -177,7 +173,8 @@ def build_rows(
         timings["time_old_logprob"] = time.perf_counter() - start
     if not peer_rows:
         return TrainingBatch(tuple(rows), info)
-    scored = scores_peers(method)
+    scored = scores_peer_rows(method)
+    old_logprobs = None
     if scored:
         start = time.perf_counter()
         # The receiver's old policy on its own tokenization of every grafted response (eq. 9),
@@ -188,32 +185,15 @@ def build_rows(
         for k, row in enumerate(peer_rows):
             rows[row] = replace(rows[row], old_logprobs=old_logprobs[k])
         timings["time_peer_logprob"] = time.perf_counter() - start
-    if not method.scores_peers:  # every peer row keeps w = 1
-        info.update(peer_admitted=len(peer_rows), admit_rate=1.0, w_mean=1.0)
-        if contrast:
-            info.update(moved_contrast(plan, records, rows, moved_rows, policy, config, scored))
-        return TrainingBatch(tuple(rows), info)
-    likelihoods = PeerLikelihoods(
-        receiver_mean_logp=torch.tensor(
-            [
-                content_mean_logprob(lp, rec.finished)
-                for lp, rec in zip(old_logprobs, peer_records, strict=True)
-            ]
-        ),
-        receiver_tokens=torch.tensor(
-            [len(lp) - int(rec.finished) for lp, rec in zip(old_logprobs, peer_records, strict=True)]
-        ),
-        source_mean_logp=torch.tensor([rec.mean_logprob for rec in peer_records]),
-        source_tokens=torch.tensor([rec.num_tokens for rec in peer_records]),
-        num_bytes=torch.tensor([max(rec.num_bytes, 1) for rec in peer_records]),
-    )
-    s = method.compatibility(likelihoods)
-    w = method.peer_weights(s, generator)
+    weights = weigh_peers(method, old_logprobs, peer_records, generator)
     for k, row in enumerate(peer_rows):
-        rows[row] = replace(rows[row], weight=float(w[k]))
-    info.update(weight_summary(s, w))
+        rows[row] = replace(rows[row], weight=float(weights.w[k]))
+    info.update(weights.metrics())
     if contrast:
         info.update(moved_contrast(plan, records, rows, moved_rows, policy, config, scored))
+    s, w = weights.s, weights.w
+    if s is None:  # not scored: no compatibility.jsonl line
+        return TrainingBatch(tuple(rows), info)
     # The driver appends it to compatibility.jsonl (one writer, whatever the backend).
     compatibility = CompatibilityScores(
         step=step,

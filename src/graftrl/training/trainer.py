@@ -9,7 +9,7 @@ The trainer is the driver: it samples the prompt batch, plans the exchange, logs
 replays stored peers. Everything that touches a policy's weights is a ``PolicyWorker``
 (graftrl.training.worker), placed by the backend and driven through its typed ``WorkerGroup``
 interface (graftrl.training.backends): in this process or in Ray actors. Checkpoints and resume
-are the trainer's ``TrainerCheckpoints`` part (graftrl.training.trainer_checkpoints).
+are its collaborator ``checkpoints`` (graftrl.training.trainer_checkpoints.TrainerCheckpoints).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from graftrl.config import Config, dump_config
 from graftrl.console import progress_bar
-from graftrl.core import complementarity, group_outcome_fractions, grpo_advantages
+from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
@@ -42,11 +42,12 @@ from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
+from graftrl.training.trajectories import peer_groups
 
 __all__ = ["Trainer", "step_seed"]
 
 
-class Trainer(TrainerCheckpoints):
+class Trainer:
     """Runs Algorithm 1 for a config and writes everything into ``run_dir``."""
 
     def __init__(
@@ -65,8 +66,6 @@ class Trainer(TrainerCheckpoints):
         self.files = RunDir(self.run_dir)
         """Every path of the run folder (graftrl.storage.rundir)."""
         self.problems = list(problems) if problems is not None else load_problems(config.data.train)
-        self._problems_in_code = problems is not None
-        """Problems handed over in code: the run reads them, not ``data.train`` (which may not exist)."""
         self.method = build_method(config.method, config)
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
@@ -95,14 +94,23 @@ class Trainer(TrainerCheckpoints):
         )
         self.step_callback = step_callback
         self.start_step = 0
-        self.force = False
-        """Resume even when the config changes the run's identity (``train(force=True)``)."""
-        self.resume_changed_inputs: list[str] = []
+        """The first step ``train`` runs (a resume's checkpoint step)."""
+        self.resume_changed_inputs: tuple[str, ...] = ()
         """Inputs whose content changed since the checkpoint a forced resume loaded (marked in
         the first resumed step's metrics)."""
-        self._inputs: dict[str, dict[str, str]] | None = None
         self.logger: MetricsLogger | None = None
         self._peer_verifier = verifier
+        self.checkpoints = TrainerCheckpoints(
+            self.files,
+            config,
+            self.backend,
+            self.method,
+            problems=self.problems,
+            problems_in_code=problems is not None,  # the run reads them, not data.train (may not exist)
+            stored_peers=self.stored_peers,
+            recorder=self.recorder,
+        )
+        """Checkpoint writing and resume (graftrl.training.trainer_checkpoints)."""
 
     @property
     def policies(self) -> list[Policy]:
@@ -134,7 +142,7 @@ class Trainer(TrainerCheckpoints):
     def _train(self, resume: bool, force: bool) -> None:
         clear_interrupt()  # an interrupt from before this run (same process) is not this run's
         if resume and not force:
-            self.check_identity()  # before config.yaml is replaced
+            self.checkpoints.check_identity()  # before config.yaml is replaced
         logging = self.config.logging
         self.logger = MetricsLogger(
             self.run_dir,
@@ -145,15 +153,15 @@ class Trainer(TrainerCheckpoints):
             keys=metric_keys(),
         )
         if resume:
-            self.force = force
             try:
-                self.resume()
+                resumed = self.checkpoints.resume(force)
+                self.start_step, self.resume_changed_inputs = resumed.start_step, resumed.changed_inputs
             except BaseException:
                 self.logger.close()
                 self.close()
                 raise
         atomic_write(self.files.config, dump_config(self.config).encode())
-        self.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
+        self.checkpoints.inputs()  # hashed now: an input that vanishes mid-run cannot fail a checkpoint
         total = self.config.train.steps
         every = self.config.checkpoint.every
         try:
@@ -172,7 +180,7 @@ class Trainer(TrainerCheckpoints):
                         self.validate(step)  # after the step: not part of its timings
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         raise_if_interrupted()  # an interrupt swallowed during the step stops here
-                        self.save_checkpoint(step)
+                        self.checkpoints.save(step)
         finally:
             self.logger.close()
             self.close()
@@ -262,26 +270,16 @@ class Trainer(TrainerCheckpoints):
                 )
             texts = [row.response for group in groups for row in group]
             answers = [p.answer for p in problems for _ in range(n)]
-            rewards = torch.tensor(self.peer_verifier.score(texts, answers), dtype=torch.float32).view(
-                len(ids), n
+            rewards = self.peer_verifier.score(texts, answers)
+            replayed = peer_groups(
+                groups,
+                n,
+                {p: rewards[p * n : (p + 1) * n] for p in range(len(ids))},
+                self.config.train.adv_eps,
+                self.config.train.adv_std_unbiased,
             )
-            stored_rewards = torch.tensor([[row.reward for row in g] for g in groups], dtype=torch.float32)
-            stored_advantages = torch.tensor(
-                [[row.advantage for row in g] for g in groups], dtype=torch.float32
-            )
-            changed = (rewards != stored_rewards).any(dim=-1)  # [P]
-            recomputed = grpo_advantages(
-                rewards, self.config.train.adv_eps, self.config.train.adv_std_unbiased
-            )
-            advantages = torch.where(changed.unsqueeze(-1), recomputed, stored_advantages)
-            records = [
-                dataclasses.replace(
-                    row.to_record(), reward=float(rewards[p, i]), advantage=float(advantages[p, i])
-                )
-                for p, group in enumerate(groups)
-                for i, row in enumerate(group)
-            ]
-            out[name] = (GroupOutcomes(rewards, advantages), records, float(changed.sum()))
+            records = [record for group in replayed.records for record in group or ()]
+            out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
         return out
 
     def _outcome_metrics(

@@ -2,9 +2,10 @@
 non-finite or the disk is full), check a resume's identity and inputs, and resume from the newest
 intact one, cutting the derived logs and the store back to it.
 
-``TrainerCheckpoints`` is a part of :class:`graftrl.training.trainer.Trainer` kept in its own module
-so each reads in one sitting; it uses the trainer's run folder, config, backend, method, inputs and
-recorder (the attributes declared below), and nothing else of it.
+``TrainerCheckpoints`` is a collaborator of :class:`graftrl.training.trainer.Trainer`
+(``trainer.checkpoints``): built from what it uses (the run folder, config, backend, method, the
+inputs it hashes and the recorder) and nothing else of the trainer; ``resume`` says where the run
+goes on (``Resumed``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 import hashlib
 import json
 import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,25 +48,47 @@ PROBLEMS_IN_CODE = "(problems passed to Trainer)"
 """The data path recorded for a run whose problems were handed over in code."""
 
 
-class TrainerCheckpoints:
-    """Checkpoint writing, resume checks and resume for the :class:`Trainer` that inherits it."""
+@dataclass(frozen=True)
+class Resumed:
+    """Where a resumed run goes on."""
 
-    config: Config
-    files: RunDir
-    backend: WorkerGroup
-    method: Method
-    names: list[str]
-    problems: list[MathProblem]
-    stored_peers: dict[str, Any]
-    recorder: TrajectoryWriter | None
     start_step: int
-    force: bool
-    resume_changed_inputs: list[str]
-    _problems_in_code: bool
-    _inputs: dict[str, dict[str, str]] | None
+    """The first step to run (0: no checkpoint, the run starts over)."""
+    changed_inputs: tuple[str, ...] = ()
+    """Inputs whose content changed since the loaded checkpoint (``--force``; marked in the first
+    resumed step's metrics)."""
+
+
+class TrainerCheckpoints:
+    """Checkpoint writing, resume checks and resume of one run (the trainer's ``checkpoints``)."""
+
+    def __init__(
+        self,
+        files: RunDir,
+        config: Config,
+        backend: WorkerGroup,
+        method: Method,
+        *,
+        problems: Sequence[MathProblem],
+        problems_in_code: bool,
+        stored_peers: Mapping[str, tuple[Any, Any]],
+        recorder: TrajectoryWriter | None,
+    ) -> None:
+        """``problems_in_code``: the problems were handed over in code, so the run hashes them,
+        not ``data.train``; ``stored_peers``: name -> (its ``peers`` entry, its TrajectoryStore)."""
+        self.files = files
+        self.config = config
+        self.backend = backend
+        self.method = method
+        self.names = [p.name for p in config.policies]
+        self.problems = problems
+        self.problems_in_code = problems_in_code
+        self.stored_peers = stored_peers
+        self.recorder = recorder
+        self._inputs: dict[str, dict[str, str]] | None = None
 
     @property
-    def checkpoint_root(self) -> Path:
+    def root(self) -> Path:
         return self.files.checkpoints
 
     def inputs(self) -> dict[str, dict[str, str]]:
@@ -71,7 +96,7 @@ class TrainerCheckpoints:
         the problems handed to the trainer in code) and every stored peer's store,
         name -> {"path", "sha256"} (hashed once per process)."""
         if self._inputs is None:
-            if self._problems_in_code:
+            if self.problems_in_code:
                 listed = json.dumps([dataclasses.asdict(p) for p in self.problems], sort_keys=True)
                 digest = hashlib.sha256(listed.encode()).hexdigest()
                 self._inputs = {"data.train": {"path": PROBLEMS_IN_CODE, "sha256": digest}}
@@ -85,7 +110,7 @@ class TrainerCheckpoints:
     def _required_files(self) -> list[str]:
         return required_files(self.names)
 
-    def save_checkpoint(self, step: int) -> Path:
+    def save(self, step: int) -> Path:
         """Weights, optimizer and method state after ``step``, sealed by a manifest (graftrl.storage.checkpoint).
 
         Assembled in a staging folder and renamed into place; refused (CheckpointError) when any
@@ -95,7 +120,7 @@ class TrainerCheckpoints:
         nonfinite = self.backend.nonfinite_state()
         bad = {name: found for name, found in zip(self.names, nonfinite, strict=True) if found}
         if bad:
-            kept = list_checkpoints(self.checkpoint_root)
+            kept = list_checkpoints(self.root)
             raise CheckpointError(
                 f"step {step}: non-finite values in "
                 + "; ".join(f"{name} ({', '.join(found)})" for name, found in bad.items())
@@ -107,7 +132,7 @@ class TrainerCheckpoints:
         final = self.files.checkpoint(completed)
         staging = final.with_name(final.name + STAGING_SUFFIX)
         shutil.rmtree(staging, ignore_errors=True)
-        previous = self.latest_checkpoint()
+        previous = self.latest()
         try:
             staging.mkdir(parents=True)
             self.backend.save([str(staging / name) for name in self.names])
@@ -123,14 +148,14 @@ class TrainerCheckpoints:
         if final.exists():  # only after a fallback re-ran this step; the old one is replaced
             shutil.rmtree(final)
         staging.rename(final)
-        rotate(self.checkpoint_root, self.config.checkpoint.keep_last, final)
+        rotate(self.root, self.config.checkpoint.keep_last, final)
         return final
 
     def _refuse_full_disk(self, step: int, staging: Path, previous: Path | None) -> None:
         """The disk filled while ``staging`` was written: remove it, say what a checkpoint needs."""
         written = folder_bytes(staging)
         shutil.rmtree(staging, ignore_errors=True)
-        free = shutil.disk_usage(self.checkpoint_root).free
+        free = shutil.disk_usage(self.root).free
         # The last checkpoint's size is what the next one needs; without one, what was written so far.
         needed = (
             f"about {folder_bytes(previous) / 2**20:.1f} MiB"
@@ -138,22 +163,22 @@ class TrainerCheckpoints:
             else f"over {written / 2**20:.1f} MiB"
         )
         raise CheckpointError(
-            f"step {step}: no space left on the device of {self.checkpoint_root} while writing checkpoint "
+            f"step {step}: no space left on the device of {self.root} while writing checkpoint "
             f"{staging.name.removesuffix(STAGING_SUFFIX)}: a checkpoint needs {needed}, "
             f"{free / 2**20:.1f} MiB are free; the partial folder was removed"
             + (f" and {previous.name} is intact" if previous else "")
             + ": free space (or lower checkpoint.keep_last), then --resume"
         ) from None
 
-    def latest_checkpoint(self) -> Path | None:
+    def latest(self) -> Path | None:
         """The newest checkpoint folder by name (not verified; ``resume`` verifies)."""
-        done = list_checkpoints(self.checkpoint_root)
+        done = list_checkpoints(self.root)
         return done[-1] if done else None
 
     def check_identity(self) -> None:
         """Refuse (ConfigError) a resume whose config changes the run's identity vs its config.yaml."""
         saved_path = self.files.config
-        if not list_checkpoints(self.checkpoint_root):
+        if not list_checkpoints(self.root):
             return  # nothing to resume: the run starts over from step 0 anyway
         try:
             saved = yaml.safe_load(saved_path.read_bytes().decode("utf-8"))
@@ -171,53 +196,54 @@ class TrainerCheckpoints:
                 "undo the change, train into another --out, or pass --force to resume anyway"
             )
 
-    def resume(self) -> None:
-        """Continue from the newest intact checkpoint (verified against its manifest).
+    def resume(self, force: bool = False) -> Resumed:
+        """Load the newest intact checkpoint (verified against its manifest): where the run goes on.
 
         Damaged newer checkpoints are named, set aside under ``checkpoints/damaged/`` and skipped;
         with none intact the resume is refused (CheckpointError). With no checkpoint at all the run
-        starts from step 0. Derived logs and the store are cut back to the resumed step.
+        starts from step 0. Derived logs and the store are cut back to the resumed step. ``force``:
+        even when the inputs or the method changed since the checkpoint.
         """
         skipped: list[str] = []
         chosen = None
-        for folder in reversed(list_checkpoints(self.checkpoint_root)):
+        resumed = Resumed(0)
+        for folder in reversed(list_checkpoints(self.root)):
             check = verify_checkpoint(folder, self._required_files())
             if check.status == "legacy":
-                problem = self._load_legacy(folder)
-                if problem is None:
+                problem, loaded = self._load_legacy(folder)
+                if loaded is not None:
                     _warn(f"{folder}: written before checkpoint manifests; loaded unverified")
-                    chosen = folder
+                    chosen, resumed = folder, loaded
                     break
                 check = CheckpointCheck(folder, "damaged", problem)
             if check.status == "damaged":
                 skipped.append(f"{folder.name}: {check.problem}")
                 continue
-            self._load(folder, self.force)
-            chosen = folder
+            chosen, resumed = folder, self._load(folder, force)
             break
         if chosen is None and skipped:
             raise CheckpointError(
-                f"--resume: no intact checkpoint under {self.checkpoint_root} ({'; '.join(skipped)}); "
+                f"--resume: no intact checkpoint under {self.root} ({'; '.join(skipped)}); "
                 "restore one from a backup, or start over in another --out"
             )
         for line in skipped:
             _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
-        for damaged in list_checkpoints(self.checkpoint_root):
-            if chosen is not None and (checkpoint_step(damaged) or 0) > self.start_step:
+        for damaged in list_checkpoints(self.root):
+            if chosen is not None and (checkpoint_step(damaged) or 0) > resumed.start_step:
                 _warn(f"{damaged.name} set aside as {set_aside(damaged)}")
         if chosen is not None:  # finish a rotation a kill interrupted, so the folder looks uninterrupted
-            rotate(self.checkpoint_root, self.config.checkpoint.keep_last, chosen)
+            rotate(self.root, self.config.checkpoint.keep_last, chosen)
         else:
-            self.start_step = 0
             _warn(
-                f"--resume: no checkpoint in {self.checkpoint_root} yet; starting from step 0 "
+                f"--resume: no checkpoint in {self.root} yet; starting from step 0 "
                 "(earlier log lines move to *.discarded.jsonl)"
             )
-        self._truncate_derived(self.start_step - 1)
+        self._truncate_derived(resumed.start_step - 1)
+        return resumed
 
-    def _load(self, folder: Path, force: bool) -> None:
+    def _load(self, folder: Path, force: bool) -> Resumed:
         state = json.loads((folder / TRAINER_STATE).read_text())
-        self.start_step = check_trainer_state(folder, state, self.config.train.steps)
+        start_step = check_trainer_state(folder, state, self.config.train.steps)
         changed = input_changes(state.get("inputs"), self.inputs())
         if changed and not force:
             raise ConfigError(
@@ -227,7 +253,6 @@ class TrainerCheckpoints:
             )
         for change in changed:
             _warn(f"--force: {change} changed since {folder.name}; resuming on the new content")
-        self.resume_changed_inputs = [change.split(" ", 1)[0] for change in changed]
         self.backend.load([str(folder / name) for name in self.names])
         method_state = json.loads((folder / METHOD_STATE).read_text())
         if state.get("method") == self.method.name:
@@ -241,23 +266,25 @@ class TrainerCheckpoints:
                 f"{folder / TRAINER_STATE}: written by method {state.get('method')!r}, the config says "
                 f"{self.method.name!r}; set method: {state.get('method')} or pass --force"
             )
+        return Resumed(start_step, tuple(change.split(" ", 1)[0] for change in changed))
 
-    def _load_legacy(self, folder: Path) -> str | None:
-        """Load a checkpoint without a manifest; the problem found (None when it loaded and is finite)."""
+    def _load_legacy(self, folder: Path) -> tuple[str, Resumed | None]:
+        """Load a checkpoint without a manifest: (the problem found, None) or ("", where the run
+        goes on) when it loaded and is finite."""
         missing = [name for name in self._required_files() if not (folder / name.rstrip("/")).exists()]
         if missing:
-            return f"{missing[0]}: missing"
+            return f"{missing[0]}: missing", None
         try:
-            self._load(folder, force=True)
+            resumed = self._load(folder, force=True)
         except CheckpointError:
             raise
         except Exception as error:  # an unverifiable folder: any load failure means "damaged"
             first_line = (str(error).splitlines() or [""])[0][:200]
-            return f"does not load ({error.__class__.__name__}: {first_line})"
+            return f"does not load ({error.__class__.__name__}: {first_line})", None
         for name, found in zip(self.names, self.backend.nonfinite_state(), strict=True):
             if found:
-                return f"{name}: non-finite values ({', '.join(found)})"
-        return None
+                return f"{name}: non-finite values ({', '.join(found)})", None
+        return "", resumed
 
     def _truncate_derived(self, step: int) -> None:
         """Cut metrics, samples, compatibility and validation logs and the store back to ``step``."""

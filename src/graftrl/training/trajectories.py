@@ -1,17 +1,23 @@
-"""Rollout batch -> records: the one place a ``RolloutBatch`` becomes trajectory records.
+"""Rollout batch -> records, and stored groups -> the records a receiver replays.
 
 A rollout batch is prompt-major (row = p * n + i). ``rollout_records`` gives the tokenizer-neutral
 records the trainer exchanges between models; ``stored_rows`` extends those same records with what
 the trajectory store keeps for replay (prompt text, tokenizer, group, per-token log-probs), so a
 stored row's ``to_record()`` is exactly the record the trainer exchanged at that step.
+``peer_groups`` turns a stored peer's groups back into records and outcomes, rewards re-verified
+(algorithm.md §2.3): the trainer's stored peers and the TRL integration's replay both use it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, reverified_advantages
+from graftrl.methods import GroupOutcomes
 from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
@@ -93,3 +99,56 @@ def stored_rows(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class PeerGroups:
+    """One stored peer's groups on a batch's P prompts."""
+
+    outcomes: GroupOutcomes
+    """[P, n] rewards and advantages; a prompt without a stored group has rewards 0 (no candidate)."""
+    records: list[list[TrajectoryRecord] | None]
+    """[P] the group's records in index order (rewards and advantages as in ``outcomes``), or None."""
+    found: int
+    """Prompts of the batch with a stored group."""
+    reward_changes: int
+    """Stored groups whose re-verified rewards differ from the stored ones (advantages recomputed)."""
+
+
+def peer_groups(
+    groups: Sequence[list[StoredTrajectory] | None],
+    n: int,
+    reverified: Mapping[int, Sequence[float]] | None = None,
+    adv_eps: float = ADV_EPS,
+    adv_std_unbiased: bool = ADV_STD_UNBIASED,
+) -> PeerGroups:
+    """A peer's ``PeerGroups`` from its stored groups ([P] of n rows in index order, None where absent).
+
+    ``reverified``: prompt index -> this run's rewards of the group's n responses; such a group keeps
+    its stored advantages if the rewards are unchanged, else gets eq. 1 on the new rewards
+    (``reverified_advantages``, algorithm.md §2.3). Groups not listed keep the stored values.
+    """
+    reverified = reverified or {}
+    stored_rewards = torch.zeros(len(groups), n)
+    stored_advantages = torch.zeros(len(groups), n)
+    for p, group in enumerate(groups):
+        if group is not None:
+            stored_rewards[p] = torch.tensor([row.reward for row in group])
+            stored_advantages[p] = torch.tensor([row.advantage for row in group])
+    rewards = stored_rewards.clone()
+    for p, values in reverified.items():
+        rewards[p] = torch.tensor(list(values), dtype=rewards.dtype)
+    advantages, changed = reverified_advantages(
+        stored_rewards, stored_advantages, rewards, adv_eps, adv_std_unbiased
+    )
+    records: list[list[TrajectoryRecord] | None] = [
+        None
+        if group is None
+        else [
+            replace(row.to_record(), reward=float(rewards[p, i]), advantage=float(advantages[p, i]))
+            for i, row in enumerate(group)
+        ]
+        for p, group in enumerate(groups)
+    ]
+    found = sum(group is not None for group in groups)
+    return PeerGroups(GroupOutcomes(rewards, advantages), records, found, int(changed.sum()))

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from graftrl.config import Config
 from graftrl.errors import TrainingDivergedError
-from graftrl.methods import ExchangePlan, LossInputs, Method
+from graftrl.methods import ExchangePlan, LossInputs, Method, RowOrigins
 from graftrl.methods.loss_metrics import TRAINED_COUNTS, LossMetric
 from graftrl.models.policy import Policy
 from graftrl.training.parallel import split_rows, sum_across_ranks
@@ -170,13 +170,13 @@ def optimize(
                 idle = not idx
                 inputs = loss_inputs(
                     policy,
-                    config,
                     [rows[r] for r in (idx or active[:1])],
                     normalizer,
                     nll_normalizer,
-                    len(kept),
-                    minibatch_index,
                     reference,
+                    origins=method.reads_row_origins,
+                    minibatch_index=minibatch_index,
+                    minibatch_rows=len(kept),
                 )
                 loss, m = method.loss(inputs)
                 # FSDP averages gradients over ranks; the loss over the whole minibatch is the sum.
@@ -236,16 +236,19 @@ def micro_batches(
 
 def loss_inputs(
     policy: Policy,
-    config: Config,
     batch_rows: Sequence[TrainingRow],
     normalizer: int,
     nll_normalizer: int,
-    num_rows: int,
-    minibatch_index: int,
     reference: Policy | None = None,
+    *,
+    origins: bool = False,
+    minibatch_index: int = 0,
+    minibatch_rows: int = 0,
 ) -> LossInputs:
-    """One micro-batch: the forward pass with grad, padded old log-probs and the row fields."""
-    train = config.train
+    """One micro-batch: the forward pass with grad, padded old log-probs and the row fields.
+
+    ``origins``: build ``LossInputs.origins`` (a method's ``reads_row_origins``), with the
+    minibatch's position among the step's optimizer steps and its surrogate row count."""
     batch = policy.pad([row.prompt_ids for row in batch_rows], [row.response_ids for row in batch_rows])
     logp = policy.response_logprobs(batch)  # [B, T]
     device = logp.device
@@ -265,6 +268,16 @@ def loss_inputs(
     def column(values: list[Any]) -> Tensor:
         return torch.tensor(values, device=device)
 
+    row_origins = None
+    if origins:
+        row_origins = RowOrigins(
+            receiver=policy.name,
+            sources=tuple(row.source for row in batch_rows),
+            source_mean_logp=column([row.source_mean_logp for row in batch_rows]),
+            finished=column([row.finished for row in batch_rows]),
+            minibatch_index=minibatch_index,
+            minibatch_rows=max(minibatch_rows, 1),
+        )
     return LossInputs(
         logp=logp,
         old_logp=old.to(device)[:, :width],
@@ -273,20 +286,10 @@ def loss_inputs(
         mask=batch.response_mask,
         is_peer=column([row.peer for row in batch_rows]),
         normalizer=max(normalizer, 1),
-        eps_low=train.eps_low,
-        eps_high=train.eps_high,
         is_nll=column([row.nll for row in batch_rows]),
         nll_normalizer=max(nll_normalizer, 1),
         minibatch_tokens=max(normalizer + nll_normalizer, 1),
-        sources=tuple(row.source for row in batch_rows),
-        receiver=policy.name,
-        minibatch_index=minibatch_index,
         ref_logp=ref_logp,
-        kl_coef=train.kl_coef,
-        num_rows=max(num_rows, 1),
-        source_mean_logp=column([row.source_mean_logp for row in batch_rows]),
-        finished=column([row.finished for row in batch_rows]),
         token_weights=token_weights,
-        clip_ratio_c=train.clip_ratio_c,
-        log_ratio_clamp=train.log_ratio_clamp,
+        origins=row_origins,
     )

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from graftrl.config import Config
 from graftrl.methods import ExchangePlan, Method, build_method
+from graftrl.methods.receive import scores_peer_rows
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingParams
 from graftrl.storage.data import MathProblem, PromptSampler
@@ -41,7 +42,7 @@ from graftrl.training.parallel import (
 from graftrl.training.peak_memory import peak_memory_mb, reset_peak_memory
 from graftrl.training.policy_state import load_state, save_state, save_weights
 from graftrl.training.randomness import EXTRA_PROMPT_STREAM, UPDATE_STREAM, step_seed
-from graftrl.training.rows import CompatibilityScores, TrainingBatch, build_rows, scores_peers
+from graftrl.training.rows import CompatibilityScores, build_rows
 from graftrl.training.sampling import PolicyRollout, sample_step, with_suffix
 from graftrl.training.update import NonfiniteGuard, Ranks, optimize
 
@@ -273,10 +274,21 @@ class PolicyWorker:
         # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
         # minibatch's denominators and every rank's share without communicating.
         scores = self.config.rollout.tis_cap is not None or (
-            scores_peers(self.method) and any(g.peer and not g.nll for g in plan.groups)
+            scores_peer_rows(self.method) and any(g.peer and not g.nll for g in plan.groups)
         )
         with gathered(self.policy.model) if scores else contextlib.nullcontext():
-            batch = self._training_rows(step, self._rollout, plan, records, timings, generator)
+            batch = build_rows(
+                step,
+                self._rollout,
+                plan,
+                records,
+                policy=self.policy,
+                method=self.method,
+                config=self.config,
+                generator=generator,
+                timings=timings,
+                contrast=self.rank == 0,  # every rank holds the same rows; rank 0's metrics are the policy's
+            )
         info = dict(batch.metrics)
         info.update(
             optimize(
@@ -301,29 +313,6 @@ class PolicyWorker:
         if self.world > 1:  # the largest rank's peak: what each device must hold
             info["memory_peak_mb"] = max(all_gather_objects(info["memory_peak_mb"]))
         return UpdateResult(info, batch.compatibility)
-
-    def _training_rows(
-        self,
-        step: int,
-        rollout: RolloutBatch,
-        plan: ExchangePlan,
-        records: dict[str, list[TrajectoryRecord]],
-        timings: dict[str, float],
-        generator: torch.Generator,
-    ) -> TrainingBatch:
-        """The receiver's rows for every planned group (``rows.build_rows``)."""
-        return build_rows(
-            step,
-            rollout,
-            plan,
-            records,
-            policy=self.policy,
-            method=self.method,
-            config=self.config,
-            generator=generator,
-            timings=timings,
-            contrast=self.rank == 0,  # every rank holds the same rows; rank 0's metrics are the policy's
-        )
 
     # ----- checkpoints and validation ---------------------------------------------------------
     def save(self, folder: str | Path) -> None:

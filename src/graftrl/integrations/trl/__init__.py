@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from graftrl.integrations.trl._compat import INSTALL_HINT, TRLIntegrationError, TRLUnavailableError
-from graftrl.integrations.trl.exchange import Exchange, graft_exchange, peer_groups, peer_last_order
+from graftrl.integrations.trl.exchange import Exchange, graft_exchange, peer_last_order
 from graftrl.integrations.trl.peers import (
     PROMPT_ID_COLUMN,
     PeerStore,
@@ -30,6 +30,7 @@ from graftrl.integrations.trl.peers import (
     prompt_id_of,
 )
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
+from graftrl.training.trajectories import peer_groups
 
 _NEED_TRL = ("GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer", "graft_method")
 

@@ -1,8 +1,10 @@
 """GRAFT on one TRL generation batch: all-fail groups replaced by a stored peer's groups.
 
 No TRL import: functions of the batch's tensors, graftrl's GRAFT method (its plan, compatibility
-score and weights, ``graftrl.methods.graft``) and two callables the trainer provides (re-tokenize a
-response, score completions with the receiver's no-grad forward).
+score and weights, ``graftrl.methods.graft``), the receive path ``graftrl train`` takes too
+(stored groups re-verified: ``training.trajectories.peer_groups``; scores and weights:
+``methods.receive``) and two callables the trainer provides (re-tokenize a response, score
+completions with the receiver's no-grad forward).
 
 The batch is TRL's generation batch on one process, B = P x n rows, prompt-major (row p * n + i is
 response i of prompt p): ``prompt_ids`` / ``prompt_mask`` [B, Lp] left-padded, ``completion_ids`` /
@@ -28,19 +30,18 @@ What changes (algorithm.md §2.1-2.3, the rows ``graftrl train`` builds in ``tra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from graftrl.core import minibatch_order, weight_summary
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, reverified_advantages
-from graftrl.methods import ExchangePlan, GroupOutcomes, Method, PeerLikelihoods
-from graftrl.models.rollout import content_mean_logprob
+from graftrl.core import minibatch_order
+from graftrl.methods import ExchangePlan, GroupOutcomes, Method
+from graftrl.methods.receive import PeerWeights, scores_peer_rows, weigh_peers
 from graftrl.storage.records import TrajectoryRecord
-from graftrl.storage.store import StoredTrajectory
+from graftrl.training.trajectories import PeerGroups
 
 IS_PEER = "graft_is_peer"
 """Batch key: [B] bool, the row is a transferred peer response."""
@@ -56,65 +57,6 @@ Score = Callable[[Tensor, Tensor, list[list[int]]], list[Tensor]]
 """(prompt_ids [R, Lp], prompt_mask [R, Lp], R completions) -> each completion's per-token log-probs."""
 
 
-@dataclass(frozen=True)
-class PeerGroups:
-    """One stored peer's groups on a batch's P prompts."""
-
-    outcomes: GroupOutcomes
-    """[P, n] rewards and advantages; a prompt without a stored group has rewards 0 (no candidate)."""
-    records: list[list[TrajectoryRecord] | None]
-    """[P] the group's records in index order (rewards and advantages as in ``outcomes``), or None."""
-    found: int
-    """Prompts of the batch with a stored group."""
-    reward_changes: int
-    """Stored groups whose re-verified rewards differ from the stored ones (advantages recomputed)."""
-
-
-def peer_groups(
-    groups: Sequence[list[StoredTrajectory] | None],
-    n: int,
-    reverified: Mapping[int, Sequence[float]] | None = None,
-    adv_eps: float = ADV_EPS,
-    adv_std_unbiased: bool = ADV_STD_UNBIASED,
-) -> PeerGroups:
-    """A peer's ``PeerGroups`` from its stored groups ([P], None where absent).
-
-    ``reverified``: prompt index -> this run's rewards of the group's n responses; such a group keeps
-    its stored advantages if the rewards are unchanged, else gets eq. 1 on the new rewards
-    (``reverified_advantages``, algorithm.md §2.3). Groups not listed keep the stored values.
-    """
-    reverified = reverified or {}
-    stored_rewards = torch.zeros(len(groups), n)
-    stored_advantages = torch.zeros(len(groups), n)
-    for p, group in enumerate(groups):
-        if group is not None:
-            stored_rewards[p] = torch.tensor([row.reward for row in group])
-            stored_advantages[p] = torch.tensor([row.advantage for row in group])
-    rewards = stored_rewards.clone()
-    for p, values in reverified.items():
-        rewards[p] = torch.tensor(list(values), dtype=rewards.dtype)
-    advantages, changed = reverified_advantages(
-        stored_rewards, stored_advantages, rewards, adv_eps, adv_std_unbiased
-    )
-    records: list[list[TrajectoryRecord] | None] = [
-        None
-        if group is None
-        else [
-            _with_outcome(row.to_record(), float(rewards[p, i]), float(advantages[p, i]))
-            for i, row in enumerate(group)
-        ]
-        for p, group in enumerate(groups)
-    ]
-    found = sum(group is not None for group in groups)
-    return PeerGroups(GroupOutcomes(rewards, advantages), records, found, int(changed.sum()))
-
-
-def _with_outcome(record: TrajectoryRecord, reward: float, advantage: float) -> TrajectoryRecord:
-    from dataclasses import replace
-
-    return replace(record, reward=reward, advantage=advantage)
-
-
 @dataclass
 class Exchange:
     """One generation batch after GRAFT, and what happened to it."""
@@ -125,8 +67,9 @@ class Exchange:
     """Prompt indices (in the batch) whose own group was replaced."""
     sources: list[str] = field(default_factory=list)
     """Source of each scored (transferred) response."""
-    s: Tensor = field(default_factory=lambda: torch.zeros(0))
-    """[R] compatibility score of each transferred response (eq. 7)."""
+    s: Tensor | None = field(default_factory=lambda: torch.zeros(0))
+    """[R] compatibility score of each transferred response (eq. 7); None when the method does
+    not score peers."""
     w: Tensor = field(default_factory=lambda: torch.zeros(0))
     """[R] its weight (eq. 8)."""
     rewards: list[float] = field(default_factory=list)
@@ -191,33 +134,24 @@ def graft_exchange(
     new_advantages[peer_rows] = 0.0
 
     if transferred:
-        rows_t = torch.tensor([row for row, *_ in transferred], device=completion_ids.device)
-        completions = [ids for _, _, ids, _, _ in transferred]
-        logprobs = score(batch["prompt_ids"][rows_t], batch["prompt_mask"][rows_t], completions)
         records_t = [record for _, record, _, _, _ in transferred]
-        likelihoods = PeerLikelihoods(
-            receiver_mean_logp=torch.tensor(
-                [content_mean_logprob(lp, rec.finished) for lp, rec in zip(logprobs, records_t, strict=True)]
-            ),
-            receiver_tokens=torch.tensor(
-                [len(lp) - int(rec.finished) for lp, rec in zip(logprobs, records_t, strict=True)]
-            ),
-            source_mean_logp=torch.tensor([rec.mean_logprob for rec in records_t]),
-            source_tokens=torch.tensor([rec.num_tokens for rec in records_t]),
-            num_bytes=torch.tensor([max(rec.num_bytes, 1) for rec in records_t]),
-        )
-        s = method.compatibility(likelihoods) if method.scores_peers else torch.ones(len(records_t))
-        w = method.peer_weights(s, weight_generator) if method.scores_peers else torch.ones_like(s)
+        logprobs = None
+        if scores_peer_rows(method) or old is not None:  # s, w, or the ratio's denominator (eq. 9)
+            rows_t = torch.tensor([row for row, *_ in transferred], device=completion_ids.device)
+            completions = [ids for _, _, ids, _, _ in transferred]
+            logprobs = score(batch["prompt_ids"][rows_t], batch["prompt_mask"][rows_t], completions)
+        weights = weigh_peers(method, logprobs, records_t, weight_generator)
+        w = weights.w
         for k, (row, _, ids, advantage, _) in enumerate(transferred):
             if float(w[k]) <= 0 or not ids:
                 continue  # out of the loss and of its denominator
             out["completion_ids"][row, : len(ids)] = torch.tensor(ids, dtype=completion_ids.dtype)
             out["completion_mask"][row, : len(ids)] = 1
             new_advantages[row] = float(w[k]) * advantage
-            if old is not None:
+            if old is not None and logprobs is not None:
                 out["old_per_token_logps"][row, : len(ids)] = logprobs[k].to(old)
         exchange.sources = [source for *_, source in transferred]
-        exchange.s, exchange.w = s, w
+        exchange.s, exchange.w = weights.s, w
         exchange.rewards = [rec.reward for rec in records_t]
     out["advantages"] = new_advantages
     out["num_items_in_batch"] = out["completion_mask"].sum().to(batch["num_items_in_batch"].dtype)
@@ -239,10 +173,10 @@ def _metrics(plan: ExchangePlan, peers: Mapping[str, PeerGroups], exchange: Exch
         metrics[f"peer_prompts_found/{name}"] = float(group.found)
         metrics[f"stored_reward_changes/{name}"] = float(group.reward_changes)
     metrics["peer_responses"] = float(len(exchange.sources))
-    s, w = exchange.s, exchange.w
     metrics["peer_admitted"] = 0.0
-    if len(s):
-        metrics.update({key: float(value) for key, value in weight_summary(s, w).items()})
+    if len(exchange.w):
+        weights = PeerWeights(exchange.s, exchange.w)
+        metrics.update({key: float(value) for key, value in weights.metrics().items()})
     return metrics
 
 

@@ -32,16 +32,8 @@ import torch
 from pydantic import ValidationError
 
 from graftrl.core import clipped_token_mask
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
-from graftrl.integrations.trl.exchange import (
-    IS_PEER,
-    Exchange,
-    PeerGroups,
-    graft_exchange,
-    peer_groups,
-    peer_last_order,
-)
+from graftrl.integrations.trl.exchange import IS_PEER, Exchange, graft_exchange, peer_last_order
 from graftrl.integrations.trl.peers import (
     PEER_MATCHES,
     PROMPT_ID_COLUMN,
@@ -53,6 +45,7 @@ from graftrl.integrations.trl.peers import (
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
 from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.models.policy import Policy
+from graftrl.training.trajectories import PeerGroups, peer_groups
 
 require_trl()
 
@@ -130,7 +123,7 @@ def graft_method(args: Any) -> GRAFT:
     match = getattr(args, "graft_peer_match", "nearest")
     if match not in PEER_MATCHES:
         raise TRLIntegrationError(f"graft_peer_match: must be one of {PEER_MATCHES}, got {match!r}")
-    return GRAFT(options, adv_eps=ADV_EPS, adv_std_unbiased=ADV_STD_UNBIASED)
+    return GRAFT(options)  # train's defaults: eq. 1's eps and std, TRL's loss uses none of the rest
 
 
 class RecordingGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
