@@ -189,6 +189,62 @@ def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:
     return paths
 
 
+def build_qwen2(tokenizer, hidden: int, heads: int, layers: int = 2, seed: int = 1):
+    """A randomly initialised Qwen2 (grouped-query attention, RMSNorm, SwiGLU, bias on q/k/v) sized
+    for ``tokenizer``: the architecture ``embedded.models.build_model`` does not build."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(tokenizer, key))
+    return model
+
+
+def build_qwen_llama(root: Path, hidden: int = 32, heads: int = 2) -> dict[str, Path]:
+    """Two real architectures with two tokenizers trained here, saved with save_pretrained under
+    root: a Qwen2 with a byte-level BPE (vocabulary 280) and a Llama with a char-level one. A pair
+    for `graftrl probe` and `graftrl compare --base` tests (their fixture: ``qwen_llama``)."""
+    from graftrl.embedded.models import build_bpe_tokenizer, build_char_tokenizer, build_model
+    from graftrl.storage.data import load_problems
+
+    corpus = [p.problem + " " + p.answer for p in load_problems(FIXTURES / "math_small.jsonl")]
+    corpus += [f"The answer is \\boxed{{{i}}}." for i in range(100)]
+    bpe, char = build_bpe_tokenizer(corpus, vocab_size=280), build_char_tokenizer()
+    models = {
+        "qwen2": (build_qwen2(bpe, hidden, heads), bpe),
+        "llama": (
+            build_model("llama", char, hidden=hidden, layers=2, heads=heads, max_positions=512, seed=2),
+            char,
+        ),
+    }
+    paths = {}
+    for name, (model, tokenizer) in models.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = root / name
+    return paths
+
+
+@pytest.fixture(scope="session")
+def qwen_llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny Qwen2 (BPE) and a tiny Llama (char-level), loaded by path as real ones are."""
+    return build_qwen_llama(tmp_path_factory.mktemp("qwen_llama"))
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tiny heterogeneous checkpoints (hidden 32, 2 heads), loaded by path as real ones are."""
