@@ -71,6 +71,7 @@ def test_every_figure_is_recounted_from_the_written_samples(qwen_llama, tiny_che
     assert len(read_jsonl(out / "samples.jsonl")) == 3 * 10 * 4
 
     assert recount(out) == written
+    assert_rows_are_the_samples(out)
 
     # The recount reads the samples: one flipped reward changes the figures.
     samples = read_jsonl(out / "samples.jsonl")
@@ -84,6 +85,41 @@ def test_every_figure_is_recounted_from_the_written_samples(qwen_llama, tiny_che
         f"s_{p}.png" for p in _directions(written) if _scored(written, p)
     )
     assert all(p.exists() for p in result.plots)
+
+
+def assert_rows_are_the_samples(folder: Path) -> None:
+    """Each scored candidate response is the source's sampled response it names (reward,
+    advantage), on a prompt where the receiver failed all n; "selected" is the method's plan."""
+    files = ProbeDir(folder)
+    sampled = {(r["step"], r["model"], r["prompt_id"], r["index"]): r for r in read_jsonl(files.samples)}
+    moved = {(g["step"], g["receiver"], g["source"], g["prompt_id"]) for g in read_jsonl(files.moved_groups)}
+    rows = read_jsonl(files.candidates)
+    assert rows
+    # exactly the candidate groups of eq. 4 (the receiver fails all n, the source is mixed), whole
+    wins: dict[tuple, float] = {}
+    for (step, model, prompt, _), r in sampled.items():
+        wins[(step, model, prompt)] = wins.get((step, model, prompt), 0.0) + r["reward"]
+    policies = {r["model"] for r in read_jsonl(files.steps)}
+    expected = {
+        (step, receiver, source, prompt)
+        for (step, receiver, prompt), k in wins.items()
+        if receiver in policies and k == 0
+        for (other_step, source, other_prompt), k_source in wins.items()
+        if (other_step, other_prompt) == (step, prompt) and source != receiver and 0 < k_source < 4
+    }
+    groups: dict[tuple, list[int]] = {}
+    for row in rows:
+        groups.setdefault((row["step"], row["receiver"], row["source"], row["prompt_id"]), []).append(
+            row["index"]
+        )
+    assert set(groups) == expected and all(sorted(v) == [0, 1, 2, 3] for v in groups.values())
+    for row in rows:
+        source = sampled[(row["step"], row["source"], row["prompt_id"], row["index"])]
+        assert row["reward"] == source["reward"]
+        assert row["advantage"] == pytest.approx(source["advantage"], abs=1e-5)
+        own = [sampled[(row["step"], row["receiver"], row["prompt_id"], i)]["reward"] for i in range(4)]
+        assert own == [0.0] * 4
+        assert row["selected"] == ((row["step"], row["receiver"], row["source"], row["prompt_id"]) in moved)
 
 
 def _directions(figures: dict) -> list[str]:
@@ -220,12 +256,13 @@ def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen_llama, tmp_pa
     method's pass) and taken from there: the same rows as scoring every candidate group again."""
     import graftrl.training.probe as probe_module
 
-    raw = pair_config(qwen_llama)
+    raw = pair_config(qwen_llama, batch_prompts=6)
     run_probe(config_from_dict(raw), tmp_path / "once", 12, verifier=TextRewards(), progress=False)
     monkeypatch.setattr(probe_module, "reusable_groups", lambda plan, outcomes: set())
     run_probe(config_from_dict(raw), tmp_path / "twice", 12, verifier=TextRewards(), progress=False)
     once, twice = (read_jsonl(ProbeDir(tmp_path / name).candidates) for name in ("once", "twice"))
     assert any(row["selected"] for row in once) and any(not row["selected"] for row in once)
+    assert_rows_are_the_samples(tmp_path / "once")
     assert len(once) == len(twice)
     for a, b in zip(once, twice, strict=True):
         assert {k: v for k, v in a.items() if k not in ("s", "w")} == {

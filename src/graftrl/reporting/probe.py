@@ -33,6 +33,7 @@ import torch
 from graftrl.config import Config
 from graftrl.console import progress_bar
 from graftrl.files import atomic_write
+from graftrl.methods import ExchangePlan
 from graftrl.models.policy import Policy
 from graftrl.reporting.probe_stats import (
     COST_KEYS,
@@ -44,6 +45,7 @@ from graftrl.reporting.probe_stats import (
 from graftrl.storage.data import MathProblem, load_problems
 from graftrl.storage.rundir import ProbeDir, RunDir, append_jsonl, read_jsonl
 from graftrl.training.probe import Probe, ProbeError, ProbeStep, probe_batches, probe_config
+from graftrl.training.rows import CompatibilityScores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,7 @@ def check_out_folder(folder: Path) -> None:
 # ----- from the trainer's objects ----------------------------------------------------------------
 
 
-def _peer_indices(plan: Any, n: int) -> list[tuple[int, int]]:
+def _peer_indices(plan: ExchangePlan, n: int) -> list[tuple[int, int]]:
     """(group, response) of each scored peer row, in the order build_rows scores them."""
     return [
         (g, i)
@@ -104,7 +106,7 @@ def _peer_indices(plan: Any, n: int) -> list[tuple[int, int]]:
     ]
 
 
-def _compat_row(scores: Any) -> dict[str, Any]:
+def _compat_row(scores: CompatibilityScores) -> dict[str, Any]:
     """A CompatibilityScores as the trainer writes it to compatibility.jsonl."""
     return {k: v for k, v in dataclasses.asdict(scores).items() if v is not None}
 
@@ -297,8 +299,8 @@ def run_probe(
     batches = probe_batches(problems, config, prompts)
     folder = ProbeDir(out)
     check_out_folder(folder.root)
-    for path in (*folder.logs, folder.json, folder.report):
-        path.unlink(missing_ok=True)
+    for path in (*folder.logs, folder.json, folder.report, *folder.plots()):
+        path.unlink(missing_ok=True)  # an earlier probe's: this one's samples start empty
     settings = settings_of(config, config_path, prompts, notes)
     probe = Probe(config, folder.root, problems=problems, policies=policies, verifier=verifier)
     steps: list[StepData] = []

@@ -256,6 +256,10 @@ class ProbeDir:
     def plot(self, name: str) -> Path:
         return self.root / f"{name}.png"
 
+    def plots(self) -> list[Path]:
+        """The plots in the folder (an earlier probe's, before a new one writes)."""
+        return sorted(self.root.glob("*.png"))
+
 
 # ----- JSONL logs ----------------------------------------------------------------------------------
 
