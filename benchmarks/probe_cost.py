@@ -8,7 +8,7 @@ interleaved (the side that goes first alternates):
 - training: ``Trainer.step(r)`` of one trainer whose weights are put back to the initial ones
   first (step r's prompts, seeds and weights: the probe's samples, checked by the rewards). Its
   rollout plus peer scoring: the wall-clock and CPU-seconds of ``Trainer.exchange`` (sampling,
-  verifying, planning) and of each policy's row building in its update (``_training_rows``:
+  verifying, planning) and of each policy's row building in its update (``rows.build_rows``:
   re-tokenizing, the no-grad scoring pass, s, w, the contrast); the optimizer's part left out;
 - probe: ``Probe.step(r)``, the same prompts, seeds and weights (so the same samples): wall-clock
   and CPU-seconds of the whole probe step (sampling, verifying, planning, scoring every candidate
@@ -201,11 +201,7 @@ class TrainingSide:
         self.trainer = trainer
         self.initial = [{k: v.clone() for k, v in p.model.state_dict().items()} for p in trainer.policies]
         self.spans = {"wall": 0.0, "cpu": 0.0}
-        # the rollout and planning (``exchange``) and each policy's row building in its update
-        # (``_training_rows``: re-tokenizing, the no-grad scoring pass, s, w, the contrast)
-        trainer.exchange = self.timed(trainer.exchange)
-        for worker in trainer.workers:
-            worker._training_rows = self.timed(worker._training_rows)
+        trainer.exchange = self.timed(trainer.exchange)  # the rollout and planning
         trainer.logger = MetricsLogger(trainer.run_dir, keys=metric_keys())
 
     def timed(self, function: Any) -> Any:
@@ -223,7 +219,16 @@ class TrainingSide:
         for policy, state in zip(self.trainer.policies, self.initial, strict=True):
             policy.model.load_state_dict(state)
         self.spans.update(wall=0.0, cpu=0.0)
-        metrics = self.trainer.step(step)
+        # each policy's row building in its update (``rows.build_rows``: re-tokenizing, the no-grad
+        # scoring pass, s, w, the contrast), timed only during this step: the probe calls it too
+        import graftrl.training.worker as worker_module
+
+        build_rows = worker_module.build_rows
+        worker_module.build_rows = self.timed(build_rows)
+        try:
+            metrics = self.trainer.step(step)
+        finally:
+            worker_module.build_rows = build_rows
         return {
             "training_wall": self.spans["wall"],
             "training_cpu": self.spans["cpu"],
