@@ -1,5 +1,5 @@
 """`graftrl probe`: the first training steps' regime without an update, on two (or three) tiny
-models of different real architectures and tokenizers (Qwen2 + BPE, Llama + chars, GPT-2 + BPE).
+models of different real architectures and tokenizers (Qwen2 + byte-level BPE, Llama + Unigram, GPT-2 + BPE).
 
 Its figures equal a recount from the samples it wrote; its step 0 is the first training step
 (the numbers Trainer.step logs, the same compatibility.jsonl rows); bad input ends in one line."""
@@ -39,7 +39,7 @@ UPDATE_ONLY = (
 
 def pair_config(paths: dict[str, Path], method: str = "graft", **train) -> dict:
     policies = [
-        {"name": "qwen2", "path": str(paths["qwen2"]), "template": "Q: {problem}\nA: "},
+        {"name": "qwen2", "path": str(paths["qwen"]), "template": "Q: {problem}\nA: "},
         {"name": "llama", "path": str(paths["llama"]), "template": "{problem}="},
     ]
     if "gpt2" in paths:
@@ -55,9 +55,9 @@ def pair_config(paths: dict[str, Path], method: str = "graft", **train) -> dict:
     }
 
 
-def test_every_figure_is_recounted_from_the_written_samples(qwen_llama, tiny_checkpoints, tmp_path):
+def test_every_figure_is_recounted_from_the_written_samples(qwen2_llama_pair, tiny_checkpoints, tmp_path):
     """Three models (K > 2: six ordered pairs), 10 prompts in batches of 4 (the last one cut)."""
-    paths = {**qwen_llama, "gpt2": tiny_checkpoints["gpt2"]}
+    paths = {**qwen2_llama_pair, "gpt2": tiny_checkpoints["gpt2"]}
     out = tmp_path / "probe"
     result = run_probe(config_from_dict(pair_config(paths)), out, 10, verifier=TextRewards(), progress=False)
     written = json.loads((out / "probe.json").read_text())
@@ -134,10 +134,10 @@ def _scored(figures: dict, direction: str) -> bool:
 
 
 @pytest.mark.parametrize("method", ["graft", "grpo"])
-def test_probe_step_zero_is_the_first_training_step(qwen_llama, tmp_path, method):
+def test_probe_step_zero_is_the_first_training_step(qwen2_llama_pair, tmp_path, method):
     """Same prompts, seeds and code: the probe's step 0 logs what Trainer.step(0) logs, less the
     update's figures, and the same compatibility.jsonl rows; its pooled figures add up its steps."""
-    raw = pair_config(qwen_llama, method, batch_prompts=6)
+    raw = pair_config(qwen2_llama_pair, method, batch_prompts=6)
     raw["graft"] = {"balance": False}  # every candidate moves: more groups scored and contrasted
     run_probe(config_from_dict(raw), tmp_path / "probe", 12, verifier=TextRewards(), progress=False)
     Trainer(config_from_dict(raw), tmp_path / "run", verifier=TextRewards()).train()
@@ -200,8 +200,8 @@ def write_config(folder: Path, raw: dict) -> Path:
         (None, ["--set", "graft.delta=2"], "graft.delta"),
     ],
 )
-def test_bad_input_is_one_line_before_any_model_loads(qwen_llama, tmp_path, edit, args, names):
-    raw = pair_config(qwen_llama)
+def test_bad_input_is_one_line_before_any_model_loads(qwen2_llama_pair, tmp_path, edit, args, names):
+    raw = pair_config(qwen2_llama_pair)
     raw["policies"][0]["path"] = str(tmp_path / "no-model")  # loading a model would fail differently
     if edit is not None:
         edit(raw, tmp_path)
@@ -215,10 +215,10 @@ def test_bad_input_is_one_line_before_any_model_loads(qwen_llama, tmp_path, edit
     assert not (tmp_path / "out" / "probe.json").exists()
 
 
-def test_the_command_writes_the_folder(qwen_llama, tmp_path, monkeypatch):
+def test_the_command_writes_the_folder(qwen2_llama_pair, tmp_path, monkeypatch):
     """The CLI end to end with the real verifier (the random models solve nothing: all-fail)."""
     monkeypatch.chdir(tmp_path)
-    config = write_config(tmp_path, pair_config(qwen_llama))
+    config = write_config(tmp_path, pair_config(qwen2_llama_pair))
     result = CliRunner().invoke(app, ["probe", str(config), "--prompts", "5", "--seed", "7"])
     assert result.exit_code == 0, result.output
     folder = ProbeDir(tmp_path / "runs" / "probe" / "pair")
@@ -230,12 +230,12 @@ def test_the_command_writes_the_folder(qwen_llama, tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a local Ray start: 15-50 s on 2 shared cores
 @pytest.mark.usefixtures("ray_ships_test_helpers")
-def test_the_ray_backend_probes_alike(qwen_llama, tmp_path):
+def test_the_ray_backend_probes_alike(qwen2_llama_pair, tmp_path):
     """backend: ray (one actor per policy, run concurrently) writes the local backend's samples,
     scores and figures; only the timings differ."""
     import ray
 
-    raw = pair_config(qwen_llama)
+    raw = pair_config(qwen2_llama_pair)
     figures = {}
     for backend in ("local", "ray"):
         config = config_from_dict({**raw, "backend": backend, "ray": {"num_cpus": 2}})
@@ -251,12 +251,12 @@ def test_the_ray_backend_probes_alike(qwen_llama, tmp_path):
     assert not ray.is_initialized(), "the probe shuts down the Ray it started"
 
 
-def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen_llama, tmp_path, monkeypatch):
+def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen2_llama_pair, tmp_path, monkeypatch):
     """Under GRAFT the candidate groups its plan moves as they stand are scored once (by the
     method's pass) and taken from there: the same rows as scoring every candidate group again."""
     import graftrl.training.probe as probe_module
 
-    raw = pair_config(qwen_llama, batch_prompts=6)
+    raw = pair_config(qwen2_llama_pair, batch_prompts=6)
     run_probe(config_from_dict(raw), tmp_path / "once", 12, verifier=TextRewards(), progress=False)
     monkeypatch.setattr(probe_module, "reusable_groups", lambda plan, outcomes: set())
     run_probe(config_from_dict(raw), tmp_path / "twice", 12, verifier=TextRewards(), progress=False)
