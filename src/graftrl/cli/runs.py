@@ -1,4 +1,4 @@
-"""The commands on one run: ``train``, ``eval``, ``import-trajectories`` and ``analyze``."""
+"""The commands on one run: ``train``, ``probe``, ``eval``, ``import-trajectories`` and ``analyze``."""
 
 from __future__ import annotations
 
@@ -62,6 +62,35 @@ def train(
         thread_note()
         trainer.train(resume=resume, force=force)
     console.print(f"run written to {run_dir}")
+
+
+@app.command()
+def probe(
+    config: Annotated[Path, typer.Argument(help="YAML config file (the one you would train).")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field: --set graft.delta=0.7")
+    ] = None,
+    prompts: Annotated[
+        int, typer.Option(help="Training prompts to probe (the first ones training would draw).")
+    ] = 256,
+    out: Annotated[
+        Path | None,
+        typer.Option(callback=out_folder, help="Output folder (default runs/probe/<config stem>)."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the config's).")] = None,
+) -> None:
+    """The pair's exchange regime before any update: accuracy, all-fail shares, complementarity,
+    candidates, compatibility s and what the method would move, for the cost of a rollout."""
+    from graftrl.config import load_config
+    from graftrl.reporting.probe import run_probe
+
+    overrides = [*(set_ or []), *([f"seed={seed}"] if seed is not None else [])]
+    cfg = load_config(config, overrides)
+    folder = out or Path("runs") / "probe" / config.stem
+    thread_note()
+    result = run_probe(cfg, folder, prompts, config_path=str(config), progress=cfg.logging.progress)
+    console.print(result.folder.report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {result.folder.json}, {result.folder.report} and {len(result.plots)} plots")
 
 
 @app.command("eval")

@@ -234,6 +234,60 @@ def ensure_writable(folder: Path, what: str) -> Path:
     return folder
 
 
+@dataclass(frozen=True)
+class ProbeDir:
+    """The output folder of ``graftrl probe`` (its files' rows: graftrl.reporting.probe)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def samples(self) -> Path:
+        """Every sampled response: step, model, prompt, reward, advantage, tokens, text."""
+        return self.root / "samples.jsonl"
+
+    @property
+    def candidates(self) -> Path:
+        """Every response of every candidate peer group, scored on its receiver: s, w, admitted."""
+        return self.root / "candidates.jsonl"
+
+    @property
+    def compatibility(self) -> Path:
+        """The method's own exchange, as a run's compatibility.jsonl would log it."""
+        return self.root / "compatibility.jsonl"
+
+    @property
+    def moved_groups(self) -> Path:
+        """Each peer group the method's plan moves, with its contrast sums."""
+        return self.root / "moved_groups.jsonl"
+
+    @property
+    def steps(self) -> Path:
+        """One row per (step, policy): a training step's metrics less the update's, and timings."""
+        return self.root / "steps.jsonl"
+
+    @property
+    def logs(self) -> tuple[Path, ...]:
+        return (self.samples, self.candidates, self.compatibility, self.moved_groups, self.steps)
+
+    @property
+    def json(self) -> Path:
+        return self.root / "probe.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "probe.md"
+
+    def plot(self, name: str) -> Path:
+        return self.root / f"{name}.png"
+
+    def plots(self) -> list[Path]:
+        """The plots in the folder (an earlier probe's, before a new one writes)."""
+        return sorted(self.root.glob("*.png"))
+
+
 # ----- JSONL logs ----------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
 from graftrl.training.sampling import PolicyRollout
-from graftrl.training.worker import PolicyWorker, UpdateResult
+from graftrl.training.worker import PeerScores, PolicyWorker, UpdateResult
 
 Records = dict[str, list[TrajectoryRecord]]
 """Every model's tokenizer-neutral records of a step, by model name."""
@@ -47,6 +47,16 @@ class Worker(Protocol):
     def update(
         self, step: int, plan: ExchangePlan, records: Records, method_state: dict[str, Any] | None = None
     ) -> UpdateResult: ...
+
+    def score_peers(
+        self,
+        step: int,
+        plan: ExchangePlan,
+        records: Records,
+        method_state: dict[str, Any] | None = None,
+        method: Method | None = None,
+        contrast: bool = True,
+    ) -> PeerScores: ...
 
     def save(self, folder: str | Path) -> None: ...
 
@@ -90,6 +100,21 @@ class WorkerGroup(abc.ABC):
         returns each policy's ``UpdateResult`` (its metrics row, the compatibility scores of what it
         received). ``method`` is the driver's, after planning: workers that hold their own copy of
         it receive its state."""
+
+    @abc.abstractmethod
+    def score_peers(
+        self,
+        step: int,
+        plans: Sequence[ExchangePlan],
+        records: Records,
+        method: Method,
+        scoring: Method | None = None,
+        contrast: bool = True,
+    ) -> list[PeerScores]:
+        """``update`` without the optimizer (``graftrl probe``): each policy builds and scores the
+        rows of its plan's peer groups and returns them. ``method`` is the driver's, as in
+        ``update``; ``scoring``: score with this method's rule instead; ``contrast``: measure
+        each group's contrast."""
 
     @abc.abstractmethod
     def validation_scores(self) -> list[dict[str, float]]:
@@ -199,6 +224,21 @@ class LocalBackend(WorkerGroup):
         method_state = None if self._shares_method else method.state_dict()
         return [
             worker.update(step, plan, records, method_state)
+            for worker, plan in zip(self._workers, plans, strict=True)
+        ]
+
+    def score_peers(
+        self,
+        step: int,
+        plans: Sequence[ExchangePlan],
+        records: Records,
+        method: Method,
+        scoring: Method | None = None,
+        contrast: bool = True,
+    ) -> list[PeerScores]:
+        method_state = None if self._shares_method else method.state_dict()
+        return [
+            worker.score_peers(step, plan, records, method_state, scoring, contrast)
             for worker, plan in zip(self._workers, plans, strict=True)
         ]
 
@@ -373,6 +413,25 @@ class RayBackend(WorkerGroup):
             "update",
             [
                 actor.update.remote(step, plan, shared, method_state)
+                for actor, plan in zip(self.actors, plans, strict=True)
+            ],
+        )
+
+    def score_peers(
+        self,
+        step: int,
+        plans: Sequence[ExchangePlan],
+        records: Records,
+        method: Method,
+        scoring: Method | None = None,
+        contrast: bool = True,
+    ) -> list[PeerScores]:
+        method_state = method.state_dict()
+        shared = self.ray.put(records)
+        return self._gather(
+            "score_peers",
+            [
+                actor.score_peers.remote(step, plan, shared, method_state, scoring, contrast)
                 for actor, plan in zip(self.actors, plans, strict=True)
             ],
         )

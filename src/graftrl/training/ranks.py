@@ -132,6 +132,17 @@ class _RankCalls:
     def update(self, step: int, plan: Any, records: Any, method_state: dict[str, Any] | None = None) -> Any:
         return self._call("update", (step, plan, records, method_state))
 
+    def score_peers(
+        self,
+        step: int,
+        plan: Any,
+        records: Any,
+        method_state: dict[str, Any] | None = None,
+        method: Any = None,
+        contrast: bool = True,
+    ) -> Any:
+        return self._call("score_peers", (step, plan, records, method_state, method, contrast))
+
     def save(self, folder: str | Path) -> None:
         self._call("save", (folder,))
 

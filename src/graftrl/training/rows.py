@@ -92,6 +92,9 @@ class TrainingBatch:
     """Peer responses, admissions, s and w summaries, TIS and contrast metrics."""
     compatibility: CompatibilityScores | None = None
     """The peer rows' compatibility scores, when the method scores peers."""
+    group_contrasts: dict[int, GroupContrast] = field(default_factory=dict)
+    """The contrast of each moved group, by its index in the plan (when measured): the
+    ``contrast_*`` metrics are these summed (``graftrl probe`` keeps them per direction)."""
 
 
 def build_rows(
@@ -189,11 +192,13 @@ def build_rows(
     for k, row in enumerate(peer_rows):
         rows[row] = replace(rows[row], weight=float(weights.w[k]))
     info.update(weights.metrics())
+    groups: dict[int, GroupContrast] = {}
     if contrast:
-        info.update(moved_contrast(plan, records, rows, moved_rows, policy, config, scored))
+        groups = moved_group_contrasts(plan, records, rows, moved_rows, policy, config, scored)
+        info.update(contrast_metrics(sum(groups.values(), GroupContrast())))
     s, w = weights.s, weights.w
     if s is None:  # not scored: no compatibility.jsonl line
-        return TrainingBatch(tuple(rows), info)
+        return TrainingBatch(tuple(rows), info, group_contrasts=groups)
     # The driver appends it to compatibility.jsonl (one writer, whatever the backend).
     compatibility = CompatibilityScores(
         step=step,
@@ -207,10 +212,10 @@ def build_rows(
         prompt_id=[rec.prompt_id for rec in peer_records],
         response=[rec.response for rec in peer_records] if config.logging.log_transfers else None,
     )
-    return TrainingBatch(tuple(rows), info, compatibility)
+    return TrainingBatch(tuple(rows), info, compatibility, groups)
 
 
-def moved_contrast(
+def moved_group_contrasts(
     plan: ExchangePlan,
     records: Mapping[str, list[TrajectoryRecord]],
     rows: list[TrainingRow],
@@ -218,13 +223,13 @@ def moved_contrast(
     policy: Policy,
     config: Config,
     scored: bool,
-) -> dict[str, Any]:
-    """The contrast metrics of the step's moved groups (``core.contrast``), on the receiver's
-    tokenization: every response of each moved source group (one the receiver does not train
-    on, e.g. a wrong one under success-only transfer, is tokenized here and pushes 0).
+) -> dict[int, GroupContrast]:
+    """The contrast of each moved group (``core.contrast``), by its index in the plan, on the
+    receiver's tokenization: every response of each moved source group (one the receiver does not
+    train on, e.g. a wrong one under success-only transfer, is tokenized here and pushes 0).
     ``scored``: peer rows hold the receiver's old log-probs."""
     n, logging = config.rollout.n, config.logging
-    total = GroupContrast()
+    out: dict[int, GroupContrast] = {}
     for group_index, group in enumerate(plan.groups):
         if not group.peer or group.nll:
             continue
@@ -243,7 +248,7 @@ def moved_contrast(
             # the receiver's old log-probs of a scored row (peer rows of a scoring method)
             old = rows[row].old_logprobs if row is not None and scored else None
             logprobs.append(old.tolist() if old is not None else None)
-        total += group_contrast(
+        out[group_index] = group_contrast(
             tokens, correct, push, logging.contrast_max_tokens, logging.contrast_max_pairs, logprobs
         )
-    return contrast_metrics(total)
+    return out

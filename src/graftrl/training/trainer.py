@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
-from graftrl.methods import GroupOutcomes, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
@@ -44,7 +45,24 @@ from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
 
-__all__ = ["Trainer", "step_seed"]
+__all__ = ["StepExchange", "Trainer", "step_seed"]
+
+
+@dataclass(frozen=True)
+class StepExchange:
+    """A step up to the update (``Trainer.exchange``): what every model sampled and each receiver's plan."""
+
+    problems: list[MathProblem]
+    sampled: dict[str, PolicyRollout]
+    """Each policy's rollout (stored peers are not in it)."""
+    outcomes: dict[str, GroupOutcomes]
+    """Each model's groups as the method planned on them, stored peers included."""
+    records: dict[str, list[TrajectoryRecord]]
+    shared: dict[str, GroupOutcomes]
+    """Each model's outcomes on the shared prompt batch (for complementarity)."""
+    plans: dict[str, ExchangePlan]
+    stored_info: dict[str, float]
+    """``stored_reward_changes/<peer>`` per stored peer."""
 
 
 class Trainer:
@@ -191,9 +209,37 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
-        problems = self.sampler.batch(step)
+        planned = self.exchange(step, self.sampler.batch(step))
+        problems, sampled, outcomes = planned.problems, planned.sampled, planned.outcomes
+        records, shared, plans = planned.records, planned.shared, planned.plans
+        updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
+        metrics: dict[str, dict[str, Any]] = {}
+        for name, update in zip(self.names, updates, strict=True):
+            row = update.metrics
+            if update.compatibility is not None:
+                scores = dataclasses.asdict(update.compatibility)
+                append_jsonl(self.files.compatibility, {k: v for k, v in scores.items() if v is not None})
+            row.update(self.outcome_metrics(name, outcomes, shared, problems))
+            row.update(sampled[name].info)
+            row.update(planned.stored_info)
+            row.update(plans[name].diagnostics)
+            row.update(sampled[name].timings)
+            if self.resume_changed_inputs and step == self.start_step:
+                row["resume_changed_inputs"] = ", ".join(self.resume_changed_inputs)
+            timings = {k: v for k, v in row.items() if k.startswith("time_") and k != "time_step"}
+            row["time_step"] = sum(timings.values())
+            metrics[name] = row
+        for name, row in metrics.items():
+            assert self.logger is not None
+            self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
+        self._log_samples(step, sampled, outcomes)
+        return metrics
+
+    def exchange(self, step: int, problems: list[MathProblem]) -> StepExchange:
+        """The step up to the update: every policy samples and scores ``problems`` (concurrently
+        under Ray), stored peers join, and the method plans each receiver's groups. ``step``
+        seeds the sampling and the plan (``graftrl probe`` runs this without an update)."""
         self.backend.reset_peak_memory()
-        # Every policy samples and scores the step's prompts (concurrently under Ray).
         sampled: dict[str, PolicyRollout] = dict(
             zip(self.names, self.backend.rollout(step, problems), strict=True)
         )
@@ -211,28 +257,7 @@ class Trainer:
 
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
-        updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
-        metrics: dict[str, dict[str, Any]] = {}
-        for name, update in zip(self.names, updates, strict=True):
-            row = update.metrics
-            if update.compatibility is not None:
-                scores = dataclasses.asdict(update.compatibility)
-                append_jsonl(self.files.compatibility, {k: v for k, v in scores.items() if v is not None})
-            row.update(self._outcome_metrics(name, outcomes, shared, problems))
-            row.update(sampled[name].info)
-            row.update(stored_info)
-            row.update(plans[name].diagnostics)
-            row.update(sampled[name].timings)
-            if self.resume_changed_inputs and step == self.start_step:
-                row["resume_changed_inputs"] = ", ".join(self.resume_changed_inputs)
-            timings = {k: v for k, v in row.items() if k.startswith("time_") and k != "time_step"}
-            row["time_step"] = sum(timings.values())
-            metrics[name] = row
-        for name, row in metrics.items():
-            assert self.logger is not None
-            self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
-        self._log_samples(step, sampled, outcomes)
-        return metrics
+        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
 
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]
@@ -282,7 +307,7 @@ class Trainer:
             out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
         return out
 
-    def _outcome_metrics(
+    def outcome_metrics(
         self,
         name: str,
         outcomes: dict[str, GroupOutcomes],

@@ -16,7 +16,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from graftrl.config import Config
+from graftrl.core.contrast import GroupContrast
 from graftrl.methods import ExchangePlan, Method, build_method
 from graftrl.methods.receive import scores_peer_rows
 from graftrl.models.policy import Policy
@@ -70,6 +71,22 @@ class UpdateResult:
     """The policy's metrics row for this step (the driver adds the step-level ones)."""
     compatibility: CompatibilityScores | None = None
     """Scores of the transferred responses (None when nothing was scored)."""
+
+
+@dataclass(frozen=True)
+class PeerScores:
+    """A receiver's peer rows at a step, built but not trained on (``PolicyWorker.score_peers``)."""
+
+    metrics: dict[str, Any]
+    """What building the rows measured (peer responses, admissions, s and w, contrast, timings)."""
+    compatibility: CompatibilityScores | None = None
+    """Each scored peer response's s, w and reward (None when the method scores no peers)."""
+    group_contrasts: dict[int, GroupContrast] = field(default_factory=dict)
+    """The contrast of each peer group, by its index in the plan (when measured)."""
+    row_tokens: int = 0
+    """Prompt + response tokens of every row built: what the update would run forward and backward."""
+    scored_tokens: int = 0
+    """Prompt + response tokens of the peer rows of the no-grad scoring pass (``time_peer_logprob``)."""
 
 
 class _RankZeroVerifier:
@@ -313,6 +330,54 @@ class PolicyWorker:
         if self.world > 1:  # the largest rank's peak: what each device must hold
             info["memory_peak_mb"] = max(all_gather_objects(info["memory_peak_mb"]))
         return UpdateResult(info, batch.compatibility)
+
+    def score_peers(
+        self,
+        step: int,
+        plan: ExchangePlan,
+        records: dict[str, list[TrajectoryRecord]],
+        method_state: dict[str, Any] | None = None,
+        method: Method | None = None,
+        contrast: bool = True,
+    ) -> PeerScores:
+        """The update's row building without the optimizer (``graftrl probe``): the plan's peer
+        groups re-tokenized, scored in the no-grad pass, weighed and, with ``contrast``, measured,
+        with the random draws of ``update`` at this step. ``method``: score with this method's
+        rule instead of the worker's own (whose state ``method_state`` is, as in ``update``)."""
+        if self._rollout is None:
+            raise RuntimeError(f"policy {self.name!r}: score_peers() before rollout() at step {step}")
+        if method_state is not None:
+            self.method.load_state_dict(method_state)
+        method = method or self.method
+        timings: dict[str, float] = {}
+        generator = torch.Generator().manual_seed(
+            step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
+        )
+        scores = self.config.rollout.tis_cap is not None or (
+            scores_peer_rows(method) and any(g.peer and not g.nll for g in plan.groups)
+        )
+        with gathered(self.policy.model) if scores else contextlib.nullcontext():
+            batch = build_rows(
+                step,
+                self._rollout,
+                plan,
+                records,
+                policy=self.policy,
+                method=method,
+                config=self.config,
+                generator=generator,
+                timings=timings,
+                contrast=contrast and self.rank == 0,
+            )
+        tokens = [len(row.prompt_ids) + len(row.response_ids) for row in batch.rows]
+        scored = [scores_peer_rows(method) and row.peer and not row.nll for row in batch.rows]
+        return PeerScores(
+            {**batch.metrics, **timings},
+            batch.compatibility,
+            batch.group_contrasts,
+            row_tokens=sum(tokens),
+            scored_tokens=sum(t for t, peer in zip(tokens, scored, strict=True) if peer),
+        )
 
     # ----- checkpoints and validation ---------------------------------------------------------
     def save(self, folder: str | Path) -> None:
