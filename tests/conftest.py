@@ -189,6 +189,86 @@ def build_checkpoints(root: Path, hidden: int, heads: int) -> dict[str, Path]:
     return paths
 
 
+def write_sums(path: Path, count: int, seed: int, prefix: str, top: int = 2) -> Path:
+    """``count`` sums of numbers below ``top`` as a problem file (JSONL rows id, problem, answer),
+    e.g. ``1+0`` -> 1: small answers, so a random model's last number is sometimes right."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    pairs = [(rng.randrange(top), rng.randrange(top)) for _ in range(count)]
+    rows = [
+        {"id": f"{prefix}{i}", "problem": f"{a}+{b}", "answer": str(a + b)} for i, (a, b) in enumerate(pairs)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def build_qwen2_llama_pair(root: Path) -> dict[str, Path]:
+    """A real pair of different architectures and tokenizers, trained here: a Qwen2 with a byte-level
+    BPE (loaded back as transformers' Qwen2Tokenizer) and a Llama with a Unigram / Metaspace
+    tokenizer (SentencePiece-style), hidden 32, 2 layers, random init, saved with save_pretrained."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    corpus = [f"{a}+{b}={a + b}" for a in range(10) for b in range(10)]
+    corpus += [f"Q: {a}+{b}\nA: the sum is \\boxed{{{a + b}}}" for a in range(10) for b in range(10)]
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
+        ),
+    )
+    unigram = Tokenizer(models.Unigram())
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    unigram.decoder = decoders.Metaspace()
+    unigram.train_from_iterator(
+        corpus,
+        trainers.UnigramTrainer(
+            vocab_size=120, special_tokens=specials, unk_token="<unk>", show_progress=False
+        ),
+    )
+    paths = {}
+    for name, tok, config_class, model_class in (
+        ("qwen", bpe, Qwen2Config, Qwen2ForCausalLM),
+        ("llama", unigram, LlamaConfig, LlamaForCausalLM),
+    ):
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+            clean_up_tokenization_spaces=False,
+        )  # fmt: skip
+        config = config_class(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+        torch.manual_seed(1)
+        model = model_class(config)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = root / name
+    return paths
+
+
+@pytest.fixture(scope="session")
+def qwen2_llama_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``build_qwen2_llama_pair`` once per session."""
+    return build_qwen2_llama_pair(tmp_path_factory.mktemp("qwen2-llama"))
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two tiny heterogeneous checkpoints (hidden 32, 2 heads), loaded by path as real ones are."""
@@ -203,10 +283,21 @@ def fresh_embedded_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("embedded-cache")
 
 
+def task_of(base: dict, problems: list, settings, provenance: dict, name: str = "tiny") -> CompareTask:
+    """An embedded-like compare task from its parts: ``base`` (raw config), the held-out
+    ``problems`` evaluated with ``settings.eval_samples`` samples, keyed by their ids."""
+    from graftrl.embedded.base import HELDOUT
+    from graftrl.evaluation.benchmarks import Benchmark
+    from graftrl.reporting.compare_task import CompareTask, Evaluation
+
+    evaluation = Evaluation((Benchmark(HELDOUT, list(problems), "held-out"),), settings.eval_samples, False)
+    return CompareTask(name, base, evaluation, provenance, settings)
+
+
 @pytest.fixture
 def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
     """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""
-    from graftrl.reporting.compare_task import CompareTask, DemoSettings
+    from graftrl.embedded.base import DemoSettings
     from graftrl.reporting.provenance import results_provenance
     from graftrl.storage.data import load_problems
 
@@ -216,7 +307,7 @@ def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
         steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
     )
     problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
-    return CompareTask("tiny", base, problems, settings, results_provenance(tiny_checkpoints))
+    return task_of(base, problems, settings, results_provenance(tiny_checkpoints))
 
 
 @pytest.fixture(scope="session")
