@@ -209,3 +209,21 @@ def test_bad_input_is_one_line_naming_the_field_or_file_and_trains_nothing(qwen2
     line = one_error_line(stray.output)
     assert "--only-cell 'graft-seed2'" in line and "--list-cells" in line
     assert not (out / "runs").exists()  # nothing trained, nothing evaluated
+
+
+def test_a_slurm_array_trains_one_cell_per_job_and_the_report_only_job_aggregates(qwen2_llama_pair, tmp_path):
+    bench = f"b={write_sums(tmp_path / 'b.jsonl', 4, 1, 'b')}"
+    out = tmp_path / "cmp"
+    common = ["compare", "--base", str(base_config(qwen2_llama_pair, tmp_path)), "--matrix"]
+    common += [str(matrix_file(tmp_path)), "--bench", bench, "--eval-samples", "2", "--out", str(out)]
+    runner = CliRunner()
+    for cell in ("graft-seed0", "warm-start"):  # two jobs of the array
+        result = runner.invoke(app, [*common, "--only-cell", cell])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["graft-seed0", "warm-start"]
+    assert not (out / "report.md").exists() and not (out / "results.json").exists()
+    report = runner.invoke(app, [*common, "--report-only"])
+    assert report.exit_code == 0, report.output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(row["variant"], row["seed"]) for row in rows} == {("warm-start", 0), ("graft", 0)}
+    assert "Not run yet: grpo." in (out / "report.md").read_text()

@@ -27,6 +27,11 @@ def benchmark_scores(row: Mapping[str, Any], benchmarks: Sequence[str]) -> dict[
     return {**scores, AVERAGE: float(row["pass_at_1"])}
 
 
+def _columns(benchmarks: Sequence[str]) -> list[str]:
+    """The score columns: each benchmark, then their average when there are several."""
+    return [*benchmarks, AVERAGE] if len(benchmarks) > 1 else list(benchmarks)
+
+
 def _column_rows(rows: Sequence[Mapping[str, Any]], benchmarks: Sequence[str], column: str) -> list[dict]:
     """The rows with ``pass_at_1`` set to ``column``'s score (for ``stats.paired_deltas``)."""
     return [{**row, "pass_at_1": benchmark_scores(row, benchmarks)[column]} for row in rows]
@@ -40,10 +45,11 @@ def benchmark_table_markdown(
     extra: Mapping[str, Mapping[str, str]],
 ) -> str:
     """| model | variant | B1 (%) | ... | Avg. (%) | Δ Avg. | compute ... |: per model, a row per
-    variant (``reference`` in bold; Δ of the mean average against it, in points)."""
-    columns = [*benchmarks, AVERAGE]
+    variant (``reference`` in bold; Δ of the mean average against it, in points). With one
+    benchmark there is no average column: the benchmark is the average."""
+    columns = _columns(benchmarks)
     extra_columns = list(dict.fromkeys(c for cols in extra.values() for c in cols))
-    delta = [] if reference is None else [f"Δ {AVERAGE} vs {reference}"]
+    delta = [] if reference is None else [f"Δ {columns[-1]} vs {reference}"]
     header = ["model", "variant", *(f"{c} (%)" for c in columns), *delta, *extra_columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     by_key: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -80,7 +86,7 @@ def benchmark_paired_markdown(
 ) -> str:
     """| model | variant | Δ B1 | ... | Δ Avg. |: the paired difference against ``reference`` per
     benchmark and on the average, in points with its 95% interval (``*``: excludes 0)."""
-    columns = [*benchmarks, AVERAGE]
+    columns = _columns(benchmarks)
     diffs = {column: paired_deltas(_column_rows(rows, benchmarks, column), reference) for column in columns}
     header = ["model", "variant", *(f"paired Δ {c} (points, 95% CI)" for c in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -140,7 +146,7 @@ def base_header(task: CompareTask, source: str, seeds: int, steps: int | None) -
         f"sets `rollout.n`), minibatch {config.train.minibatch_prompts} prompts. Evaluation (the paper's "
         f"protocol) of {which} on {benchmarks}: {protocol.samples} samples per problem at T = "
         f"{protocol.temperature:g}, top-p {protocol.top_p:g}, {protocol.max_new_tokens} new tokens; pass@1 "
-        f"per benchmark and {AVERAGE} (their unweighted mean), mean ± std over seeds (sample std), in "
+        f"per benchmark and {AVERAGE} (their unweighted mean, with several), mean ± std over seeds (sample std), in "
         "percent. Compute per variant: rollouts, rows trained and optimizer steps per model, training "
         "wall-clock and CPU-seconds per seed (evaluation excluded; CPU of the cell's process).",
         "",

@@ -330,7 +330,8 @@ def table1_section(c: ReportContext) -> list[str]:
     if c.baseline is None:
         return []
     if c.task.benchmark_columns:
-        title = f"## Table 1: pass@1 per benchmark and {AVERAGE}, Δ vs {c.baseline}"
+        average = f" and {AVERAGE}" if len(c.task.evaluation.benchmarks) > 1 else ""
+        title = f"## Table 1: pass@1 per benchmark{average}, Δ vs {c.baseline}"
         return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names])
     return [
         f"## Table 1: pass@1 per model, Δ vs {c.baseline}",

@@ -248,9 +248,9 @@ def _start_ray(config: Any) -> bool:
     if ray.is_initialized():
         return False
     settings = config.ray
-    # Ray >= 2.5x turns on token auth for clusters it starts; a private local one needs none.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     local = settings.address is None
+    if local:  # Ray >= 2.5x turns on token auth for clusters it starts; a private local one needs none
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
         address=settings.address,
         num_cpus=settings.num_cpus if local else None,
