@@ -28,11 +28,11 @@ def one_cell(method: str, steps: int, root: Path) -> dict[str, float]:
     import torch
 
     from graftrl.config import config_from_dict
+    from graftrl.embedded.base import demo_config, demo_settings, write_problems
     from graftrl.embedded.task import DEFAULT_TASK, make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
     from graftrl.machine import tune_allocator
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare_task import demo_config, demo_settings, write_problems
     from graftrl.training.trainer import Trainer
 
     tuned = tune_allocator()

@@ -159,8 +159,8 @@ def run_method(args, method: str, paths: dict[str, Path], train_file: Path, root
     import torch
 
     from graftrl.config import apply_overrides, config_from_dict
+    from graftrl.embedded.base import DemoSettings, demo_config
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare_task import DemoSettings, demo_config
     from graftrl.training.trainer import Trainer
 
     settings = DemoSettings(

@@ -249,7 +249,9 @@ def compare_report(name: str, target: Path) -> None:
     """``graftrl compare --report-only`` of a committed compare, without its models: the task is
     rebuilt from the compare's results.json (each model's weights hash, which is what a cell's
     digest holds of it) and its data files, and the committed warm-start cell is copied in
-    (``--reuse`` copies training cells; the warm-start's evaluation would run again)."""
+    (``--reuse`` copies training cells; the warm-start's evaluation would run again). Versions that
+    build the embedded task as a base config (``embedded_base_task``) get its config.yaml written
+    as ``graftrl.embedded`` writes it, with the recorded provenance standing in for the weights'."""
     import io
 
     from rich.console import Console
@@ -257,22 +259,38 @@ def compare_report(name: str, target: Path) -> None:
     from graftrl.reporting.compare import run_compare
     from graftrl.storage.data import load_problems
 
-    modules = ("graftrl.reporting.compare_task", "graftrl.reporting.compare")
-    compare_task, demo_config = (_import_first(modules, n) for n in ("CompareTask", "demo_config"))
-    settings_class = _import_first(modules, "DemoSettings")
+    modules = ("graftrl.embedded.base", "graftrl.reporting.compare_task", "graftrl.reporting.compare")
+    demo_config, settings_class = (_import_first(modules, n) for n in ("demo_config", "DemoSettings"))
     preset, seeds, committed, reuse = COMPARES[name]
     results = json.loads((committed / "results.json").read_text())
     shutil.copytree(committed / "data", target / "data")
     shutil.copytree(committed / "runs" / "warm-start", target / "runs" / "warm-start")
     settings = settings_class(**results["settings"])
     models = results["provenance"]["models"]
-    base = demo_config(
-        {m: Path("/no-weights") / m for m in models}, target / "data" / "train.jsonl", "grpo", 0, settings
-    )
+    paths = {m: Path("/no-weights") / m for m in models}
+    base = demo_config(paths, target / "data" / "train.jsonl", "grpo", 0, settings)
     provenance = {**results["provenance"], "command": f"graftrl compare --preset {preset} (identity check)"}
     provenance.update(commit=None, dirty=None)
-    heldout = load_problems(target / "data" / "heldout.jsonl")
-    task = compare_task(results["task"], base, heldout, settings, provenance)
+    try:
+        import graftrl.reporting.compare_task as compare_task
+        from graftrl.embedded.base import EmbeddedBase
+    except ImportError:  # before the embedded task was a base config
+        compare_task = None
+    if compare_task is not None and hasattr(compare_task, "embedded_base_task"):
+        import yaml
+
+        config = target / "data" / "config.yaml"
+        config.write_text(yaml.safe_dump(base, sort_keys=False))
+        embedded = EmbeddedBase(
+            config, target / "data" / "train.jsonl", target / "data" / "heldout.jsonl", paths, settings,
+            results["task"],
+        )  # fmt: skip
+        compare_task.results_provenance = lambda policies: provenance
+        task = compare_task.embedded_base_task(embedded)
+    else:
+        compare_task_class = _import_first(modules[1:], "CompareTask")
+        heldout = load_problems(target / "data" / "heldout.jsonl")
+        task = compare_task_class(results["task"], base, heldout, settings, provenance)
     run_compare(
         target,
         preset,

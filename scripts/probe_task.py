@@ -236,9 +236,9 @@ def graft_run(paths: dict, args: argparse.Namespace) -> dict:
     import shutil
 
     from graftrl.config import config_from_dict
+    from graftrl.embedded.base import demo_config, demo_settings, write_problems
     from graftrl.embedded.task import make_split
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare_task import demo_config, demo_settings, write_problems
     from graftrl.storage.rundir import read_metrics
     from graftrl.training.trainer import Trainer
 

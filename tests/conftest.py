@@ -283,10 +283,21 @@ def fresh_embedded_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("embedded-cache")
 
 
+def task_of(base: dict, problems: list, settings, provenance: dict, name: str = "tiny") -> CompareTask:
+    """An embedded-like compare task from its parts: ``base`` (raw config), the held-out
+    ``problems`` evaluated with ``settings.eval_samples`` samples, keyed by their ids."""
+    from graftrl.embedded.base import HELDOUT
+    from graftrl.evaluation.benchmarks import Benchmark
+    from graftrl.reporting.compare_task import CompareTask, Evaluation
+
+    evaluation = Evaluation((Benchmark(HELDOUT, list(problems), "held-out"),), settings.eval_samples, False)
+    return CompareTask(name, base, evaluation, provenance, settings)
+
+
 @pytest.fixture
 def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
     """compare's task on the tiny random checkpoints and the fixture problems: cells take seconds."""
-    from graftrl.reporting.compare_task import CompareTask, DemoSettings
+    from graftrl.embedded.base import DemoSettings
     from graftrl.reporting.provenance import results_provenance
     from graftrl.storage.data import load_problems
 
@@ -296,7 +307,7 @@ def tiny_task(tiny_checkpoints: dict[str, Path]) -> CompareTask:
         steps=1, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8, n_eval=3, eval_samples=2
     )
     problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
-    return CompareTask("tiny", base, problems, settings, results_provenance(tiny_checkpoints))
+    return task_of(base, problems, settings, results_provenance(tiny_checkpoints))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import make_config
+from conftest import make_config, task_of
 from typer.testing import CliRunner
 
 import graftrl.reporting.compare as compare
@@ -19,7 +19,6 @@ from graftrl.methods import METHODS
 from graftrl.reporting import cells, compare_report
 from graftrl.reporting.cells import cell_config
 from graftrl.reporting.compare_report import ROW_KEYS
-from graftrl.reporting.compare_task import CompareTask
 from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, parse_matrix, preset_matrix
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.render import table_markdown
@@ -202,24 +201,33 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     assert (out / "complementarity.png").stat().st_size > 1000
     assert "`complementarity.png` (share of all-fail prompts the peer solves, graft and grpo-n4)" in report
 
-    # a finished cell is skipped; an unfinished one is restarted from scratch
+    # a finished cell is skipped; an unfinished one continues from its last checkpoint (here the
+    # final one: evaluated again, the same scores), or without one starts over
     grpo_metrics = out / "runs" / "grpo-n4-seed0" / "metrics.jsonl"
     grpo_mtime = grpo_metrics.stat().st_mtime_ns
     graft_dir = out / "runs" / "graft-seed0"
-    (graft_dir / "done.json").unlink()
-    (graft_dir / "leftover.txt").write_text("from the interrupted run")
-    calls.clear()
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert calls == ["graft-seed0"]
-    assert grpo_metrics.stat().st_mtime_ns == grpo_mtime
-    assert not (graft_dir / "leftover.txt").exists() and (graft_dir / "done.json").exists()
-    rerun = json.loads((out / "results.json").read_text())
-    assert rerun["ran"] == ["graft-seed0"]
-    assert len(rerun["rows"]) == len(rows)
-    assert [r for r in rerun["rows"] if r["variant"] == "grpo-n4"] == [
-        r for r in rows if r["variant"] == "grpo-n4"
-    ]
+
+    def measured_apart(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+    for checkpoints, kept in ((True, True), (False, False)):
+        (graft_dir / "done.json").unlink()
+        (graft_dir / "leftover.txt").write_text("from the interrupted run")
+        if not checkpoints:
+            shutil.rmtree(graft_dir / "checkpoints")
+        calls.clear()
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert calls == ["graft-seed0"]
+        assert ("continuing from its last checkpoint" in result.output) == kept
+        assert grpo_metrics.stat().st_mtime_ns == grpo_mtime
+        assert (graft_dir / "leftover.txt").exists() == kept and (graft_dir / "done.json").exists()
+        rerun = json.loads((out / "results.json").read_text())
+        assert rerun["ran"] == ["graft-seed0"]
+        assert measured_apart(rerun["rows"]) == measured_apart(rows)
+        assert [r for r in rerun["rows"] if r["variant"] == "grpo-n4"] == [
+            r for r in rows if r["variant"] == "grpo-n4"
+        ]
 
     # the finished matrix, copied with its models to other folders (a fresh clone, another cache),
     # is recognised there: cells are keyed by the models' and data's content, not their paths
@@ -228,7 +236,7 @@ def test_compare_writes_everything_and_resumes(tiny_task, tiny_checkpoints, tmp_
     }
     base = make_config(moved, steps=1)
     del base["method"], base["seed"]
-    moved_task = CompareTask("tiny", base, tiny_task.heldout, tiny_task.settings, results_provenance(moved))
+    moved_task = task_of(base, tiny_task.evaluation.problems, tiny_task.settings, results_provenance(moved))
     monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: moved_task)
     shutil.copytree(out, tmp_path / "cmp-moved")
     calls.clear()
@@ -348,16 +356,14 @@ def test_the_warm_start_scores_do_not_depend_on_the_thread_count(tiny_task, tmp_
     import torch
     from rich.console import Console
 
-    from graftrl.models.rewards import MathVerifier
-
     threads = torch.get_num_threads()
     quiet = Console(file=io.StringIO())
     scores = []
     try:
-        with MathVerifier() as verifier:
+        with cells.Verifiers() as verifiers:
             for count in (1, 2):
                 torch.set_num_threads(count)
-                done = cells.warm_start_cell(tiny_task, tmp_path / str(count), verifier, quiet, resume=True)
+                done = cells.warm_start_cell(tiny_task, tmp_path / str(count), verifiers, quiet, resume=True)
                 scores.append(done["rows"])
     finally:
         torch.set_num_threads(threads)

@@ -85,10 +85,10 @@ def test_cells_side_by_side_show_their_steps_and_no_transformers_bars(tiny_check
         import sys
         from pathlib import Path
         from rich.console import Console
-        from conftest import FIXTURES, make_config
+        from conftest import FIXTURES, make_config, task_of
         from graftrl.console import quiet_transformers
+        from graftrl.embedded.base import DemoSettings
         from graftrl.reporting.compare import run_compare
-        from graftrl.reporting.compare_task import CompareTask, DemoSettings
         from graftrl.reporting.provenance import results_provenance
         from graftrl.storage.data import load_problems
 
@@ -99,7 +99,7 @@ def test_cells_side_by_side_show_their_steps_and_no_transformers_bars(tiny_check
         settings = DemoSettings(steps=2, batch_prompts=4, minibatch_prompts=2, n=4, max_new_tokens=8,
                                 n_eval=3, eval_samples=2)
         problems = load_problems(FIXTURES / "math_small.jsonl")[:3]
-        task = CompareTask("tiny", base, problems, settings, results_provenance(paths))
+        task = task_of(base, problems, settings, results_provenance(paths))
         run_compare(Path(sys.argv[3]), "demo", task=task, jobs=2, console=Console())
         """,
         str(tiny_checkpoints["llama"]),

@@ -150,7 +150,7 @@ def test_an_experiment_pins_its_starting_weights_and_reuses_them_on_any_kernels(
         prepared.append(name)
         return {spec: SHIPPED_DIR / key for spec, key in keys.items()}
 
-    monkeypatch.setattr(compare_task, "_prepare_models", from_shipped)
+    monkeypatch.setattr("graftrl.embedded.base.prepare_models", from_shipped)
     pin = tmp_path / "exp" / "models"
     first = compare_task.embedded_task(
         tmp_path / "exp", None, False, Console(quiet=True), "worked", pin_dir=pin

@@ -84,7 +84,9 @@ def check_task(name: str) -> None:
         raise UserError(f"--task {name!r} is not an embedded task; known: {', '.join(TASKS)}")
 
 
-_TORCH_COMMANDS = frozenset({"train", "probe", "demo", "compare", "sweep", "eval", "import-trajectories"})
+_TORCH_COMMANDS = frozenset(
+    {"train", "probe", "demo", "compare", "sweep", "eval", "import-trajectories", "embedded"}
+)
 """Subcommands that run models, so their torch thread count matters."""
 
 _thread_notes: list[str] = []

@@ -1,8 +1,10 @@
-"""The commands that train and compare many cells on the embedded task: ``demo``, ``compare`` and
-``sweep`` (resumable, cell by cell)."""
+"""The commands that train and compare many cells: ``demo``, ``compare`` (on any base config, the
+embedded task by default) and ``sweep`` (resumable, cell by cell), and ``embedded``, which writes the
+embedded task as a base config."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -50,6 +52,30 @@ def demo(
 
 @app.command()
 def compare(
+    base: Annotated[
+        Path | None,
+        typer.Option(
+            help="Base run config every cell trains (its policies, data and sizes), each variant's overrides "
+            "and seed on top. Default: the embedded task, written as one into OUT/data (`graftrl embedded`)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Override a field of the base config, before the variants': --set train.steps=10"
+        ),
+    ] = None,
+    bench: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Evaluation benchmark NAME=FILE (a JSONL / Parquet with problem and answer; repeatable). "
+            "Default: the base config's validation.files. Required with --base unless the config validates."
+        ),
+    ] = None,
+    eval_samples: Annotated[
+        int | None,
+        typer.Option(min=1, help="Samples per evaluation problem (the paper's 8, at T = 0.6, top-p 0.95)."),
+    ] = None,
     preset: Annotated[
         str | None,
         typer.Option(
@@ -75,8 +101,34 @@ def compare(
     ] = None,
     cache: CacheOption = None,
     task: TaskOption = DEFAULT_TASK,
+    launcher: Annotated[
+        str,
+        typer.Option(
+            help="Who runs the cells: `local` (this machine, --jobs at a time) or `ray` (each cell a Ray task "
+            "with its policies' resources, on the cluster at the base config's ray.address, else a local Ray; "
+            "as many at once as fit)."
+        ),
+    ] = "local",
     jobs: JobsOption = 1,
+    tries: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="--launcher ray: attempts per cell (default 2); a cell whose process or node died is retried "
+            "from its last checkpoint.",
+        ),
+    ] = None,
     reuse: ReuseOption = None,
+    list_cells: Annotated[
+        bool,
+        typer.Option(
+            "--list-cells", help="Print the matrix's cell names, one per line, in run order; train nothing."
+        ),
+    ] = False,
+    only_cell: Annotated[
+        str | None,
+        typer.Option(help="Train (or reuse) this one cell and write no report: a job of a Slurm array."),
+    ] = None,
     report_only: Annotated[
         bool,
         typer.Option(
@@ -85,15 +137,32 @@ def compare(
         ),
     ] = False,
 ) -> None:
-    """Run a methods x seeds matrix on the embedded task; resumes a partly finished matrix."""
-    from graftrl.reporting.compare import run_compare
-    from graftrl.reporting.matrix import CompareError, load_matrix
+    """Run a methods x seeds matrix on a base config (default: the embedded task); resumes a partly
+    finished matrix, continuing interrupted cells from their last checkpoints."""
+    from graftrl.reporting.compare import cell_names, run_compare
+    from graftrl.reporting.launchers import Launcher
+    from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
 
     check_task(task)
     if preset is not None and matrix is not None:
         raise CompareError("give --preset or --matrix, not both")
     spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
     name = matrix.stem if matrix is not None else (preset or "table1")
+    if base is None and (set_ or bench or eval_samples):
+        raise CompareError(
+            "--set, --bench and --eval-samples go with --base CONFIG (the embedded task sets its own)"
+        )
+    if list_cells:
+        console.print("\n".join(cell_names(preset_matrix(spec) if isinstance(spec, str) else spec, seeds)))
+        return
+    run_launcher = Launcher(launcher, jobs)  # type: ignore[arg-type]  # checked in Launcher
+    if tries is not None:
+        run_launcher = replace(run_launcher, tries=tries)
+    compare_task = None
+    if base is not None:
+        from graftrl.reporting.compare_task import base_task
+
+        compare_task = base_task(base, set_ or [], bench or [], eval_samples)
     thread_note()
     run_compare(
         out or Path("runs/compare") / name,
@@ -103,10 +172,37 @@ def compare(
         quick=quick,
         cache_dir=cache,
         console=console,
+        task=compare_task,
         embedded=task,
-        jobs=jobs,
         reuse=reuse or [],
         report_only=report_only,
+        launcher=run_launcher,
+        only_cell=only_cell,
+    )
+
+
+@app.command()
+def embedded(
+    out: Annotated[
+        Path, typer.Option(callback=out_folder, help="Folder for config.yaml, train.jsonl and heldout.jsonl.")
+    ] = Path("runs/embedded"),
+    task: TaskOption = DEFAULT_TASK,
+    quick: QuickOption = False,
+    cache: CacheOption = None,
+) -> None:
+    """Write the embedded task as a base config: prepare its cached models (warm-started or
+    graftrl's shipped pair), write OUT/config.yaml, OUT/train.jsonl and OUT/heldout.jsonl, and
+    print them with the `graftrl compare --base` command that runs on them."""
+    from graftrl.embedded.base import HELDOUT, write_embedded_base
+
+    check_task(task)
+    base = write_embedded_base(out, task, quick, cache, console)
+    console.print(f"config: {base.config}\ntrain: {base.train}\nheldout: {base.heldout}", soft_wrap=True)
+    samples = "" if base.settings.eval_samples == 8 else f" --eval-samples {base.settings.eval_samples}"
+    console.print(
+        f"next: graftrl compare --base {base.config} --bench {HELDOUT}={base.heldout}{samples} --preset demo",
+        soft_wrap=True,
+        markup=False,
     )
 
 

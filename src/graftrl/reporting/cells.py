@@ -2,10 +2,11 @@
 
 Every cell trains in ``OUT/runs/<variant>-seed<seed>/`` and, when done, writes ``done.json`` there
 with its result rows and a digest of everything that determines it (its config with the files by
-content, and the evaluation). A rerun skips cells whose marker matches, and restarts any other
-cell from scratch (an interrupted run directory is deleted, not resumed); a finished cell with the
-same digest in another folder (``--reuse``) is copied instead of trained. Cells may train side by
-side in spawned processes (``run_cells_in_parallel``).
+content, and the evaluation). A rerun skips cells whose marker matches; a cell that was
+interrupted continues from its last checkpoint (the trainer's exact resume) when the checkpoint
+is this cell's (same digest), and starts over otherwise; a finished cell with the same digest in
+another folder (``--reuse``) is copied instead of trained. Who runs the cells (one after the
+other, side by side, on a Ray cluster) is ``launchers``'.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from typing import Any
 
 from rich.console import Console
 
-from graftrl.config import ConfigError, apply_overrides, config_from_dict
-from graftrl.console import TaskBars
+from graftrl.config import ConfigError, apply_overrides, config_from_dict, load_config
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.compare_task import CompareTask, evaluate_policies
+from graftrl.reporting.compare_task import CompareTask, evaluate_cell
 from graftrl.reporting.matrix import CompareError, Variant
 from graftrl.reporting.run_logs import read_run_metrics
-from graftrl.storage.rundir import ExperimentDir, RunDir
+from graftrl.storage.checkpoint import list_checkpoints
+from graftrl.storage.rundir import ExperimentDir, RunDir, append_jsonl, read_jsonl
 
 
 def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | None) -> Any:
@@ -52,6 +53,11 @@ def cell_config(task: CompareTask, variant: Variant, seed: int, steps: int | Non
     return config
 
 
+def cell_name(variant: str, seed: int) -> str:
+    """A cell's name (its run folder under ``OUT/runs``, ``--only-cell``'s argument)."""
+    return ExperimentDir(Path()).run(variant, seed).root.name
+
+
 def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -62,32 +68,51 @@ changed default, a fix in training or evaluation — so that finished cells are 
 than reused. (The key leaves out fields at their defaults, so a new config field, whose default
 keeps today's behaviour, does not invalidate the cells already run.)"""
 
+WHERE_IT_RUNS = ("ray",)
+"""Config sections that say where a cell runs, not what it computes: left out of its digest (a
+cell run on one cluster is the same cell on another)."""
+
+
+def _by_content(path: str) -> str:
+    """A local file by its SHA-256 (a cell is recognised in another checkout), else as written."""
+    from graftrl.files import sha256_file
+
+    return sha256_file(Path(path))[0] if Path(path).is_file() else path
+
 
 def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
     """The cell's config without the fields at their defaults, its files named by content, not
-    location: each policy's path by its starting weights' hash, the training file by its hash. A
-    finished cell committed from one checkout (or cache folder) is then recognised in another."""
-    from graftrl.files import sha256_file
+    location: each policy's path by its starting weights' hash, the training and validation files
+    by their hash. A finished cell committed from one checkout (or cache folder) is then recognised
+    in another. Whether progress bars show, and where it runs, are left out."""
+    from graftrl.evaluation.benchmarks import parse_benchmark_spec
 
     raw = config.model_dump(mode="json", exclude_defaults=True)
+    for section in WHERE_IT_RUNS:
+        raw.pop(section, None)
+    raw.get("logging", {}).pop("progress", None)
+    if raw.get("logging") == {}:
+        del raw["logging"]
     models = task.provenance.get("models", {})
     for policy in raw["policies"]:
         if policy["name"] in models:
             policy["path"] = models[policy["name"]]["weights_sha256"]
-    train = Path(raw["data"]["train"])
-    if train.is_file():
-        raw["data"]["train"] = sha256_file(train)[0]
+    raw["data"]["train"] = _by_content(raw["data"]["train"])
+    files = raw.get("validation", {}).get("files")
+    if isinstance(files, dict):
+        raw["validation"]["files"] = {name: _by_content(path) for name, path in files.items()}
+    elif isinstance(files, list):
+        sources = [parse_benchmark_spec(spec) for spec in files]
+        raw["validation"]["files"] = [
+            f"{s.name}={_by_content(str(s.path))}" if s.path is not None else spec
+            for s, spec in zip(sources, files, strict=True)
+        ]
     return raw
 
 
 def _cell_digest(task: CompareTask, config: Any) -> str:
     """What a cell's done marker must match: its config (files by content) and the evaluation."""
-    return _digest(CELL_VERSION, _cell_key(task, config), _eval_key(task))
-
-
-def _eval_key(task: CompareTask) -> list[Any]:
-    s = task.settings
-    return [s.eval_samples, s.max_new_tokens, [p.id for p in task.heldout]]
+    return _digest(CELL_VERSION, _cell_key(task, config), task.evaluation.key(config))
 
 
 def _read_done(path: Path, digest: str) -> dict[str, Any] | None:
@@ -117,13 +142,86 @@ def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, f
     return {k: statistics.fmean(m[k] for m in totals.values()) if totals else 0.0 for k in keys}
 
 
+class Verifiers:
+    """One verifier per distinct ``reward:`` section, shared by the cells that use it (a variant
+    may change the reward's extraction or timeouts); closed together."""
+
+    def __init__(self) -> None:
+        self._by_section: dict[str, Any] = {}
+
+    def __call__(self, reward: Any) -> Any:
+        from graftrl.models.rewards import MathVerifier
+
+        key = json.dumps(reward.model_dump(mode="json"), sort_keys=True)
+        if key not in self._by_section:
+            self._by_section[key] = MathVerifier.from_config(reward)
+        return self._by_section[key]
+
+    def close(self) -> None:
+        for verifier in self._by_section.values():
+            verifier.close()
+        self._by_section.clear()
+
+    def __enter__(self) -> Verifiers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+CLOCK = "cell_clock.jsonl"
+"""Per cell: after each training step, the training wall-clock and CPU seconds spent on the
+steps kept so far (a resumed cell continues from the clock of its checkpoint's step, so its
+compute is that of one uninterrupted run, not of the work a kill threw away)."""
+
+
+class _CellClock:
+    """The step callback that keeps ``CLOCK``; ``totals()`` at the end of training."""
+
+    def __init__(self, run_dir: Path, on_step: Callable[[int, int], None] | None, steps: int) -> None:
+        self.path, self.on_step, self.steps = run_dir / CLOCK, on_step, steps
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.offset: tuple[float, float] | None = None
+
+    def _offset(self, first_step: int) -> tuple[float, float]:
+        if self.offset is None:
+            rows = read_jsonl(self.path) if self.path.exists() and first_step > 0 else []
+            kept = [r for r in rows if r.get("step") == first_step - 1]
+            self.offset = (kept[-1]["wall_s"], kept[-1]["cpu_s"]) if kept else (0.0, 0.0)
+        return self.offset
+
+    def totals(self, first_step: int) -> tuple[float, float]:
+        wall, cpu = self._offset(first_step)
+        return (
+            wall + time.perf_counter() - self.started,
+            cpu + time.process_time() - self.cpu_started,
+        )
+
+    def step(self, trainer: Any, step: int) -> None:
+        wall, cpu = self.totals(trainer.start_step)
+        append_jsonl(self.path, {"step": step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3)})
+        if self.on_step is not None:
+            self.on_step(step + 1, self.steps)
+
+
+def _resumable(task: CompareTask, run_dir: Path, digest: str) -> bool:
+    """An unfinished run folder of this very cell with a checkpoint to continue from."""
+    files = RunDir(run_dir)
+    if not list_checkpoints(files.checkpoints):
+        return False
+    try:
+        return _cell_digest(task, load_config(files.config)) == digest
+    except (ConfigError, OSError, ValueError):
+        return False
+
+
 def run_cell(
     task: CompareTask,
     variant: Variant,
     seed: int,
     steps: int | None,
     out_dir: Path,
-    verifier: Any,
+    verifiers: Verifiers,
     console: Console,
     resume: bool = True,
     progress: bool = True,
@@ -143,22 +241,27 @@ def run_cell(
     run_dir = ExperimentDir(out_dir).run(variant.name, seed).root
     digest = _cell_digest(task, config)
     done = _finished(run_dir, digest, variant, seed, console, donors or {}) if resume else None
-    if not progress:  # after the digest: how a run is displayed does not change its result
+    if not progress:  # how a run is displayed does not change its result (nor its digest)
         config = config.model_copy(update={"logging": config.logging.model_copy(update={"progress": False})})
     if done is not None:
         return done, False
-    if run_dir.exists():  # unfinished, or finished under another config: start it over
+    continuing = resume and run_dir.exists() and _resumable(task, run_dir, digest)
+    if run_dir.exists() and not continuing:  # no checkpoint of this cell: start it over
         if resume:
             console.print(f"{variant.name} seed {seed}: discarding the unfinished run in {run_dir}")
         shutil.rmtree(run_dir)
     method = "" if variant.method == variant.name else f" ({variant.method})"
-    console.print(f"[bold]{variant.name}[/bold]{method} seed {seed}: {config.train.steps} steps")
-    start = time.perf_counter()
-    callback = None if on_step is None else (lambda step, _: on_step(step + 1, config.train.steps))
-    trainer = Trainer(config, run_dir, verifier=verifier, step_callback=callback)
-    trainer.train()
-    wall = time.perf_counter() - start
-    scores = evaluate_policies(trainer.policies, task.heldout, verifier, task.settings, seed)
+    how = "continuing from its last checkpoint" if continuing else f"{config.train.steps} steps"
+    console.print(f"[bold]{variant.name}[/bold]{method} seed {seed}: {how}")
+    clock = _CellClock(run_dir, on_step, config.train.steps)
+    verifier = verifiers(config.reward)
+    trainer = Trainer(
+        config, run_dir, verifier=verifier, step_callback=lambda step, _: clock.step(trainer, step)
+    )
+    trainer.train(resume=continuing)
+    wall, cpu = clock.totals(trainer.start_step)
+    policies, checkpoint_steps = _trained_policies(trainer, config, run_dir)
+    scores = evaluate_cell(policies, task.evaluation, config, verifier, seed)
     rows = [
         {
             "variant": variant.name,
@@ -169,6 +272,7 @@ def run_cell(
             **score,
             "steps": config.train.steps,
             "wall_s": round(wall, 2),
+            **({"checkpoint_steps": checkpoint_steps[model]} if checkpoint_steps else {}),
         }
         for model, score in scores.items()
     ]
@@ -178,9 +282,28 @@ def run_cell(
         "set": variant.set,
         **_compute_per_model(run_dir, config.train.batch_prompts, config.rollout.n),
     }
+    if config.backend == "local":  # under Ray the policies' work is in their actors' processes
+        done["train_cpu_s"] = round(cpu, 1)
     if resume:
         write_json_atomic(RunDir(run_dir).done, done)
     return done, True
+
+
+def _trained_policies(trainer: Any, config: Any, run_dir: Path) -> tuple[list[Any], dict[str, int]]:
+    """The policies a cell is evaluated with, and each one's training steps when it is not the
+    last: the best checkpoint by validation average when the run validated (``RUN/best/``), else
+    the final weights (in memory; from the last checkpoint under Ray)."""
+    from graftrl.evaluation.targets import ModelTarget
+
+    files = RunDir(run_dir)
+    if config.validation.files:
+        best = json.loads(files.best_index.read_text())
+        policies = [ModelTarget.of_policy(p, path=str(files.best / p.name)).load() for p in config.policies]
+        return policies, {p.name: int(best[p.name]["completed_steps"]) for p in config.policies}
+    if config.backend == "local":
+        return trainer.policies, {}
+    last = list_checkpoints(files.checkpoints)[-1]
+    return [ModelTarget.of_policy(p, path=str(last / p.name)).load() for p in config.policies], {}
 
 
 def _warm_start_config(task: CompareTask) -> Any:
@@ -188,7 +311,7 @@ def _warm_start_config(task: CompareTask) -> Any:
 
 
 def _warm_start_digest(task: CompareTask, config: Any) -> str:
-    return _digest(CELL_VERSION, _cell_key(task, config)["policies"], _eval_key(task))
+    return _digest(CELL_VERSION, _cell_key(task, config)["policies"], task.evaluation.key(config))
 
 
 def finished_warm_start(task: CompareTask, out_dir: Path) -> dict[str, Any] | None:
@@ -198,7 +321,7 @@ def finished_warm_start(task: CompareTask, out_dir: Path) -> dict[str, Any] | No
 
 
 def warm_start_cell(
-    task: CompareTask, out_dir: Path, verifier: Any, console: Console, resume: bool = True
+    task: CompareTask, out_dir: Path, verifiers: Verifiers, console: Console, resume: bool = True
 ) -> dict[str, Any]:
     """pass@1 of the untrained policies (evaluated once; its marker is reused like any cell's).
 
@@ -216,7 +339,7 @@ def warm_start_cell(
         console.print("[bold]warm-start[/bold]: evaluating the initial policies")
         run_dir.mkdir(parents=True, exist_ok=True)
     policies = [ModelTarget.of_policy(p).load() for p in config.policies]
-    scores = evaluate_policies(policies, task.heldout, verifier, task.settings, seed=0)
+    scores = evaluate_cell(policies, task.evaluation, config, verifiers(config.reward), seed=0)
     rows = [
         {
             "variant": WARM_START,
@@ -288,139 +411,3 @@ def _finished(
     write_json_atomic(RunDir(run_dir).done, done)
     console.print(f"[dim]{variant.name} seed {seed}: the same cell finished in {source}, reused[/dim]")
     return done
-
-
-class _StepReport:
-    """A cell's training steps, sent to the parent's display (picklable, unlike a closure)."""
-
-    def __init__(self, queue: Any, label: str) -> None:
-        self.queue, self.label = queue, label
-
-    def __call__(self, done: int, total: int) -> None:
-        self.queue.put((self.label, done, total))
-
-
-def _cell_job(
-    task: CompareTask,
-    variant: Variant,
-    seed: int,
-    steps: int | None,
-    out_dir: Path,
-    resume: bool,
-    threads: int,
-    queue: Any = None,
-) -> tuple[dict[str, Any], bool]:
-    """One cell in a worker process of ``run_compare(jobs > 1)``: its own torch threads and
-    verifier, no live bar of its own (its steps go to the parent's through ``queue``) and no
-    per-file bars of transformers."""
-    import torch
-
-    from graftrl.console import quiet_transformers
-    from graftrl.models.rewards import MathVerifier
-
-    quiet_transformers()
-    torch.set_num_threads(threads)
-    report = None if queue is None else _StepReport(queue, f"{variant.name} seed {seed}")
-    with MathVerifier() as verifier:
-        return run_cell(
-            task, variant, seed, steps, out_dir, verifier, Console(), resume, progress=False, on_step=report
-        )
-
-
-def _warm_start_job(task: CompareTask, out_dir: Path, resume: bool, threads: int) -> dict[str, Any]:
-    """The warm-start evaluation in a worker process of ``run_compare(jobs > 1)``."""
-    import torch
-
-    from graftrl.console import quiet_transformers
-    from graftrl.models.rewards import MathVerifier
-
-    quiet_transformers()
-    torch.set_num_threads(threads)
-    with MathVerifier() as verifier:
-        return warm_start_cell(task, out_dir, verifier, Console(), resume)
-
-
-def run_cells_in_parallel(
-    cells: Sequence[tuple[int, Variant]],
-    jobs: int,
-    task: CompareTask,
-    steps: int | None,
-    out_dir: Path,
-    console: Console,
-    resume: bool,
-    record: Any,
-    donors: Mapping[str, Path],
-    record_warm_start: Any,
-) -> None:
-    """Train ``cells`` in ``jobs`` spawned processes sharing this process's torch threads; cells
-    finished earlier are reused here without a process. ``record(seed, variant, done, ran)`` is
-    called as each cell ends, ``record_warm_start(done)`` when the warm-start evaluation does. A
-    live bar per cell shows its training steps, and one the cells done.
-
-    The warm-start evaluation is queued after the cells: it fills a process that a shorter cell
-    leaves idle instead of holding every cell back (the same scores: evaluation does not depend on
-    the thread count, ``tests/test_compare.py``)."""
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    import torch
-
-    from graftrl.workers import exit_with_parent, start_manager
-
-    pending = []
-    for seed, variant in cells:
-        done = finished_cell(task, variant, seed, steps, out_dir, console, donors) if resume else None
-        if done is not None:
-            record(seed, variant, done, False)
-        else:
-            pending.append((seed, variant))
-    warm_start = finished_warm_start(task, out_dir) if resume else None
-    if warm_start is not None:
-        record_warm_start(warm_start)
-    if not pending and warm_start is not None:
-        return
-    threads = max(1, torch.get_num_threads() // jobs)
-    also = " and the warm-start evaluation" if warm_start is None else ""
-    console.print(f"training {len(pending)} cells{also}, {jobs} at a time ({threads} torch thread(s) each)")
-    context = mp.get_context("spawn")
-    bars = TaskBars(console)
-    with (
-        ProcessPoolExecutor(jobs, mp_context=context, initializer=exit_with_parent) as pool,
-        start_manager(context) as manager,
-    ):
-        queue = manager.Queue()
-
-        def drain() -> None:
-            while not queue.empty():
-                bars.update(*queue.get())
-
-        futures: dict[Any, tuple[int, Variant] | None] = {
-            pool.submit(_cell_job, task, variant, seed, steps, out_dir, resume, threads, queue): (
-                seed,
-                variant,
-            )
-            for seed, variant in pending
-        }
-        if warm_start is None:  # None: the warm-start evaluation
-            futures[pool.submit(_warm_start_job, task, out_dir, resume, threads)] = None
-        bars.update("cells done", 0, len(pending))
-        running = set(futures)
-        try:
-            while running:
-                finished, running = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
-                drain()
-                for future in finished:
-                    if (cell := futures[future]) is None:
-                        record_warm_start(future.result())
-                        continue
-                    seed, variant = cell
-                    done, did_run = future.result()
-                    console.print(f"{variant.name} seed {seed}: done")
-                    record(seed, variant, done, did_run)
-                    cells_running = sum(futures[f] is not None for f in running)
-                    bars.update("cells done", len(pending) - cells_running, len(pending))
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
-        finally:
-            bars.close()

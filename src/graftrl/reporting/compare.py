@@ -1,4 +1,4 @@
-"""`graftrl compare`: a matrix of methods (and switches) x seeds on one task, with paper-style tables.
+"""`graftrl compare`: a matrix of methods (and switches) x seeds on one base config, with paper-style tables.
 
 The overrides of each variant (``matrix``) are applied (``graftrl.config.apply_overrides``) on
 the task's base config (``compare_task``), which gives every variant the same prompts, steps and
@@ -7,11 +7,13 @@ presets: ``table1`` (paper Table 1: GRPO n = 8/16/32, SGT, HACPO, GRAFT), ``tabl
 each ablation switch of algorithm.md §2.4) and ``demo`` (GRPO and GRAFT: what ``graftrl demo``
 runs, with its own report, ``demo.DemoReport``).
 
-The default task is the embedded one of ``graftrl demo`` (warm-started heterogeneous tiny models,
-procedural problems, held-out pass@1 with the paper's sampling protocol). The cells (``cells``)
-train, evaluate and keep done markers, so a partly finished matrix continues where it stopped.
-``CompareReport`` writes results.json after every cell, then results.csv, report.md and the plots
-(``compare_report``).
+The base is any run config (``--base``, evaluated on ``--bench`` or its validation benchmarks) or,
+by default, the embedded task of ``graftrl demo`` written as one (warm-started heterogeneous tiny
+models, procedural problems, held-out pass@1 with the paper's sampling protocol). The cells
+(``cells``) train, evaluate and keep done markers, so a partly finished matrix continues where it
+stopped; ``launchers`` run them (here, side by side, or on a Ray cluster), and ``--only-cell`` /
+``--report-only`` split a matrix over the jobs of a Slurm array. ``CompareReport`` writes
+results.json after every cell, then results.csv, report.md and the plots (``compare_report``).
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ from rich.console import Console
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.cells import (
+    Verifiers,
     cell_config,
+    cell_name,
     donor_cells,
     finished_cell,
     run_cell,
-    run_cells_in_parallel,
     warm_start_cell,
     write_json_atomic,
 )
 from graftrl.reporting.compare_report import write_csv, write_report
 from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.reporting.launchers import CellBatch, Launcher, launch
 from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
 from graftrl.storage.rundir import ExperimentDir
 
@@ -64,19 +68,22 @@ class CompareRun:
         return round(time.perf_counter() - self.started, 1)
 
     def results(self) -> dict[str, Any]:
-        """compare's results.json."""
+        """compare's results.json (a ``--base`` compare's also records its config and overrides)."""
+        task = self.task
+        settings = asdict(task.settings) if task.settings else task.evaluation.summary(task.config)
         return {
             "rows": self.rows,
             "variants": [asdict(v) for v in self.matrix.variants],
             "baseline": self.matrix.baseline_name,
             "reference": self.matrix.reference_name,
-            "task": self.task.name,
-            "settings": asdict(self.task.settings),
+            "task": task.name,
+            **({"base": task.source} if task.source else {}),
+            "settings": settings,
             "seeds": self.seeds,
             "steps": self.steps,
             "ran": self.ran,
             "total_wall_s": self.wall_s,
-            "provenance": self.task.provenance,
+            "provenance": task.provenance,
         }
 
 
@@ -109,6 +116,12 @@ class CompareReport:
         return final
 
 
+def cell_names(matrix: Matrix, seeds: int) -> list[str]:
+    """Every cell of the matrix by name, in the order compare runs them: the warm-start
+    evaluation, then seed 0 of every variant, seed 1, ... (``--list-cells``)."""
+    return [WARM_START, *(cell_name(v.name, seed) for seed in range(seeds) for v in matrix.variants)]
+
+
 def run_compare(
     out_dir: Path,
     matrix: Matrix | str,
@@ -124,36 +137,44 @@ def run_compare(
     jobs: int = 1,
     reuse: Sequence[Path] = (),
     report_only: bool = False,
+    launcher: Launcher | None = None,
+    only_cell: str | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
 
     ``report_only``: train nothing; report the cells finished so far (here or in ``reuse``), e.g.
-    while the rest still run elsewhere. Each row then says how many seeds it has.
+    while the rest still run elsewhere. Each row then says how many seeds it has. ``only_cell``:
+    train (or reuse) that one cell and write no report (a job of a Slurm array; ``cell_names``).
 
-    ``jobs``: cells trained side by side, each in its own process with an equal share of this
-    process's torch threads (on 2 cores, two 1-thread cells finish sooner than one after the other
-    on 2 threads: the models are too small for 2 threads to pay). ``reuse``: other output folders
+    ``launcher``: who runs the cells (``launchers``; default: here, ``jobs`` side by side, each in
+    its own process with an equal share of this process's torch threads: on 2 cores, two 1-thread
+    cells finish sooner than one after the other on 2 threads). ``reuse``: other output folders
     whose finished cells with the same digest (models, data, config and evaluation, under any
     variant name) are copied instead of trained.
 
-    ``matrix``: a Matrix or a preset name (sized on the task's batch). ``task``: default the
-    embedded task called ``embedded`` (``quick``: its smoke-test sizes, ``cache_dir``: where
-    warm-started models live). ``resume``: reuse cells finished earlier (False: train every
-    cell afresh, write no markers). ``report``: how results are written (default compare's).
-    Returns what the report wrote as results.json.
+    ``matrix``: a Matrix or a preset name (sized on the base's batch). ``task``: the base config
+    and evaluation (``compare_task.base_task``); default the embedded task called ``embedded``
+    (``quick``: its smoke-test sizes, ``cache_dir``: where warm-started models live). ``resume``:
+    reuse cells finished earlier and continue interrupted ones (False: train every cell afresh,
+    write no markers). ``report``: how results are written (default compare's). Returns what the
+    report wrote as results.json (``only_cell``: that cell's done record).
     """
-    from graftrl.models.rewards import MathVerifier
-
     console = console or Console()
     report = report or CompareReport()
+    launcher = launcher or Launcher(jobs=jobs)
     if seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {seeds}")
-    if jobs < 1:
-        raise CompareError(f"--jobs must be >= 1, got {jobs}")
     if report_only and not resume:
         raise CompareError("--report-only reports finished cells, so it cannot be combined with retraining")
+    if report_only and only_cell is not None:
+        raise CompareError("give --only-cell or --report-only, not both")
     spec = preset_matrix(matrix) if isinstance(matrix, str) else matrix
     check_methods(spec)  # before the warm-start
+    if only_cell is not None and only_cell not in (names := cell_names(spec, seeds)):
+        raise CompareError(
+            f"--only-cell {only_cell!r} is not a cell of this matrix with --seeds {seeds}; "
+            f"`--list-cells` prints them ({names[0]}, {names[1]}, ...)"
+        )
     donors = donor_cells(reuse) if resume else {}
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,41 +186,63 @@ def run_compare(
             else embedded_task(out_dir, cache_dir, quick, console, embedded)
         )
     if isinstance(matrix, str):
-        spec = preset_matrix(matrix, task.base_config["train"]["batch_prompts"])
+        spec = preset_matrix(matrix, task.config.train.batch_prompts)
     for variant in spec.variants:  # every config is checked before the first cell trains
         cell_config(task, variant, 0, steps)
     run = CompareRun(out_dir, spec, task, seeds, steps, console, started)
 
     cells = [(seed, variant) for seed in range(seeds) for variant in spec.variants]
+    if only_cell is not None:
+        return _one_cell(task, cells, only_cell, steps, out_dir, console, donors)
     finished: dict[tuple[int, str], dict[str, Any]] = {}
 
     def record(seed: int, variant: Variant, done: dict[str, Any], did_run: bool) -> None:
         finished[(seed, variant.name)] = done
         run.rows += done["rows"]
         if did_run:
-            run.ran.append(f"{variant.name}-seed{seed}")
+            run.ran.append(cell_name(variant.name, seed))
         report.progress(run)
 
     def record_warm_start(done: dict[str, Any]) -> None:
         run.rows[:0] = done["rows"]  # first, whenever it is evaluated
 
-    with MathVerifier() as verifier:
-        if report_only or jobs <= 1:
-            record_warm_start(warm_start_cell(task, out_dir, verifier, console, resume))
+    failed: list[str] = []
+    with Verifiers() as verifiers:
         if report_only:
+            record_warm_start(warm_start_cell(task, out_dir, verifiers, console, resume))
             for seed, variant in cells:
                 if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None:
                     record(seed, variant, done, False)
-        elif jobs <= 1:
-            for seed, variant in cells:
-                ran = run_cell(task, variant, seed, steps, out_dir, verifier, console, resume, donors=donors)
-                record(seed, variant, *ran)
         else:
-            run_cells_in_parallel(
-                cells, jobs, task, steps, out_dir, console, resume, record, donors, record_warm_start
-            )
+            batch = CellBatch(task, steps, out_dir, console, resume, donors, record, record_warm_start)
+            failed = launch(launcher, batch, cells, verifiers)
     # each variant's cells in seed order, whatever order they finished in
     for seed, variant in cells:
         if (seed, variant.name) in finished:
             run.cells[variant.name].append(finished[(seed, variant.name)])
-    return report.finish(run)
+    final = report.finish(run)
+    if failed:
+        raise CompareError(
+            f"cell(s) {', '.join(failed)} died on every try (--tries {launcher.tries}); the report holds "
+            "the others: rerun the command to continue them from their last checkpoints"
+        )
+    return final
+
+
+def _one_cell(
+    task: CompareTask,
+    cells: Sequence[tuple[int, Variant]],
+    name: str,
+    steps: int | None,
+    out_dir: Path,
+    console: Console,
+    donors: dict[str, Path],
+) -> dict[str, Any]:
+    """``--only-cell NAME``: that cell (or the warm-start evaluation) here, nothing else written."""
+    with Verifiers() as verifiers:
+        if name == WARM_START:
+            return warm_start_cell(task, out_dir, verifiers, console)
+        seed, variant = next((s, v) for s, v in cells if cell_name(v.name, s) == name)
+        done, _ = run_cell(task, variant, seed, steps, out_dir, verifiers, console, donors=donors)
+    console.print(f"{name}: done ({ExperimentDir(out_dir).run(variant.name, seed).done})")
+    return done

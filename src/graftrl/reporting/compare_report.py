@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
+from graftrl.reporting.benchmark_tables import AVERAGE, base_header, benchmark_section
 from graftrl.reporting.cells import cell_config
 from graftrl.reporting.compare_task import CompareTask
 from graftrl.reporting.diagnostics import (
@@ -48,6 +49,9 @@ from graftrl.storage.rundir import ExperimentDir, RunDir
 
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
+OPTIONAL_ROW_KEYS = ("per_benchmark", "checkpoint_steps")
+"""Columns of results.csv when a row has them: a ``--base`` compare's pass@1 per benchmark (with
+several) and the steps behind each policy's best checkpoint (with validation)."""
 
 
 PAIRED_NOTE = (
@@ -182,11 +186,19 @@ def _exchange_plots(
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    optional = [key for key in OPTIONAL_ROW_KEYS if any(key in row for row in rows)]
     with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(ROW_KEYS), extrasaction="ignore")
+        writer = csv.DictWriter(handle, fieldnames=[*ROW_KEYS, *optional], extrasaction="ignore")
         writer.writeheader()
-        # per_family ({family: pass@1}) as a JSON object in its cell
-        writer.writerows({**row, "per_family": json.dumps(row.get("per_family") or {})} for row in rows)
+        # per_family ({family: pass@1}) and per_benchmark as JSON objects in their cells
+        writer.writerows(
+            {
+                **row,
+                "per_family": json.dumps(row.get("per_family") or {}),
+                **{key: json.dumps(row[key]) for key in ("per_benchmark",) if key in row},
+            }
+            for row in rows
+        )
 
 
 def _mean_of(done: Sequence[Mapping[str, Any]], key: str) -> str:
@@ -284,11 +296,16 @@ def _extra_columns(
             "train wall-clock (s/seed)": f"{statistics.fmean(walls):.1f}" if walls else "",
             "total (s)": f"{sum(walls):.1f}" if walls else "",
         }
+        if any("train_cpu_s" in d for v in cells.values() for d in v):  # cells since CPU-seconds are kept
+            cpu = [d["train_cpu_s"] for d in done if "train_cpu_s" in d]
+            extra[variant.name]["train CPU (s/seed)"] = f"{statistics.fmean(cpu):.1f}" if cpu else ""
     extra[WARM_START] = {"method": "—", "seeds": "1"}
     return extra
 
 
 def header_section(c: ReportContext) -> list[str]:
+    if c.task.settings is None:
+        return base_header(c.task, c.matrix.source, c.seeds, c.steps)
     s, base = c.task.settings, c.task.base_config
     return [
         f"# graftrl compare: {c.matrix.source or 'matrix'} on the {c.task.name} task",
@@ -299,16 +316,24 @@ def header_section(c: ReportContext) -> list[str]:
         f"Seeds: {c.seeds} per variant (the `seeds` column counts those finished). Steps: {c.steps or base['train']['steps']}; per step, every model gets "
         f"{base['train']['batch_prompts']} prompts x n rollouts ({base['rollout']['n']} unless a row "
         f"sets `rollout.n`), minibatch {base['train']['minibatch_prompts']} prompts. Held-out pass@1: "
-        f"{len(c.task.heldout)} problems x {s.eval_samples} samples at T = 0.6, top-p 0.95, "
+        f"{len(c.task.evaluation.problems)} problems x {s.eval_samples} samples at T = 0.6, top-p 0.95, "
         f"{s.max_new_tokens} new tokens; mean ± std over seeds (sample std), in percent. "
         "Wall-clock is training only (evaluation excluded), per seed.",
         "",
     ]
 
 
+def _benchmark_table(c: ReportContext, versus: str | None, title: str, names: Sequence[str]) -> list[str]:
+    return benchmark_section(c.rows, c.task.evaluation.names, versus, title, names, c.extra, PAIRED_NOTE)
+
+
 def table1_section(c: ReportContext) -> list[str]:
     if c.baseline is None:
         return []
+    if c.task.benchmark_columns:
+        average = f" and {AVERAGE}" if len(c.task.evaluation.benchmarks) > 1 else ""
+        title = f"## Table 1: pass@1 per benchmark{average}, Δ vs {c.baseline}"
+        return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names])
     return [
         f"## Table 1: pass@1 per model, Δ vs {c.baseline}",
         "",
@@ -325,6 +350,9 @@ def table2_section(c: ReportContext) -> list[str]:
     # with only the baseline beside it, Table 2 would mirror Table 1 (the demo preset)
     if c.reference is None or not set(c.names) - {c.baseline, c.reference}:
         return []
+    if c.task.benchmark_columns:
+        title = f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})"
+        return _benchmark_table(c, c.reference, title, c.names)
     return [
         f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})",
         "",
@@ -341,6 +369,8 @@ def results_section(c: ReportContext) -> list[str]:
     """The table without deltas, for a matrix with neither a baseline nor a reference."""
     if c.baseline is not None or c.reference is not None:
         return []
+    if c.task.benchmark_columns:
+        return _benchmark_table(c, None, "## Results", [WARM_START, *c.names])
     return ["## Results", "", table_markdown(c.summary, None, [WARM_START, *c.names], c.extra), ""]
 
 

@@ -1,117 +1,107 @@
-"""The embedded task of `graftrl compare`: its sizes (``DemoSettings``), the warm-started models,
-the procedural train / held-out split and the base config every cell starts from (``CompareTask``).
+"""What `graftrl compare` trains and evaluates: a base config and the paper's evaluation (``CompareTask``).
+
+``base_task(CONFIG)`` is the one way a task is made: the base config (with ``--set`` overrides),
+its starting models' provenance, and the ``Evaluation``: the ``--bench`` benchmarks, or else the
+config's ``validation.files`` benchmarks, with the paper's protocol (``evaluation.evaluate``: 8
+samples at T = 0.6, top-p 0.95, the training prompt format and length limit, pass@1 per benchmark
+and their unweighted average), on each policy's best checkpoint by validation average when the
+config validates (``training.validation``; the trainer keeps ``RUN/best/``), else on its final
+weights. The embedded task (``embedded_task``) is such a base config, written by
+``graftrl.embedded.base`` into ``OUT/data`` and evaluated on its held-out split.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import time
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 
-from graftrl.console import TaskBars
-from graftrl.embedded.models import MODEL_SPECS
-from graftrl.embedded.task import DEFAULT_TASK, get_task
+from graftrl.config import apply_overrides, config_from_dict, load_config
+from graftrl.embedded.base import (  # noqa: F401 - re-exported: the embedded sizes, as before
+    DEFAULT,
+    HELDOUT,
+    QUICK,
+    DemoSettings,
+    EmbeddedBase,
+    demo_config,
+    demo_settings,
+    write_embedded_base,
+    write_problems,
+)
+from graftrl.embedded.task import DEFAULT_TASK
+from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
+from graftrl.evaluation.evaluate import EvalProtocol
+from graftrl.reporting.matrix import CompareError
 from graftrl.reporting.provenance import results_provenance
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir
 
+EVAL_SEED = 10_000
+"""A cell of seed s samples its evaluation from seed ``EVAL_SEED + s`` (each benchmark alike)."""
+
 
 @dataclass(frozen=True)
-class DemoSettings:
-    """Sizes of the embedded comparison. The RL settings are the paper's except where noted."""
+class Evaluation:
+    """How every cell is evaluated: the paper's protocol on named benchmarks."""
 
-    task: str = DEFAULT_TASK
-    """Embedded task by name (``graftrl.embedded.task.TASKS``): its problems, format and models."""
-    steps: int = 60
-    """RL steps per method."""
-    batch_prompts: int = 32
-    """Prompts per step (paper: 128; scaled to the CPU)."""
-    minibatch_prompts: int = 8
-    """Prompt groups per optimizer step: 4 optimizer steps per batch, as the paper's 128/32."""
-    n: int = 8
-    """Rollouts per prompt per model (the paper's n = 8)."""
-    lr: float = 1e-4
-    """Tiny randomly initialised models need a far larger rate than the paper's 1e-6."""
-    max_new_tokens: int | None = None
-    """Response length limit; None: the task's (``EmbeddedTask.max_new_tokens``)."""
-    n_train: int = 1200
-    """Procedural RL training problems."""
-    n_eval: int = 256
-    """Held-out problems, disjoint from training."""
-    eval_samples: int = 8
-    """Samples per held-out problem (paper protocol: 8 at T = 0.6, top-p 0.95)."""
+    benchmarks: tuple[Benchmark, ...]
+    samples: int = EvalProtocol.samples
+    """Samples per problem (the paper's 8)."""
+    content_key: bool = True
+    """Key the cells by the benchmarks' content. False keys them by problem ids only: the embedded
+    task's held-out split, a function of its ids, keyed so since before benchmarks had names (the
+    committed cells' digests)."""
 
-    def __post_init__(self) -> None:
-        if self.max_new_tokens is None:
-            object.__setattr__(self, "max_new_tokens", get_task(self.task).max_new_tokens)
+    @property
+    def problems(self) -> list[MathProblem]:
+        return [p for b in self.benchmarks for p in b.problems]
 
+    @property
+    def names(self) -> list[str]:
+        return [b.name for b in self.benchmarks]
 
-DEFAULT = DemoSettings()
-
-
-QUICK = DemoSettings(steps=4, batch_prompts=16, minibatch_prompts=4, n_train=200, n_eval=48, eval_samples=4)
-
-
-def demo_settings(task: str = DEFAULT_TASK, quick: bool = False) -> DemoSettings:
-    """The demo's sizes (``quick``: smoke-test sizes) on the embedded task ``task``."""
-    return replace(QUICK if quick else DEFAULT, task=task, max_new_tokens=get_task(task).max_new_tokens)
-
-
-def demo_config(
-    paths: dict[str, Path], train_file: Path, method: str, seed: int, settings: DemoSettings
-) -> dict[str, Any]:
-    """The raw config of one embedded cell: the warm-started models at ``paths`` on ``train_file``."""
-    return {
-        "seed": seed,
-        "method": method,
-        "policies": [
-            {"name": name, "path": str(path), "template": MODEL_SPECS[name]["template"]}
-            for name, path in paths.items()
-        ],
-        "data": {"train": str(train_file), "prompt_suffix": None},
-        "rollout": {"n": settings.n, "temperature": 1.0, "max_new_tokens": settings.max_new_tokens},
-        "optim": {"lr": settings.lr},
-        "train": {
-            "steps": settings.steps,
-            "batch_prompts": settings.batch_prompts,
-            "minibatch_prompts": settings.minibatch_prompts,
-            "micro_batch_size": 128,
-        },
-        "logging": {"progress": True, "log_samples": 1},
-    }
-
-
-def write_problems(problems: Sequence[MathProblem], path: Path) -> None:
-    """Problems as JSONL rows {id, problem, answer, family} (what ``load_problems`` reads)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "".join(
-            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "family": p.family}) + "\n"
-            for p in problems
+    def protocol(self, config: Any) -> EvalProtocol:
+        """The cell's protocol: the paper's sampling with the run's prompt format and length limit
+        (``validation.max_new_tokens`` when set, as validation uses, else the rollout's)."""
+        return EvalProtocol(
+            samples=self.samples,
+            max_new_tokens=config.validation.max_new_tokens or config.rollout.max_new_tokens,
+            prompt_suffix=config.data.prompt_suffix,
         )
-    )
 
+    def key(self, config: Any) -> list[Any]:
+        """The evaluation's part of a cell's digest: samples, length limit and problem ids (the
+        embedded task's key), then what only other evaluations have: the benchmark split and the
+        problems' content. (The prompt format and the checkpoint rule are in the config's part.)"""
+        key: list[Any] = [self.samples, self.protocol(config).max_new_tokens, [p.id for p in self.problems]]
+        extra: dict[str, Any] = {}
+        if len(self.benchmarks) > 1:
+            extra["benchmarks"] = [[b.name, len(b.problems)] for b in self.benchmarks]
+        if self.content_key:
+            rows = [[p.id, p.problem, p.answer] for p in self.problems]
+            extra["content"] = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+        return [*key, extra] if extra else key
 
-def evaluate_policies(
-    policies: Sequence[Any], heldout: Sequence[MathProblem], verifier: Any, settings: DemoSettings, seed: int
-) -> dict[str, dict[str, Any]]:
-    """policy -> {"pass_at_1", "per_family"} on the held-out problems (paper protocol)."""
-    from graftrl.evaluation.evaluate import EvalProtocol, evaluate_pass_at_1
-
-    protocol = EvalProtocol(samples=settings.eval_samples, max_new_tokens=settings.max_new_tokens)
-    out = {}
-    for policy in policies:
-        result = evaluate_pass_at_1(policy, heldout, verifier, protocol, seed=10_000 + seed)
-        out[policy.name] = {
-            "pass_at_1": float(result["pass_at_1"]),
-            "per_family": result.get("per_family", {}),
+    def summary(self, config: Any) -> dict[str, Any]:
+        """What results.json records of the evaluation of a ``--base`` compare."""
+        protocol = self.protocol(config)
+        return {
+            "benchmarks": {
+                b.name: {"source": b.source, "problems": len(b.problems)} for b in self.benchmarks
+            },
+            "samples": protocol.samples,
+            "temperature": protocol.temperature,
+            "top_p": protocol.top_p,
+            "max_new_tokens": protocol.max_new_tokens,
+            "checkpoint": "best by validation average" if config.validation.files else "final",
         }
-    return out
 
 
 @dataclass(frozen=True)
@@ -121,21 +111,73 @@ class CompareTask:
     name: str
     base_config: dict[str, Any]
     """Raw config shared by all cells (policies, data, sizes); method and seed are set per cell."""
-    heldout: list[MathProblem]
-    """Held-out problems for pass@1."""
-    settings: DemoSettings
-    """Evaluation samples and response limit (``eval_samples``, ``max_new_tokens``), for the report."""
+    evaluation: Evaluation
     provenance: dict[str, Any] = field(default_factory=dict)
     """Code commit and each starting model's weights hash and warm-start fingerprint
     (``reporting.provenance``), recorded in results.json."""
+    settings: DemoSettings | None = None
+    """The embedded task's sizes (results.json, the sweep's report); None for a ``--base`` config,
+    whose report then has the paper's layout (a column per benchmark and their average)."""
+    source: dict[str, Any] | None = None
+    """A ``--base`` compare's config file and ``--set`` overrides, recorded in results.json."""
+
+    @property
+    def benchmark_columns(self) -> bool:
+        """The report's tables have a column per benchmark (the embedded task keeps its
+        models-as-columns tables, so its committed reports read the same)."""
+        return self.settings is None
+
+    @property
+    def config(self) -> Any:
+        """The validated base config (method and seed as the file has them)."""
+        return config_from_dict(self.base_config, "(base config)")
 
 
-def warm_start_status(info: Mapping[str, Any]) -> str:
-    """A warm-start's progress in words: its sampled accuracy against the target it stops at (the
-    time left shown beside it runs to ``max_steps``, so it is at most that)."""
-    accuracy = info.get("accuracy")
-    measured = "not measured yet" if accuracy is None else f"{accuracy:.0%}"
-    return f"sampled accuracy {measured}, stops at {info['target']:.0%} (or step {info['max_steps']})"
+def base_task(
+    path: Path,
+    overrides: Sequence[str] = (),
+    benches: Sequence[str] = (),
+    eval_samples: int | None = None,
+    name: str | None = None,
+    settings: DemoSettings | None = None,
+    content_key: bool = True,
+) -> CompareTask:
+    """The task of ``graftrl compare --base PATH [--set KEY=VALUE ...] [--bench NAME=FILE ...]``.
+
+    Refused in one line before anything trains when there is nothing to evaluate on (neither
+    ``benches`` nor the config's ``validation.files``). ``eval_samples``: default the paper's 8.
+    ``name``, ``settings``, ``content_key``: the embedded task's (``embedded_base_task``)."""
+    config = load_config(path, list(overrides))  # errors name the file and the key
+    raw = apply_overrides(yaml.safe_load(path.read_text(encoding="utf-8")), list(overrides))
+    if benches:
+        specs = list(benches)
+    elif config.validation.files:
+        specs = config.validation.specs()
+    else:
+        raise CompareError(
+            f"--base {path}: nothing to evaluate the cells on: the config has no validation.files and "
+            "no --bench was given; add --bench NAME=FILE (a JSONL with problem and answer) or "
+            "validation.files to the config"
+        )
+    samples = EvalProtocol.samples if eval_samples is None else eval_samples
+    if samples < 1:
+        raise CompareError(f"--eval-samples must be >= 1, got {samples}")
+    evaluation = Evaluation(tuple(load_benchmarks(specs)), samples, content_key)
+    local = {p.name: p.path for p in config.policies if Path(p.path).is_dir()}
+    source = None if settings is not None else {"config": str(path), "set": list(overrides)}
+    return CompareTask(name or path.name, raw, evaluation, results_provenance(local), settings, source)
+
+
+def embedded_base_task(base: EmbeddedBase) -> CompareTask:
+    """The embedded task's ``base_task``: evaluated on its held-out split with its sample count."""
+    return base_task(
+        base.config,
+        benches=[f"{HELDOUT}={base.heldout}"],
+        eval_samples=base.settings.eval_samples,
+        name=base.label,
+        settings=base.settings,
+        content_key=False,
+    )
 
 
 def embedded_task(
@@ -148,69 +190,42 @@ def embedded_task(
     warmstart: Mapping[str, float] | None = None,
     pin_dir: Path | None = None,
 ) -> CompareTask:
-    """The demo's task ``name``: warm-started (cached) embedded models and a procedural
-    train/held-out split. ``mixes``: the models' warm-start family mixes, default the task's;
-    ``warmstart``: stop settings replacing the task's. ``pin_dir``: the experiment's own copy of
-    its starting weights (``embedded.shipped.pin_models``), used on any machine once written, so
-    its committed cells stay valid where a local warm-start would give other last bits."""
-    from graftrl.embedded.shipped import pin_models, pinned_models
-    from graftrl.embedded.task import make_split
-    from graftrl.embedded.warmstart import model_keys
-    from graftrl.storage.data import load_problems
-
-    settings = demo_settings(name, quick)
-    pinned = pinned_models(pin_dir, model_keys(quick, 0, name, mixes, warmstart)) if pin_dir else None
-    if pinned is not None:
-        console.print(f"models: the experiment's pinned starting weights (SHA-256 verified) in {pin_dir}")
-    paths = pinned or _prepare_models(cache_dir, quick, console, name, mixes, warmstart)
-    if pin_dir is not None and pinned is None:
-        paths = pin_models(paths, pin_dir)
-        console.print(f"models pinned in {pin_dir}: this experiment starts from them on any machine")
-    train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=name)
-    out = ExperimentDir(out_dir)
-    write_problems(train, out.train_data)
-    write_problems(heldout, out.heldout_data)
-    base = demo_config(paths, out.train_data, "grpo", 0, settings)
-    # "embedded" stays the arith task's name so earlier reports read the same.
-    label = "embedded" if name == "arith" else f"embedded-{name}"
-    provenance = results_provenance(paths)
-    return CompareTask(label, base, load_problems(out.heldout_data), settings, provenance)
+    """The demo's task ``name``, written as a base config into ``OUT/data`` (``embedded.base``):
+    warm-started (cached) embedded models and a procedural train / held-out split. ``mixes``,
+    ``warmstart``, ``pin_dir``: as ``write_embedded_base``."""
+    folder = ExperimentDir(out_dir).train_data.parent
+    base = write_embedded_base(folder, name, quick, cache_dir, console, mixes, warmstart, pin_dir)
+    return embedded_base_task(base)
 
 
-def _prepare_models(
-    cache_dir: Path | None,
-    quick: bool,
-    console: Console,
-    name: str,
-    mixes: Mapping[str, Mapping[str, float]] | None,
-    warmstart: Mapping[str, float] | None,
-) -> dict[str, Path]:
-    """The task's models from the cache, graftrl's shipped pair or a warm-start, with progress bars."""
-    from graftrl.embedded.warmstart import prepare_embedded_models
+def evaluate_cell(
+    policies: Sequence[Any], evaluation: Evaluation, config: Any, verifier: Any, seed: int
+) -> dict[str, dict[str, Any]]:
+    """policy -> {"pass_at_1", "per_family"} (and with several benchmarks "per_benchmark"):
+    pass@1 on each benchmark, its unweighted mean over them, per family over every problem."""
+    from graftrl.evaluation.evaluate import evaluate_pass_at_1, pass_at_1_by_family
+    from graftrl.models.rollout import HFRolloutEngine
 
-    cache_dir = cache_dir or Path.home() / ".cache" / "graftrl" / "embedded"
-    console.print(
-        f"[bold]preparing the embedded models[/bold] for task {name!r}: cached in {cache_dir}, "
-        "else installed from graftrl's shipped pair or warm-started"
-    )
-    started = time.perf_counter()
-    bars = TaskBars(console)
-    try:
-        paths = prepare_embedded_models(
-            cache_dir,
-            quick=quick,
-            seed=0,
-            task=name,
-            mixes=mixes,
-            settings=warmstart,
-            on_progress=lambda model, info: bars.update(
-                f"warm-start {model}", info["step"], info["max_steps"], warm_start_status(info)
-            ),
-        )
-    finally:
-        bars.close()
-    console.print(
-        f"models ready in {time.perf_counter() - started:.0f}s: "
-        + ", ".join(f"{k} -> {v}" for k, v in paths.items())
-    )
-    return paths
+    protocol = evaluation.protocol(config)
+    engine = HFRolloutEngine(config.rollout.max_batch_size, share_prompts=config.rollout.share_prompts)
+    out = {}
+    for policy in policies:
+        results = [
+            evaluate_pass_at_1(policy, b.problems, verifier, protocol, EVAL_SEED + seed, engine)
+            for b in evaluation.benchmarks
+        ]
+        if len(results) == 1:
+            out[policy.name] = {
+                "pass_at_1": float(results[0]["pass_at_1"]),
+                "per_family": results[0].get("per_family", {}),
+            }
+            continue
+        per_problem = [rate for result in results for rate in result["per_problem"]]
+        out[policy.name] = {
+            "pass_at_1": statistics.fmean(float(r["pass_at_1"]) for r in results),
+            "per_family": pass_at_1_by_family(evaluation.problems, per_problem),
+            "per_benchmark": {
+                b.name: float(r["pass_at_1"]) for b, r in zip(evaluation.benchmarks, results, strict=True)
+            },
+        }
+    return out

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
+from graftrl.embedded.base import DEFAULT
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.compare_task import DEFAULT
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
