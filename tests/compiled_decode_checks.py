@@ -175,3 +175,20 @@ def wrong_temperature(params: SamplingParams) -> SamplingParams:
         top_p=params.top_p,
         max_new_tokens=params.max_new_tokens,
     )
+
+
+@torch.no_grad()
+def temperature_for_spread(policy: Policy, prompts: Sequence[str], spread: float = 2.0) -> float:
+    """The temperature at which the model's next-token logits after ``prompts`` have a standard
+    deviation of ``spread`` (median over the prompts): peaked enough for the distribution tests to
+    have power on any model (a random-init model's logits are nearly flat), the same relative
+    sharpness whatever the model's size."""
+    batch = policy.pad(policy.encode_prompts(prompts), [[] for _ in prompts])
+    width = batch.prompt_width
+    with policy.eval_mode(), policy.autocast():
+        logits = policy.model(
+            input_ids=batch.input_ids[:, :width],
+            attention_mask=batch.attention_mask[:, :width],
+            position_ids=batch.position_ids[:, :width],
+        ).logits[:, -1]
+    return float(logits.float().std(dim=-1).median()) / spread

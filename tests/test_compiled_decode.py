@@ -85,6 +85,17 @@ def test_compiled_logprobs_equal_an_eager_rescore(policy):
     assert_identical(engine.generate(policy, PROMPTS[:15], params, seed=4), batch)
     assert engine.generate(policy, PROMPTS[:15], params, seed=5).response_ids != batch.response_ids
 
+    # weights changed in place, as an optimizer step changes them: the next call samples from them
+    with torch.no_grad():
+        policy.model.lm_head.weight.mul_(1.5)  # tied: the embeddings too
+    try:
+        changed = engine.generate(policy, PROMPTS[:15], params, seed=4)
+        assert rescore(policy, changed, params.temperature, params.top_p).logprob_errors.max() < 1e-4
+        assert changed.response_ids != batch.response_ids
+    finally:
+        with torch.no_grad():
+            policy.model.lm_head.weight.div_(1.5)
+
 
 def test_the_cpu_default_samples_with_generate(policy, monkeypatch):
     """``auto`` (the default) compiles on CUDA only: on CPU the sampler is ``generate`` as before."""
