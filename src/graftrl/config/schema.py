@@ -141,9 +141,10 @@ class RolloutConfig(_Section):
     full-attention, `torch.compile`-able: Llama, Qwen2, ...; not under `parallel.data` > 1); `true`:
     also on CPU (needs a C compiler), an error where unsupported; `false`: `generate` always. Same
     distribution and behaviour log-probs as `generate`, not the same bits (compiled kernels round
-    differently). Each new cache length (prompt width + max_new_tokens, in steps of 256) and row
-    count is compiled once per process, seconds to a minute, timed apart from sampling; rows are
-    padded to a multiple of 8."""
+    differently). The decode step compiles once per model and cache length (prompt width +
+    max_new_tokens, rounded up to 256), and once more when a second row count makes the rows
+    symbolic (rows are padded to a multiple of 8): seconds to a minute each, timed apart from
+    sampling (`HFRolloutEngine.compile_seconds`). `engine: vllm` ignores it."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (`method: grpo` only): each policy drops its zero-variance groups and
     samples more prompts (from a second, deterministic prompt stream) until `train.batch_prompts`

@@ -230,7 +230,7 @@ def _capture(step: Callable[[], Tensor]) -> Callable[[], Tensor] | None:
     try:
         with torch.cuda.graph(graph):
             logits = step()
-    except RuntimeError as error:
+    except Exception as error:  # a capture-unsafe op somewhere in the step: decode without the graph
         warnings.warn(f"compiled decode: no CUDA graph ({error}); decoding without one", stacklevel=3)
         return None
 
