@@ -7,7 +7,8 @@
 ``wheels`` walks graftrl's requirements (pyproject.toml) through this environment's installed
 metadata, for the GPU machine's Python (``TARGET``), and keeps what the machine's image lacks
 (``MACHINE_PACKAGES``) at the version installed here, plus any package the machine has that a
-carried one pins a minimum version of (the machine's own version is not known from here).
+carried one pins a minimum version of (the machine's own version is not known from here); and the
+benchmarks' own wheels (``BENCH_WHEELS``: TRL for the decode stage), pinned.
 Runs with the standard library plus ``packaging``; ``env`` needs no graftrl install (src/ on
 PYTHONPATH). The summary is scripts/gpu_check_report.py.
 """
@@ -81,6 +82,15 @@ _MACHINE_PACKAGE_NAMES = """
 MACHINE_PACKAGES = frozenset(_MACHINE_PACKAGE_NAMES.split())
 
 
+BENCH_WHEELS = {"trl": "1.16.0", "datasets": "5.2.0", "dill": "0.4.1", "multiprocess": "0.70.19"}
+"""The decode stage's TRL side (benchmarks/decode_speed.py times TRL's GRPOTrainer sampling): not
+graftrl requirements, so not in this venv; pinned to what TRL 1.16 resolves to beside transformers
+5.17 (the machine's), less what the machine has. Its minimum versions of the machine's packages are
+not carried (datasets 5.2 asks for pyarrow >= 24, a 40 MB wheel; the machine's pyarrow is not known
+from here): when TRL does not import there, the stage measures ``generate`` with TRL's settings and
+says so."""
+
+
 def canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
@@ -121,6 +131,12 @@ def carried_packages() -> dict[str, str]:
     return dict(sorted(carried.items()))
 
 
+def wheel_pins() -> dict[str, str]:
+    """canonical name -> version of every wheel in .whl/: graftrl's (``carried_packages``) and the
+    benchmarks' (``BENCH_WHEELS``)."""
+    return dict(sorted({**carried_packages(), **BENCH_WHEELS}.items()))
+
+
 def platform_args() -> list[str]:
     """pip's flags for binary wheels of the GPU machine's interpreter."""
     args = ["--only-binary=:all:", "--python-version", TARGET["python_version"], "--implementation", "cp"]
@@ -128,12 +144,12 @@ def platform_args() -> list[str]:
 
 
 def download(dest: Path, limit_mib: float = 16) -> int:
-    """Fetch the carried wheels (``carried_packages``) into an emptied ``dest``; check count and size
+    """Fetch the carried wheels (``wheel_pins``) into an emptied ``dest``; check count and size
     (``limit_mib``: a device call carries 64 MiB in all, the working tree included)."""
     import shutil
     import subprocess
 
-    pins = [f"{name}=={version}" for name, version in carried_packages().items()]
+    pins = [f"{name}=={version}" for name, version in wheel_pins().items()]
     print("wheels for the GPU machine: " + " ".join(pins))
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -180,7 +196,7 @@ def install(site: Path, for_gpu_python: bool) -> int:
         print(f"installed into {site}, but no dist-info for {missing}", file=sys.stderr)
         return 1
     if for_gpu_python:
-        expected = set(carried_packages().items())
+        expected = set(wheel_pins().items())
         if wanted != expected:
             print(
                 f"{WHEEL_DIR}/ is stale: it holds {sorted(wanted - expected)} but lacks {sorted(expected - wanted)}; "
@@ -295,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "wheels":
         if args.download is not None:
             return download(args.download)
-        for name, version in carried_packages().items():
+        for name, version in wheel_pins().items():
             print(f"{name}=={version}")
         return 0
     if args.command == "install":

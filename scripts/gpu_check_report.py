@@ -180,6 +180,24 @@ def _cuda_tier_rows(tier: dict[str, Any]) -> list[str]:
             ],
             rows,
         )
+    logprobs, distribution = tests.get("compiled_decode_logprobs"), tests.get("compiled_decode_distribution")
+    if logprobs:
+        timing = logprobs.get("timing", {})
+        lines += [
+            f"Compiled decode (tests/test_cuda_decode.py): {logprobs['tokens']} tokens, |recorded - eager "
+            f"re-score| max {_fmt(logprobs['max_error'])} (after new weights {_fmt(logprobs['max_error_after_update'])}); "
+            f"{timing.get('rows')} rows x {timing.get('steps')} steps: {_fmt(logprobs['ms_per_step'])} ms per decode "
+            f"step, CUDA graph {timing.get('graph')}; first call's compile {_fmt(logprobs['first_call'].get('compile_s'))} s.",
+            "",
+        ]
+    if distribution:
+        lines += [
+            f"Compiled decode distribution at T = {_fmt(distribution['temperature'])} ({distribution['tokens']:.0f} "
+            f"tokens): PIT KS p {_fmt(distribution['pit_p'])}, eager's own {_fmt(distribution['eager_pit_p'])}, "
+            f"two-sample p {_fmt(distribution['two_sample_p'])}, wrong-temperature control p "
+            f"{_fmt(distribution['control_pit_p'])} (D {_fmt(distribution['control_statistic'])}).",
+            "",
+        ]
     resume = tests.get("exact_resume")
     if resume:
         lines += [
@@ -188,6 +206,29 @@ def _cuda_tier_rows(tier: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def _decode_rows(decode: dict[str, Any] | None) -> list[str]:
+    """benchmarks/decode_speed.py: ms per decode step per sampler and cell, the GRAFT step."""
+    if not decode:
+        return []
+    lines = ["`benchmarks/decode_speed.py` (ms per step = timed call / tokens per row; compile apart):", ""]
+    lines += _table(
+        ["sampler", "rows", "new tokens", "ms/step", "decode ms/step", "compile s", "CUDA graph", "error"],
+        [
+            [
+                c["engine"], c["rows"], c["new_tokens"], c.get("ms_per_step"), c.get("decode_ms_per_step"),
+                c.get("compile_s_first_call"), c.get("cuda_graph"), c.get("error", ""),
+            ]
+            for c in decode.get("cells", [])
+        ],
+    )  # fmt: skip
+    for step in decode.get("graft_steps", []):
+        walls = ", ".join(_fmt(s) for s in step.get("step_wall_s", []))
+        lines += [f"GRAFT step (compile {step.get('compile')}): {step.get('error') or f'wall {walls} s'}", ""]
+    lines += [f"- {note}" for note in decode.get("notes", [])]
+    lines += [f"- skipped (budget): {s}" for s in decode.get("skipped", [])]
+    return lines + ([""] if decode.get("notes") or decode.get("skipped") else [])
 
 
 def report(out: Path, stages_file: Path, junit: Path | None, env_file: Path | None, title: str) -> int:
@@ -206,7 +247,8 @@ def report(out: Path, stages_file: Path, junit: Path | None, env_file: Path | No
     env = _load(env_file) if env_file else None
     tier = _load(out / "cuda_tier.json")
     benchmarks = {
-        name: _load(out / f"{name}.json") for name in ("gpu_step", "memory_vs_length", "fsdp_scaling")
+        name: _load(out / f"{name}.json")
+        for name in ("decode", "gpu_step", "memory_vs_length", "fsdp_scaling")
     }
     tests = _junit(junit)
     lines = [f"# {title}", ""]
@@ -226,11 +268,12 @@ def report(out: Path, stages_file: Path, junit: Path | None, env_file: Path | No
         lines += [f"env checks: {len(env.get('checks', [])) - len(failed)} ok, {len(failed)} failed", ""]
         lines += [f"- FAIL {c['check']}: {c['detail']}" for c in failed] + ([""] if failed else [])
     if tests:
-        lines += ["CUDA tier (`pytest -m cuda tests/test_cuda.py`):", ""]
+        lines += ["CUDA tier (`pytest -m cuda tests/test_cuda.py tests/test_cuda_decode.py`):", ""]
         lines += _table(["test", "outcome", "seconds"], tests)
     if tier:
         lines += [f"device: {tier.get('device')}; size: {tier.get('size')}", ""]
         lines += _cuda_tier_rows(tier)
+    lines += _decode_rows(benchmarks["decode"])
     gpu_step = benchmarks["gpu_step"]
     if gpu_step:
         lines += ["`benchmarks/gpu_step.py` (medians per step):", ""]

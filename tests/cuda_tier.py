@@ -229,7 +229,9 @@ def two_policy_config(paths: dict[str, Path], method: str, steps: int = 2) -> di
             for name, path in paths.items()
         ],
         "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
-        "rollout": {"n": 4, "max_new_tokens": SIZE.new_tokens, "max_batch_size": 16},
+        # Eager sampling: a fresh model object compiles its decode step anew (tens of seconds on
+        # the GPU), which 64-token rollouts do not repay; tests/test_cuda_decode.py checks that path.
+        "rollout": {"n": 4, "max_new_tokens": SIZE.new_tokens, "max_batch_size": 16, "compile": False},
         "train": {"steps": steps, "batch_prompts": 4, "minibatch_prompts": 2, "micro_batch_size": 8},
         "optim": {"lr": 1e-5},
         "graft": {"balance": False},  # every candidate moves: llama admits qwen's responses

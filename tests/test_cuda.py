@@ -349,8 +349,13 @@ def test_memory_estimate_bounds_the_allocator_peak(pair, tmp_path, figures, monk
             }
         ],
         "data": {"train": str(data), "prompt_suffix": None},
-        # one generate call for the whole batch, as the estimate's HF term assumes
-        "rollout": {"n": e["n"], "max_new_tokens": e["new_tokens"], "max_batch_size": e["prompts"] * e["n"]},
+        # one generate call for the whole batch, as the estimate's HF term assumes (eager generate)
+        "rollout": {
+            "n": e["n"],
+            "max_new_tokens": e["new_tokens"],
+            "max_batch_size": e["prompts"] * e["n"],
+            "compile": False,
+        },
         "train": train,
         "optim": {"lr": 1e-5},
         "logging": {"progress": False, "log_samples": 0},

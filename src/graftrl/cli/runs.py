@@ -192,6 +192,7 @@ def eval_command(
     engine = HFRolloutEngine(
         max_batch_size or (config.rollout.max_batch_size if config else 512),
         share_prompts=config.rollout.share_prompts if config else True,
+        compile=config.rollout.compile if config else "auto",
     )
     verifier = MathVerifier(
         timeout_s=timeout or (config.reward.timeout_s if config else 5.0),

@@ -134,6 +134,17 @@ class RolloutConfig(_Section):
     prompts, `models.shared_prefill.SHARE_FROM_PROMPTS`), as vLLM's prefix caching does. The samples
     are plain `generate`'s (bit for bit on CPU; on GPUs to the last bits); false: plain `generate`,
     which repeats every prompt n times first."""
+    compile: Literal["auto"] | bool = "auto"
+    """`engine: hf`: sample with a static KV cache and a compiled decode step, replayed as a CUDA
+    graph (`models.compiled_decode`), instead of `generate`'s eager loop, which on a GPU is bound by
+    Python and kernel launches. `auto`: on CUDA, where the model supports it (decoder-only,
+    full-attention, `torch.compile`-able: Llama, Qwen2, ...; not under `parallel.data` > 1); `true`:
+    also on CPU (needs a C compiler), an error where unsupported; `false`: `generate` always. Same
+    distribution and behaviour log-probs as `generate`, not the same bits (compiled kernels round
+    differently). The decode step compiles once per model and cache length (prompt width +
+    max_new_tokens, rounded up to 256), and once more when a second row count makes the rows
+    symbolic (rows are padded to a multiple of 8): seconds to a minute each, timed apart from
+    sampling (`HFRolloutEngine.compile_seconds`). `engine: vllm` ignores it."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (`method: grpo` only): each policy drops its zero-variance groups and
     samples more prompts (from a second, deterministic prompt stream) until `train.batch_prompts`

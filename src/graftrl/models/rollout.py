@@ -1,7 +1,8 @@
 """Rollout engines: sample n responses per prompt with behaviour log-probs.
 
 The HF engine drives ``model.generate`` (batched; each prompt's forward pass done once for its n
-samples: ``models.shared_prefill``; the KV cache preallocated where that pays: ``models.kv_cache``).
+samples: ``models.shared_prefill``; the KV cache preallocated where that pays: ``models.kv_cache``),
+or on CUDA its own loop with a static cache and a compiled decode step (``models.compiled_decode``).
 Behaviour log-probs are read by a
 logits processor that keeps one step of log-softmax at a time, so memory stays O(batch x vocab)
 instead of O(batch x length x vocab) — the difference between 1 MB and 100s of GB for a real
@@ -21,6 +22,8 @@ from torch import Tensor
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from graftrl.core import content_mean_logprob
+from graftrl.models.behaviour import behaviour_distribution
+from graftrl.models.compiled_decode import CompileSetting, DecodeTiming, compile_applies, sample_compiled
 from graftrl.models.kv_cache import cache_argument, dynamic_cache, preallocated_cache
 from graftrl.models.policy import Policy
 from graftrl.models.shared_prefill import generate_sharing_prompts, sharing_pays
@@ -105,19 +108,8 @@ class _BehaviourLogprobRecorder(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.previous is not None:
             self.steps.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        scores = scores.float()
-        if self.temperature != 1.0:  # a full-vocabulary pass that would change nothing
-            scores = scores / self.temperature
-        logprobs = torch.log_softmax(scores, dim=-1)
-        self.previous = logprobs
-        if self.top_p >= 1.0:
-            return logprobs
-        sorted_logprobs, order = torch.sort(logprobs, descending=True, dim=-1)
-        cumulative = sorted_logprobs.exp().cumsum(dim=-1)
-        # Drop a token when the mass before it already reaches top_p (always keep the top one).
-        drop_sorted = (cumulative - sorted_logprobs.exp()) >= self.top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        return logprobs.masked_fill(drop, float("-inf"))
+        self.previous, truncated = behaviour_distribution(scores, self.temperature, self.top_p)
+        return truncated
 
     def finish(self, last_tokens: Tensor) -> Tensor:
         """[B, steps] log-probs, after the final sampled tokens are known."""
@@ -204,7 +196,11 @@ class HFRolloutEngine:
     """
 
     def __init__(
-        self, max_batch_size: int = 512, preallocate_cache: bool | None = None, share_prompts: bool = True
+        self,
+        max_batch_size: int = 512,
+        preallocate_cache: bool | None = None,
+        share_prompts: bool = True,
+        compile: CompileSetting = "auto",
     ) -> None:
         self.max_batch_size = max_batch_size
         """Rows (prompt x sample) generated per ``generate`` call."""
@@ -216,6 +212,14 @@ class HFRolloutEngine:
         """Run each prompt's forward pass once for its n samples where that pays
         (``models.shared_prefill.sharing_pays``; the same samples on CPU). False: ``generate``
         repeats every prompt n times first."""
+        self.compile = compile
+        """``rollout.compile``: sample with a static KV cache and a compiled, CUDA-graph-replayed decode
+        step (``models.compiled_decode``) instead of ``generate``: "auto" on CUDA where the model
+        supports it, True wherever it does, False never."""
+        self.timings: list[DecodeTiming] = []
+        """Per compiled chunk of the last ``generate`` call: prefill, compile and decode seconds."""
+        self.compile_seconds = 0.0
+        """Seconds this engine spent compiling decode steps (kept out of ``timings``' decode_s)."""
 
     def _preallocates(self, params: SamplingParams, device: torch.device) -> bool:
         if self.preallocate_cache is not None:
@@ -252,6 +256,7 @@ class HFRolloutEngine:
         prompt_ids = policy.encode_prompts(problems)
         prompts_per_call = max(1, self.max_batch_size // params.n)
         chunks: ChunkResults = {}
+        self.timings = []
         with policy.eval_mode():
             for k, start in enumerate(range(0, len(prompt_ids), prompts_per_call)):
                 if k % world != rank:
@@ -280,6 +285,23 @@ class HFRolloutEngine:
         batch = policy.pad(prompt_ids, [[] for _ in prompt_ids])
         width = batch.prompt_width
         eos = policy.eos_token_id
+        prompts = {"input_ids": batch.input_ids[:, :width], "attention_mask": batch.attention_mask[:, :width]}
+        if compile_applies(self.compile, policy.model):
+            with policy.autocast():
+                generated, step_logprobs, timing = sample_compiled(
+                    policy.model,
+                    **prompts,
+                    n=params.n,
+                    share_prompts=self.share_prompts,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    max_new_tokens=params.max_new_tokens,
+                    eos_token_id=eos,
+                    pad_token_id=int(policy.tokenizer.pad_token_id),
+                )
+            self.timings.append(timing)
+            self.compile_seconds += timing.compile_s
+            return _cut_at_eos(generated, step_logprobs.cpu(), eos)
         recorder = _BehaviourLogprobRecorder(params.temperature, params.top_p)
         config = GenerationConfig(
             do_sample=True,
@@ -301,7 +323,6 @@ class HFRolloutEngine:
         share = self.share_prompts and sharing_pays(len(prompt_ids), params.n)
         if cache is None and share:
             cache = dynamic_cache(model)
-        prompts = {"input_ids": batch.input_ids[:, :width], "attention_mask": batch.attention_mask[:, :width]}
         with policy.autocast(), dropped_mask_warning_silenced(), checkpoint_sampling_defaults_off(model):
             if cache is not None and share:
                 sequences = generate_sharing_prompts(
@@ -321,12 +342,20 @@ class HFRolloutEngine:
                     **extra,
                 )
         generated = sequences[:, width:]  # [P*n, steps]
-        step_logprobs = recorder.finish(generated[:, -1]).cpu()
-        out_ids, out_logprobs, out_finished = [], [], []
-        for row, tokens in enumerate(generated.tolist()):
-            done = eos in tokens
-            length = tokens.index(eos) + 1 if done else len(tokens)
-            out_ids.append(tokens[:length])
-            out_logprobs.append(step_logprobs[row, :length].clone())
-            out_finished.append(done)
-        return out_ids, out_logprobs, out_finished
+        return _cut_at_eos(generated, recorder.finish(generated[:, -1]).cpu(), eos)
+
+
+def _cut_at_eos(
+    generated: Tensor, step_logprobs: Tensor, eos: int
+) -> tuple[list[list[int]], list[Tensor], list[bool]]:
+    """Each row's ids and log-probs up to its first EOS (included), and whether it has one.
+
+    generated, step_logprobs: [rows, steps]; what follows a row's EOS is padding or filler."""
+    out_ids, out_logprobs, out_finished = [], [], []
+    for row, tokens in enumerate(generated.tolist()):
+        done = eos in tokens
+        length = tokens.index(eos) + 1 if done else len(tokens)
+        out_ids.append(tokens[:length])
+        out_logprobs.append(step_logprobs[row, :length].clone())
+        out_finished.append(done)
+    return out_ids, out_logprobs, out_finished

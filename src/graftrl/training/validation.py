@@ -71,7 +71,9 @@ class Validator:
         # A worker passes its policy's own engine (HF or vLLM); the default HF engine serves any
         # policy, as direct `validate(step, policies)` calls need.
         self.engine: RolloutEngine = engine or HFRolloutEngine(
-            config.rollout.max_batch_size, share_prompts=config.rollout.share_prompts
+            config.rollout.max_batch_size,
+            share_prompts=config.rollout.share_prompts,
+            compile=config.rollout.compile,
         )
         self.benchmarks = (
             list(benchmarks)

@@ -51,7 +51,10 @@ from graftrl.training.update import NonfiniteGuard, Ranks, optimize
 def make_engine(config: Config, policy: Policy) -> RolloutEngine:
     """The configured rollout engine for one policy (``rollout.engine``)."""
     if config.rollout.engine == "hf":
-        return HFRolloutEngine(config.rollout.max_batch_size, share_prompts=config.rollout.share_prompts)
+        rollout = config.rollout
+        return HFRolloutEngine(
+            rollout.max_batch_size, share_prompts=rollout.share_prompts, compile=rollout.compile
+        )
     try:
         from graftrl.models.rollout_vllm import VLLMOptions, VLLMRolloutEngine
     except ImportError as error:
