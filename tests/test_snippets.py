@@ -249,7 +249,9 @@ def my_pair(tiny_checkpoints, tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "eval").mkdir(parents=True)
     shutil.copy(FIXTURES / "math_small.jsonl", tmp_path / "data" / "eval" / "MATH500.jsonl")
-    sums = [{"id": f"s{i}", "problem": f"{i % 17}+{i % 5}", "answer": str(i % 17 + i % 5)} for i in range(300)]
+    sums = [
+        {"id": f"s{i}", "problem": f"{i % 17}+{i % 5}", "answer": str(i % 17 + i % 5)} for i in range(300)
+    ]
     (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sums))
     config = make_config(tiny_checkpoints)
     config["data"]["train"] = "data/train.jsonl"
