@@ -216,7 +216,7 @@ wide_loss = WideClipGRPO.loss
 WideClipGRPO.loss = lambda self, batch: calls.append(1) or wide_loss(self, batch)
 config = config_from_dict({{**json.loads({json.dumps(json.dumps(config))}), "grpo_wide": {{"eps_high": 0.7}}}})
 trainer = Trainer(config, {str(tmp_path / "run")!r}, verifier=TextRewards())
-assert isinstance(trainer.method, WideClipGRPO) and trainer.method.eps_high == 0.7
+assert isinstance(trainer.method, WideClipGRPO) and config.grpo_wide.eps_high == 0.7
 trainer.train()
 print(len(calls) > 0, config.grpo_wide.eps_low)
 """
