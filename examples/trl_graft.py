@@ -158,7 +158,7 @@ def main() -> None:
     from graftrl.embedded.models import MODEL_SPECS
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
-    from graftrl.integrations.trl import StoredPeer
+    from graftrl.integrations.trl import StoredPeer, math_reward
     from graftrl.models.rewards import MathVerifier
     from graftrl.reporting.compare_task import demo_settings
     from graftrl.storage.data import MathProblem
@@ -180,11 +180,8 @@ def main() -> None:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"settings": {"steps": steps, **vars(settings)}, "seeds": {}}
-    with MathVerifier() as verifier:
-
-        def reward(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
-            return verifier.score(list(completions), list(answer))
-
+    reward = math_reward  # the 0/1 reward graftrl train gives (the dataset's `answer` column)
+    with MathVerifier() as verifier:  # the held-out evaluation's
         if args.baseline:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -128,12 +127,3 @@ def test_cli_train_and_resume_on_checkpoints_by_path(tiny_checkpoints, tmp_path)
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 0, 1, 1]  # two models per step; step 0 not repeated after resume
     assert (run / "checkpoints" / "step_000002" / "gpt2" / "model.safetensors").exists()
-
-
-def test_readme_config_reference_is_current():
-    """The README's table is `graftrl config-reference --markdown`; regenerate it when fields change."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    missing = [key for key, _, _ in config_reference() if f"| `{key}` |" not in readme]
-    assert not missing, (
-        f"README config reference lacks {missing}: paste `graftrl config-reference --markdown`"
-    )

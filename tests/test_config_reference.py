@@ -1,4 +1,4 @@
-"""The README's config table is the generator's output: every field once, one line each."""
+"""docs/config.md's config table is the generator's output: every field once, one line each."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ def test_config_reference_rows_are_unique_and_one_line():
     assert any("\\|" in line for line in table)  # graft.balance's |C_AB|
 
 
-def test_readme_config_table_is_the_generators_output():
-    """No stale, missing or repeated rows: the README holds exactly `config-reference --markdown`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert _update_script().readme_table(readme) == config_reference_markdown(), (
-        "README config reference is stale: run `python scripts/update_config_reference.py`"
+def test_config_doc_table_is_the_generators_output():
+    """No stale, missing or repeated rows: docs/config.md holds exactly `config-reference --markdown`."""
+    script = _update_script()
+    assert script.REFERENCE == ROOT / "docs" / "config.md"
+    doc = script.REFERENCE.read_text(encoding="utf-8")
+    assert script.reference_table(doc) == config_reference_markdown(), (
+        "docs/config.md's config reference is stale: run `python scripts/update_config_reference.py`"
     )
     result = CliRunner().invoke(app, ["config-reference", "--markdown"])
     assert result.exit_code == 0 and result.output == config_reference_markdown()
@@ -52,4 +54,4 @@ def test_update_script_replaces_only_the_table():
     text = f"intro\n{script.START}\n| old | table |\n{script.END}\n\n## Next\n"
     updated = script.with_table(text, "| new |\n")
     assert updated == f"intro\n{script.START}\n| new |\n{script.END}\n\n## Next\n"
-    assert script.readme_table(updated) == "| new |\n"
+    assert script.reference_table(updated) == "| new |\n"

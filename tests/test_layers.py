@@ -1,4 +1,4 @@
-"""The packages are layers (README, "What is in the box"): no module imports one of a higher layer,
+"""The packages are layers (docs/architecture.md): no module imports one of a higher layer,
 not even inside a function, and no modules import each other in a circle."""
 
 from __future__ import annotations

@@ -274,7 +274,9 @@ def test_integration_imports_without_trl_and_fails_only_when_used(monkeypatch):
     module = importlib.import_module("graftrl.integrations.trl")
     monkeypatch.delattr(module, "trainer", raising=False)  # imported earlier in this process
     assert module.StoredPeer is StoredPeer  # the store side needs no TRL
-    with pytest.raises(ImportError, match=r"needs TRL .*pip install 'graftrl\[trl\]'") as caught:
+    with pytest.raises(
+        ImportError, match=r"needs TRL .*bash scripts/setup_trl.sh .*pip install -e '\.\[trl\]'"
+    ) as caught:
         from graftrl.integrations.trl import GraftGRPOTrainer  # noqa: F401
     assert "\n" not in str(caught.value)
 

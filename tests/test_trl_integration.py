@@ -722,7 +722,10 @@ def test_untested_trl_version_is_refused(monkeypatch):
 
     monkeypatch.setattr(trl, "__version__", "99.0.0")
     monkeypatch.delenv(UNTESTED_ENV, raising=False)
-    with pytest.raises(TRLIntegrationError, match=r"TRL 99.0.0 is outside .*pip install 'graftrl\[trl\]'"):
+    with pytest.raises(
+        TRLIntegrationError,
+        match=r"TRL 99.0.0 is outside .*bash scripts/setup_trl.sh .*pip install -e '\.\[trl\]'",
+    ):
         require_trl()
     monkeypatch.setenv(UNTESTED_ENV, "1")
     assert require_trl() is trl

@@ -14,7 +14,7 @@ from graftrl.cli.common import app, console
 
 @app.command("config-reference")
 def config_reference_command(
-    markdown: Annotated[bool, typer.Option(help="Print a Markdown table (as in the README).")] = False,
+    markdown: Annotated[bool, typer.Option(help="Print a Markdown table (as in docs/config.md).")] = False,
 ) -> None:
     """Print every config field with its default and description."""
     from graftrl.config import config_reference, config_reference_markdown

@@ -33,7 +33,7 @@ def config_reference(model: type[BaseModel] | None = None, prefix: str = "") -> 
 
 
 def config_reference_markdown() -> str:
-    """The README's config table (`graftrl config-reference --markdown`): one line per field.
+    """docs/config.md's table (`graftrl config-reference --markdown`): one line per field.
 
     A `|` inside a cell is escaped, so a description cannot split its row.
     """

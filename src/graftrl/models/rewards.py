@@ -43,7 +43,7 @@ from graftrl.models.verify_worker import (
     worker_main,
 )
 
-__all__ = ["MathVerifier", "extract_last_boxed", "gold_parse_text", "verify_answer"]
+__all__ = ["MathVerifier", "extract_last_boxed", "gold_parse_text", "shared_verifier", "verify_answer"]
 
 
 class MathVerifier:
@@ -398,17 +398,26 @@ _shared: dict[float, MathVerifier] = {}
 _shared_lock = threading.Lock()
 
 
-def verify_answer(response: str, answer: str, timeout_s: float = 5.0) -> float:
-    """Score one response (1.0/0.0) with a shared, lazily started verifier per timeout.
+def shared_verifier(timeout_s: float = 5.0) -> MathVerifier:
+    """The process's verifier for this per-answer timeout, started lazily and closed at exit.
 
-    Convenient for scripts and notebooks; training loops should own a ``MathVerifier`` and
-    call ``score`` on whole batches.
+    For scripts, notebooks and reward functions of other trainers (``graftrl.integrations.trl.
+    math_reward``); graftrl's own training loops own a ``MathVerifier``.
     """
     with _shared_lock:
         verifier = _shared.get(timeout_s)
         if verifier is None:
             verifier = _shared[timeout_s] = MathVerifier(timeout_s=timeout_s)
-    return verifier.score([response], [answer])[0]
+    return verifier
+
+
+def verify_answer(response: str, answer: str, timeout_s: float = 5.0) -> float:
+    """Score one response (1.0/0.0) with the shared verifier of this timeout.
+
+    Convenient for scripts and notebooks; training loops should own a ``MathVerifier`` and
+    call ``score`` on whole batches.
+    """
+    return shared_verifier(timeout_s).score([response], [answer])[0]
 
 
 @atexit.register

@@ -1,19 +1,18 @@
 """GRAFT inside TRL: record a GRPOTrainer run as a stored peer; train with GRAFT from stored peers.
 
-Two steps (docs/trl.md)::
+Two steps, runnable as written in the README ("From TRL") and explained in docs/trl.md:
 
-    from graftrl.integrations.trl import GraftGRPOConfig, GraftGRPOTrainer, RecordingGRPOTrainer
+1. ``RecordingGRPOTrainer(..., reward_funcs=math_reward, record_store=DIR, record_source=NAME)``:
+   any TRL GRPO run, written into graftrl's trajectory store;
+2. ``GraftGRPOTrainer(..., reward_funcs=math_reward, args=GraftGRPOConfig(...),
+   peer_stores=[StoredPeer(DIR, source=NAME)])``: GRAFT from the stored peer (its model is never
+   loaded).
 
-    # 1. record: any TRL GRPO run, written into graftrl's trajectory store
-    RecordingGRPOTrainer(model=peer, reward_funcs=verify, args=GRPOConfig(...),
-                         train_dataset=data, record_store="peer-store", record_source="peer").train()
-    # 2. replay: GRAFT from the stored peer (its model is never loaded)
-    GraftGRPOTrainer(model=receiver, reward_funcs=verify, args=GraftGRPOConfig(...),
-                     train_dataset=data, peer_stores=["peer-store"]).train()
-
-Stores written here are read by ``graftrl train`` (``peers:``) and vice versa. This package
-imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and ``RecordingGRPOTrainer`` import
-TRL when first used (``pip install 'graftrl[trl]'``).
+``math_reward`` is the 0/1 verifier reward ``graftrl train`` gives (the last ``\\boxed{}`` against
+the dataset's ``answer`` column). Stores written here are read by ``graftrl train`` (``peers:``)
+and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and
+``RecordingGRPOTrainer`` import TRL when first used (``bash scripts/setup_trl.sh``, or
+``pip install -e '.[trl]'`` from a clone).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from graftrl.integrations.trl.peers import (
     prompt_id_of,
 )
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
+from graftrl.integrations.trl.rewards import math_reward
 from graftrl.training.trajectories import peer_groups
 
 _NEED_TRL = ("GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer", "graft_method")
@@ -44,6 +44,7 @@ __all__ = [
     "TRLIntegrationError",
     "TRLUnavailableError",
     "graft_exchange",
+    "math_reward",
     "peer_groups",
     "peer_last_order",
     "prompt_hash",

@@ -8,7 +8,7 @@ from typing import Any
 
 from graftrl.errors import UserError
 
-INSTALL_HINT = "pip install 'graftrl[trl]'"
+INSTALL_HINT = "bash scripts/setup_trl.sh (or pip install -e '.[trl]' in a graftrl clone)"
 UNTESTED_ENV = "GRAFTRL_TRL_UNTESTED"
 """Set to 1 to run on a TRL outside the tested range (the integration overrides TRL internals)."""
 
