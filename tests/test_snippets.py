@@ -51,6 +51,10 @@ SNIPPETS = {
     "own-probe": "default",
     "own-compare": "slow",
     "graft-usage": "default",
+    "pair-embedded": "slow",
+    "pair-probe": "slow",
+    "pair-compare": "slow",
+    "pair-analyze": "slow",
     "trl": "trl",
 }
 """Every snippet name the docs may use, with the tier of the test that runs it."""
@@ -330,6 +334,65 @@ def test_snippet_graft_usage(my_pair):
         == "success_only"
     )
     assert (runs / "graft" / "analysis" / "analysis.md").is_file()
+
+
+# ----- slow tier: docs/your-pair.md's walk-through, as written, in one scratch folder -----------------
+
+WALKTHROUGH = ("pair-embedded", "pair-probe", "pair-compare", "pair-analyze")
+"""docs/your-pair.md's blocks in page order: each reads what the one before wrote."""
+
+
+@pytest.fixture(scope="module")
+def walkthrough(tmp_path_factory) -> tuple[Path, dict[str, list[str]]]:
+    """Run the walk-through's blocks in order in a scratch folder (the default model cache, as
+    written); returns the folder and each block's outputs."""
+    folder = tmp_path_factory.mktemp("walkthrough")
+    here = Path.cwd()
+    os.chdir(folder)
+    try:
+        outputs = {name: run_commands(name) for name in WALKTHROUGH}
+    finally:
+        os.chdir(here)
+    return folder, outputs
+
+
+@pytest.mark.slow
+def test_snippet_pair_embedded(walkthrough):
+    folder, outputs = walkthrough
+    pair = folder / "runs" / "pair"
+    assert yaml.safe_load((pair / "config.yaml").read_text())["data"]["train"] == str(pair / "train.jsonl")
+    assert len((pair / "heldout.jsonl").read_text().splitlines()) == 256
+    assert "next: graftrl compare --base" in outputs["pair-embedded"][0]
+
+
+@pytest.mark.slow
+def test_snippet_pair_probe(walkthrough):
+    from graftrl.reporting.probe import recount
+
+    probe = walkthrough[0] / "runs" / "pair-probe"
+    written = json.loads((probe / "probe.json").read_text())
+    assert written["probe"]["prompts"] == 256 and len(written["pairs"]) == 2
+    assert sum(p["moved"]["groups"] for p in written["pairs"]) > 0  # --set method=graft: GRAFT's plan
+    assert recount(probe) == written
+    assert sorted(p.name for p in probe.glob("s_*.png")) == [
+        "s_gpt2-bpe_to_llama-char.png",
+        "s_llama-char_to_gpt2-bpe.png",
+    ]
+
+
+@pytest.mark.slow
+def test_snippet_pair_compare(walkthrough):
+    report = (walkthrough[0] / "runs" / "pair-smoke" / "report.md").read_text()
+    assert "paired Δ heldout" in report
+    assert {"graft-seed0", "graft-seed1", "grpo-seed0", "grpo-seed1"} <= {
+        p.name for p in (walkthrough[0] / "runs" / "pair-smoke" / "runs").iterdir()
+    }
+
+
+@pytest.mark.slow
+def test_snippet_pair_analyze(walkthrough):
+    analysis = walkthrough[0] / "runs" / "pair-smoke" / "runs" / "graft-seed0" / "analysis" / "analysis.md"
+    assert "complementarity" in analysis.read_text().lower()
 
 
 # ----- trl tier: the README's TRL snippet, in .venv-trl ------------------------------------------
