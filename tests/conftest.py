@@ -205,9 +205,10 @@ def write_sums(path: Path, count: int, seed: int, prefix: str, top: int = 2) -> 
 
 
 def build_qwen2_llama_pair(root: Path) -> dict[str, Path]:
-    """A real pair of different architectures and tokenizers, trained here: a Qwen2 with a byte-level
-    BPE (loaded back as transformers' Qwen2Tokenizer) and a Llama with a Unigram / Metaspace
-    tokenizer (SentencePiece-style), hidden 32, 2 layers, random init, saved with save_pretrained."""
+    """A real pair of different architectures and tokenizers, built here: a Qwen2 with a byte-level
+    BPE trained here (loaded back as transformers' Qwen2Tokenizer) and a Llama with a Unigram /
+    Metaspace tokenizer (SentencePiece-style, a fixed vocabulary), hidden 32, 2 layers, random init,
+    saved with save_pretrained."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
         LlamaConfig,
@@ -230,15 +231,18 @@ def build_qwen2_llama_pair(root: Path) -> dict[str, Path]:
             vocab_size=300, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
         ),
     )
-    unigram = Tokenizer(models.Unigram())
+    # A SentencePiece-style Unigram with a fixed vocabulary: the tokenizers library's Unigram
+    # trainer gives another vocabulary in every process, and with it other samples.
+    words = ["▁Q:", "▁A:", "▁the", "▁sum", "▁is", "▁\\boxed{", "}", "+", "="]
+    chars = sorted(set("".join(corpus).replace(" ", "")) | {"▁"})
+    vocab = (
+        [(s, 0.0) for s in specials]
+        + [(w, -2.0) for w in words]
+        + [(c, -5.0) for c in chars if c not in words]
+    )
+    unigram = Tokenizer(models.Unigram(vocab, unk_id=specials.index("<unk>")))
     unigram.pre_tokenizer = pre_tokenizers.Metaspace()
     unigram.decoder = decoders.Metaspace()
-    unigram.train_from_iterator(
-        corpus,
-        trainers.UnigramTrainer(
-            vocab_size=120, special_tokens=specials, unk_token="<unk>", show_progress=False
-        ),
-    )
     paths = {}
     for name, tok, config_class, model_class in (
         ("qwen", bpe, Qwen2Config, Qwen2ForCausalLM),

@@ -59,6 +59,8 @@ def train(
             trainer = Trainer(cfg, run_dir)
         except FileNotFoundError as error:  # a model or data path
             raise ConfigError(str(error)) from None
+        if resume and not force:
+            trainer.checkpoints.check_identity()  # refused before the note (train repeats it, cheaply)
         thread_note()
         trainer.train(resume=resume, force=force)
     console.print(f"run written to {run_dir}")
@@ -87,8 +89,9 @@ def probe(
     overrides = [*(set_ or []), *([f"seed={seed}"] if seed is not None else [])]
     cfg = load_config(config, overrides)
     folder = out or Path("runs") / "probe" / config.stem
-    thread_note()
-    result = run_probe(cfg, folder, prompts, config_path=str(config), progress=cfg.logging.progress)
+    result = run_probe(
+        cfg, folder, prompts, config_path=str(config), progress=cfg.logging.progress, on_checked=thread_note
+    )
     console.print(result.folder.report.read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {result.folder.json}, {result.folder.report} and {len(result.plots)} plots")
 

@@ -29,9 +29,8 @@ from graftrl.console import TaskBars
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.task import DEFAULT_TASK, get_task
 from graftrl.storage.data import MathProblem
+from graftrl.storage.rundir import BaseConfigDir
 
-CONFIG_NAME, TRAIN_NAME, HELDOUT_NAME = "config.yaml", "train.jsonl", "heldout.jsonl"
-"""The files ``write_embedded_base`` writes into its folder."""
 HELDOUT = "heldout"
 """The benchmark name of the embedded task's held-out problems."""
 DEFAULT_CACHE = Path.home() / ".cache" / "graftrl" / "embedded"
@@ -169,17 +168,15 @@ def write_embedded_base(
     if pin_dir is not None and pinned is None:
         paths = pin_models(paths, pin_dir)
         console.print(f"models pinned in {pin_dir}: this experiment starts from them on any machine")
-    folder = folder.resolve()
+    files = BaseConfigDir(folder.resolve())
     train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=task)
-    write_problems(train, folder / TRAIN_NAME)
-    write_problems(heldout, folder / HELDOUT_NAME)
+    write_problems(train, files.train)
+    write_problems(heldout, files.heldout)
     models = {name: Path(path).resolve() for name, path in paths.items()}
-    config = demo_config(models, folder / TRAIN_NAME, "grpo", 0, settings)
-    _write_atomic(folder / CONFIG_NAME, yaml.safe_dump(config, sort_keys=False))
+    config = demo_config(models, files.train, "grpo", 0, settings)
+    _write_atomic(files.config, yaml.safe_dump(config, sort_keys=False))
     label = "embedded" if task == "arith" else f"embedded-{task}"
-    return EmbeddedBase(
-        folder / CONFIG_NAME, folder / TRAIN_NAME, folder / HELDOUT_NAME, models, settings, label
-    )
+    return EmbeddedBase(files.config, files.train, files.heldout, models, settings, label)
 
 
 def warm_start_status(info: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ A benchmark *spec* is one of
 - ``ORG/DATASET`` or ``ORG/DATASET:SPLIT`` (optionally ``NAME=ORG/DATASET[:SPLIT]``): any Hugging
   Face dataset with ``problem`` (or ``question``) and ``answer`` fields.
 
-Hub datasets need the optional ``datasets`` package (``pip install 'graftrl[hub]'``), imported
+Hub datasets need the optional ``datasets`` package (``pip install -e '.[hub]'``), imported
 only when a hub benchmark is asked for; local files never need it. Offline (``HF_HUB_OFFLINE`` /
 ``HF_DATASETS_OFFLINE`` set, or a failed download) a hub benchmark raises ``BenchmarkError``
 saying how to pass a local file instead. ``python -m graftrl.evaluation.benchmarks export DIR`` writes the
@@ -238,8 +238,7 @@ def _load_hub(name: str, hub: HubDataset) -> list[MathProblem]:
         import datasets
     except ImportError:
         raise BenchmarkError(
-            f"{where} needs the optional `datasets` package (pip install 'graftrl[hub]'), or "
-            f"{_local_hint(name)}"
+            f"{where} needs the optional `datasets` package (pip install -e '.[hub]'), or {_local_hint(name)}"
         ) from None
     try:
         rows = _hub_rows(datasets, hub)

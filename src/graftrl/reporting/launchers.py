@@ -243,7 +243,7 @@ def _start_ray(config: Any) -> bool:
         import ray
     except ImportError:
         raise CompareError(
-            "--launcher ray needs Ray; install it with `pip install 'graftrl[ray]'`, or use --launcher local"
+            "--launcher ray needs Ray; install it with `pip install -e '.[ray]'`, or use --launcher local"
         ) from None
     if ray.is_initialized():
         return False

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,11 +286,12 @@ def run_probe(
     policies: Sequence[Policy] | None = None,
     verifier: Any = None,
     progress: bool = True,
+    on_checked: Callable[[], None] | None = None,
 ) -> ProbeResult:
     """Probe ``config`` on ``prompts`` of its training prompts and write the folder ``out``.
 
     Everything the user can get wrong is refused before a model loads: the data, ``prompts``,
-    the folder."""
+    the folder; ``on_checked`` is called once they have passed (the CLI's notes)."""
     from graftrl.reporting.probe_report import write_report
 
     config, notes = probe_config(config)
@@ -299,6 +300,8 @@ def run_probe(
     batches = probe_batches(problems, config, prompts)
     folder = ProbeDir(out)
     check_out_folder(folder.root)
+    if on_checked is not None:
+        on_checked()
     for path in (*folder.logs, folder.json, folder.report, *folder.plots()):
         path.unlink(missing_ok=True)  # an earlier probe's: this one's samples start empty
     settings = settings_of(config, config_path, prompts, notes)

@@ -45,14 +45,14 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as error:  # pragma: no cover - depends on the extra
-                raise RuntimeError("logging.tensorboard needs `pip install graftrl[tensorboard]`") from error
+                raise RuntimeError("logging.tensorboard needs `pip install -e '.[tensorboard]'`") from error
             self._tb = SummaryWriter(str(run.tensorboard))
             self._tb.add_text("graftrl/metric_keys", keys_markdown(self.keys), 0)
         if wandb:
             try:
                 import wandb as wandb_module
             except ImportError as error:  # pragma: no cover - depends on the extra
-                raise RuntimeError("logging.wandb needs `pip install graftrl[wandb]`") from error
+                raise RuntimeError("logging.wandb needs `pip install -e '.[wandb]'`") from error
             self._wandb = wandb_module.init(project=wandb_project, dir=str(run.root), config=config)
         self._wandb_defined: set[str] = set()
 

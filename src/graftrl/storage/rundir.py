@@ -179,6 +179,29 @@ class RunDir:
 
 
 @dataclass(frozen=True)
+class BaseConfigDir:
+    """A base config with its problems, as ``graftrl embedded`` writes it (``compare`` without
+    ``--base``: in ``OUT/data``)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def train(self) -> Path:
+        return self.root / "train.jsonl"
+
+    @property
+    def heldout(self) -> Path:
+        return self.root / "heldout.jsonl"
+
+
+@dataclass(frozen=True)
 class ExperimentDir:
     """The output folder of ``graftrl compare`` / ``graftrl demo``: a run folder per (variant, seed)."""
 
@@ -188,12 +211,17 @@ class ExperimentDir:
         object.__setattr__(self, "root", Path(root))
 
     @property
+    def base(self) -> BaseConfigDir:
+        """The embedded base config a compare without ``--base`` writes and trains on."""
+        return BaseConfigDir(self.root / "data")
+
+    @property
     def train_data(self) -> Path:
-        return self.root / "data" / "train.jsonl"
+        return self.base.train
 
     @property
     def heldout_data(self) -> Path:
-        return self.root / "data" / "heldout.jsonl"
+        return self.base.heldout
 
     @property
     def runs(self) -> Path:

@@ -318,7 +318,7 @@ class RayBackend(WorkerGroup):
             import ray
         except ImportError:
             raise RuntimeError(
-                "backend: ray needs Ray; install it with `pip install 'graftrl[ray]'` or set backend: local"
+                "backend: ray needs Ray; install it with `pip install -e '.[ray]'` or set backend: local"
             ) from None
         if policies is not None:
             raise ValueError("backend: ray loads every policy inside its actor from `policies[].path`")
