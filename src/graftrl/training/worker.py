@@ -43,7 +43,7 @@ from graftrl.training.parallel import (
 from graftrl.training.peak_memory import peak_memory_mb, reset_peak_memory
 from graftrl.training.policy_state import load_state, save_state, save_weights
 from graftrl.training.randomness import EXTRA_PROMPT_STREAM, UPDATE_STREAM, step_seed
-from graftrl.training.rows import CompatibilityScores, build_rows
+from graftrl.training.rows import CompatibilityScores, TrainingBatch, build_rows
 from graftrl.training.sampling import PolicyRollout, sample_step, with_suffix
 from graftrl.training.update import NonfiniteGuard, Ranks, optimize
 
@@ -283,32 +283,7 @@ class PolicyWorker:
         ``method_state``: the driver's method state after planning (a worker in another process
         holds its own copy of the method, e.g. HACPO's capability tracker); None when shared.
         """
-        if self._rollout is None:
-            raise RuntimeError(f"policy {self.name!r}: update() before rollout() at step {step}")
-        if method_state is not None:
-            self.method.load_state_dict(method_state)
-        timings: dict[str, float] = {}
-        generator = torch.Generator().manual_seed(
-            step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
-        )
-        # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
-        # minibatch's denominators and every rank's share without communicating.
-        scores = self.config.rollout.tis_cap is not None or (
-            scores_peer_rows(self.method) and any(g.peer and not g.nll for g in plan.groups)
-        )
-        with gathered(self.policy.model) if scores else contextlib.nullcontext():
-            batch = build_rows(
-                step,
-                self._rollout,
-                plan,
-                records,
-                policy=self.policy,
-                method=self.method,
-                config=self.config,
-                generator=generator,
-                timings=timings,
-                contrast=self.rank == 0,  # every rank holds the same rows; rank 0's metrics are the policy's
-            )
+        batch, timings, generator = self._rows(step, plan, records, method_state, None, True, "update")
         info = dict(batch.metrics)
         info.update(
             optimize(
@@ -347,8 +322,35 @@ class PolicyWorker:
         groups re-tokenized, scored in the no-grad pass, weighed and, with ``contrast``, measured,
         with the random draws of ``update`` at this step. ``method``: score with this method's
         rule instead of the worker's own (whose state ``method_state`` is, as in ``update``)."""
+        batch, timings, _ = self._rows(step, plan, records, method_state, method, contrast, "score_peers")
+        method = method or self.method
+        tokens = [len(row.prompt_ids) + len(row.response_ids) for row in batch.rows]
+        scored = [scores_peer_rows(method) and row.peer and not row.nll for row in batch.rows]
+        return PeerScores(
+            {**batch.metrics, **timings},
+            batch.compatibility,
+            batch.group_contrasts,
+            row_tokens=sum(tokens),
+            scored_tokens=sum(t for t, peer in zip(tokens, scored, strict=True) if peer),
+        )
+
+    def _rows(
+        self,
+        step: int,
+        plan: ExchangePlan,
+        records: dict[str, list[TrajectoryRecord]],
+        method_state: dict[str, Any] | None,
+        method: Method | None,
+        contrast: bool,
+        during: str,
+    ) -> tuple[TrainingBatch, dict[str, float], torch.Generator]:
+        """The receiver's rows of this step's plan (``rows.build_rows``) with the step's update
+        generator, as ``update`` and ``score_peers`` (``during``) build them: ``method_state`` is
+        the driver's method state after planning (a worker in another process holds its own copy
+        of the method, e.g. HACPO's capability tracker; None when shared); ``method`` scores with
+        another method's rule than the worker's own."""
         if self._rollout is None:
-            raise RuntimeError(f"policy {self.name!r}: score_peers() before rollout() at step {step}")
+            raise RuntimeError(f"policy {self.name!r}: {during}() before rollout() at step {step}")
         if method_state is not None:
             self.method.load_state_dict(method_state)
         method = method or self.method
@@ -356,6 +358,8 @@ class PolicyWorker:
         generator = torch.Generator().manual_seed(
             step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
         )
+        # Every rank builds all rows (peer scoring on the gathered weights), so each knows every
+        # minibatch's denominators and every rank's share without communicating.
         scores = self.config.rollout.tis_cap is not None or (
             scores_peer_rows(method) and any(g.peer and not g.nll for g in plan.groups)
         )
@@ -370,17 +374,10 @@ class PolicyWorker:
                 config=self.config,
                 generator=generator,
                 timings=timings,
-                contrast=contrast and self.rank == 0,
+                contrast=contrast
+                and self.rank == 0,  # every rank holds the same rows; rank 0's metrics are the policy's
             )
-        tokens = [len(row.prompt_ids) + len(row.response_ids) for row in batch.rows]
-        scored = [scores_peer_rows(method) and row.peer and not row.nll for row in batch.rows]
-        return PeerScores(
-            {**batch.metrics, **timings},
-            batch.compatibility,
-            batch.group_contrasts,
-            row_tokens=sum(tokens),
-            scored_tokens=sum(t for t, peer in zip(tokens, scored, strict=True) if peer),
-        )
+        return batch, timings, generator
 
     # ----- checkpoints and validation ---------------------------------------------------------
     def save(self, folder: str | Path) -> None:
