@@ -142,7 +142,7 @@ def test_missing_datasets_package_and_failed_download(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails
-    with pytest.raises(BenchmarkError, match=r"graftrl\[hub\].*--benchmark AMC23="):
+    with pytest.raises(BenchmarkError, match=r"pip install -e '\.\[hub\]'.*--benchmark AMC23="):
         load_benchmark("AMC23")
 
     def unreachable(*args, **kwargs):
