@@ -146,8 +146,9 @@ def snippet(name: str) -> Block:
 
 
 def commands(block: Block) -> list[list[str]]:
-    """The block's command lines as argument lists (comments dropped)."""
-    return [tokens for line in block.text.splitlines() if (tokens := shlex.split(line, comments=True))]
+    """The block's commands as argument lists (comments dropped; a line ending in ``\\`` continues)."""
+    text = re.sub(r"\\\n", " ", block.text)
+    return [tokens for line in text.splitlines() if (tokens := shlex.split(line, comments=True))]
 
 
 def graftrl(args: list[str]) -> str:
