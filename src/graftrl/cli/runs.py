@@ -59,10 +59,7 @@ def train(
             trainer = Trainer(cfg, run_dir)
         except FileNotFoundError as error:  # a model or data path
             raise ConfigError(str(error)) from None
-        if resume and not force:
-            trainer.checkpoints.check_identity()  # refused before the note (train repeats it, cheaply)
-        thread_note()
-        trainer.train(resume=resume, force=force)
+        trainer.train(resume=resume, force=force, on_checked=thread_note)
     console.print(f"run written to {run_dir}")
 
 

@@ -66,13 +66,17 @@ def checkpoint_step(folder: Path) -> int | None:
 
 
 @dataclass(frozen=True)
-class RunDir:
-    """The paths of one run folder (nothing is created or read by constructing it)."""
+class Folder:
+    """An output folder's paths, built from its root (nothing is created or read by constructing it)."""
 
     root: Path
 
     def __init__(self, root: str | Path) -> None:
         object.__setattr__(self, "root", Path(root))
+
+
+class RunDir(Folder):
+    """The paths of one run folder (nothing is created or read by constructing it)."""
 
     @property
     def config(self) -> Path:
@@ -178,15 +182,9 @@ class RunDir:
         return torn
 
 
-@dataclass(frozen=True)
-class BaseConfigDir:
+class BaseConfigDir(Folder):
     """A base config with its problems, as ``graftrl embedded`` writes it (``compare`` without
     ``--base``: in ``OUT/data``)."""
-
-    root: Path
-
-    def __init__(self, root: str | Path) -> None:
-        object.__setattr__(self, "root", Path(root))
 
     @property
     def config(self) -> Path:
@@ -201,14 +199,8 @@ class BaseConfigDir:
         return self.root / "heldout.jsonl"
 
 
-@dataclass(frozen=True)
-class ExperimentDir:
+class ExperimentDir(Folder):
     """The output folder of ``graftrl compare`` / ``graftrl demo``: a run folder per (variant, seed)."""
-
-    root: Path
-
-    def __init__(self, root: str | Path) -> None:
-        object.__setattr__(self, "root", Path(root))
 
     @property
     def base(self) -> BaseConfigDir:
@@ -262,14 +254,8 @@ def ensure_writable(folder: Path, what: str) -> Path:
     return folder
 
 
-@dataclass(frozen=True)
-class ProbeDir:
+class ProbeDir(Folder):
     """The output folder of ``graftrl probe`` (its files' rows: graftrl.reporting.probe)."""
-
-    root: Path
-
-    def __init__(self, root: str | Path) -> None:
-        object.__setattr__(self, "root", Path(root))
 
     @property
     def samples(self) -> Path:

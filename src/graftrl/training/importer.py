@@ -401,13 +401,7 @@ def _score_lines(
     source_id = tokenizer_id(policy.tokenizer)
     if not lines:
         return source_id
-    missing_prompt = [line for line in lines if line.prompt_text is None]
-    if missing_prompt:
-        raise StoreError(
-            f"{missing_prompt[0].where}: field 'prompt' is missing; scoring a response with --model needs the "
-            "prompt text it answered (the text the --template is applied to)"
-        )
-    try:
+    try:  # every line has its prompt text (``_check_fit``)
         prompts = policy.encode_prompts([line.prompt_text or "" for line in lines])
     except (KeyError, IndexError, ValueError) as error:
         raise StoreError(

@@ -148,19 +148,24 @@ class Trainer:
         return self._peer_verifier
 
     # ----- the loop -----------------------------------------------------------------------
-    def train(self, resume: bool = False, force: bool = False) -> None:
+    def train(
+        self, resume: bool = False, force: bool = False, on_checked: Callable[[], None] | None = None
+    ) -> None:
         """Run the remaining steps, holding the run folder's lock (RunLockError if another process does).
 
         ``resume``: continue from the newest intact checkpoint (see ``resume``); ``force``: even
         when the config changes the run's identity (seed, method, n, policies, data).
+        ``on_checked``: called once a resume's identity check has passed (the CLI's notes).
         """
         with hold_run_lock(self.run_dir):
-            self._train(resume, force)
+            self._train(resume, force, on_checked)
 
-    def _train(self, resume: bool, force: bool) -> None:
+    def _train(self, resume: bool, force: bool, on_checked: Callable[[], None] | None) -> None:
         clear_interrupt()  # an interrupt from before this run (same process) is not this run's
         if resume and not force:
             self.checkpoints.check_identity()  # before config.yaml is replaced
+        if on_checked is not None:
+            on_checked()
         logging = self.config.logging
         self.logger = MetricsLogger(
             self.run_dir,
