@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graftrl.errors import ModelError
+from graftrl.errors import CheckpointError, ModelError
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
 """Float attributes of a module whose names end so are dropout probabilities read at forward time
@@ -160,6 +160,35 @@ def load_causal_lm(
         if isinstance(error, ImportError):
             raise
         raise load_failure(name, path, "a causal LM (config.json + *.safetensors)", error) from None
+
+
+def checkpoint_weights(model: torch.nn.Module, folder: Path) -> dict[str, torch.Tensor]:
+    """A ``save_pretrained`` folder's weights on CPU under the names of ``model``'s own state dict.
+
+    Read by transformers' own loading, not by the file's raw keys: ``save_pretrained`` writes the
+    architecture's on-disk layout, which differs from the model in memory wherever transformers
+    renames or regroups weights on load (GPT-NeoX's ``embed_out`` is ``lm_head``; a mixture of
+    experts stores one tensor per expert and stacks them). Loaded in the dtype of ``model``'s
+    parameters, which ``save_pretrained`` kept, so the values are the saved bits. A checkpoint
+    that does not fit the architecture (a missing, unexpected or reshaped weight) is refused in
+    one line rather than loaded with transformers' random init for the gaps."""
+    dtype = next(model.parameters()).dtype
+    loaded, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
+    problems = [
+        f"{what} {', '.join(sorted(keys)[:3])}{' ...' if len(keys) > 3 else ''}"
+        for what, keys in (
+            ("missing", info["missing_keys"]),
+            ("unexpected", info["unexpected_keys"]),
+            ("reshaped", {key[0] for key in info["mismatched_keys"]}),
+        )
+        if keys
+    ]
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {folder}: its weights do not fit the {type(loaded).__name__} they load into "
+            f"({'; '.join(problems)}); resume with the model the run was trained from"
+        )
+    return {name: value.detach() for name, value in loaded.state_dict().items()}
 
 
 def is_out_of_memory(error: BaseException) -> bool:

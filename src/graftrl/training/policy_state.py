@@ -9,7 +9,6 @@ folder that evaluation reads. A checkpoint of either kind loads into either layo
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from graftrl.errors import CheckpointError
+from graftrl.models.model_loading import checkpoint_weights
 from graftrl.models.policy import Policy
 from graftrl.training.parallel import full_state_dict
 from graftrl.training.update import NonfiniteGuard, Ranks
@@ -114,26 +115,21 @@ def restore_update_state(policy: Policy, path: Path, guard: NonfiniteGuard) -> N
         p.grad = torch.zeros_like(p) if name in held else None
 
 
-def _plain_weights(folder: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    weights: dict[str, Tensor] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(str(shard), device="cpu"))
-    return weights
-
-
-def _check_keys(policy: Policy, folder: Path, missing: Sequence[str], unexpected: Sequence[str]) -> None:
-    # Tied embeddings are saved once; anything else missing is a broken checkpoint.
-    tied = set(getattr(policy.model, "_tied_weights_keys", None) or [])
-    if unexpected or (set(missing) - tied):
-        raise RuntimeError(f"checkpoint {folder}: missing {missing}, unexpected {unexpected}")
+def _check_keys(policy: Policy, folder: Path, weights: dict[str, Tensor]) -> None:
+    # checkpoint_weights already names the model's own keys; a sharded model's must match too.
+    expected = set(policy.model.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {folder}: its weights do not fit the model (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}); resume with the model the run was trained from"
+        )
 
 
 def _load_plain(policy: Policy, folder: Path) -> None:
-    weights = {k: v.to(policy.device) for k, v in _plain_weights(folder).items()}
-    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
-    _check_keys(policy, folder, missing, unexpected)
+    weights = checkpoint_weights(policy.model, folder)
+    _check_keys(policy, folder, weights)
+    policy.model.load_state_dict(weights)
     assert policy.optimizer is not None
     policy.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
 
@@ -142,12 +138,9 @@ def _load_plain_into_shards(policy: Policy, folder: Path) -> None:
     """A one-device checkpoint (safetensors + optimizer.pt) into this run's shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    weights = _plain_weights(folder)
+    weights = checkpoint_weights(policy.model, folder)
+    _check_keys(policy, folder, weights)
     names = [name for name, _ in policy.model.named_parameters()]
-    expected = policy.model.state_dict().keys()
-    _check_keys(
-        policy, folder, [k for k in expected if k not in weights], [k for k in weights if k not in expected]
-    )
     # optimizer.pt numbers parameters in model.parameters() order; DCP names them.
     raw = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
     optimizer_state = {

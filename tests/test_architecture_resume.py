@@ -1,0 +1,84 @@
+"""Checkpoints round-trip on every architecture transformers loads (issue 46).
+
+transformers 5 renames and regroups weights between a checkpoint on disk and the model in memory
+(GPT-NeoX's ``embed_out`` is ``lm_head``; a mixture of experts stores one tensor per expert and
+stacks them in memory). A resume reads the checkpoint back through transformers' own loading, so
+2 steps + ``--resume`` to 4 equal 4 straight steps, bit for bit, on each architecture of
+``tests/architectures.py``: the default tier resumes ``DEFAULT_TIER``, the slow tier all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from architectures import ARCHITECTURES, DEFAULT_TIER, build_architecture
+from conftest import FIXTURES, ScriptedRewards, comparable_metrics, weights_of
+
+from graftrl.config import config_from_dict
+from graftrl.training.trainer import Trainer
+
+MIXED = [[[1, 0], [0, 1]]]
+"""Every group mixed on every step: each step trains every row (real updates to compare)."""
+
+
+def one_policy_config(path: Path, steps: int) -> dict:
+    """GRPO on one tiny policy: 2 prompts x 2 samples of 4 tokens a step, a checkpoint each step."""
+    return {
+        "method": "grpo",
+        "seed": 3,
+        "policies": [{"name": "policy", "path": str(path), "template": "{problem}="}],
+        "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
+        "rollout": {"n": 2, "max_new_tokens": 4},
+        "train": {"steps": steps, "batch_prompts": 2, "minibatch_prompts": 1, "micro_batch_size": 4},
+        "optim": {"lr": 1e-2},
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "logging": {"progress": False},
+    }
+
+
+def optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    policy = trainer.policies[0]
+    return {
+        f"{index}.{key}": value
+        for index, state in policy.optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
+
+
+def assert_resume_is_exact(model: Path, runs: Path) -> None:
+    """4 straight steps == 2 steps, then a resumed process to 4: weights, AdamW state, metrics."""
+    full = Trainer(
+        config_from_dict(one_policy_config(model, 4)), runs / "full", verifier=ScriptedRewards(MIXED)
+    )
+    full.train()
+    cut = runs / "cut"
+    Trainer(config_from_dict(one_policy_config(model, 2)), cut, verifier=ScriptedRewards(MIXED)).train()
+    resumed = Trainer(config_from_dict(one_policy_config(model, 4)), cut, verifier=ScriptedRewards(MIXED))
+    resumed.train(resume=True)
+    assert resumed.start_step == 2
+    start = Trainer(
+        config_from_dict(one_policy_config(model, 4)), runs / "start", verifier=ScriptedRewards(MIXED)
+    )
+    for expected, got in (
+        (weights_of(full), weights_of(resumed)),
+        (optimizer_state(full), optimizer_state(resumed)),
+    ):
+        assert expected.keys() == got.keys()
+        assert [k for k in expected if not torch.equal(expected[k], got[k])] == []
+    assert any(not torch.equal(v, weights_of(full)[k]) for k, v in weights_of(start).items()), (
+        "nothing trained"
+    )
+    assert comparable_metrics(runs / "full") == comparable_metrics(cut)
+    for trainer in (full, resumed, start):
+        trainer.close()
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [pytest.param(name, marks=() if name in DEFAULT_TIER else pytest.mark.slow) for name in ARCHITECTURES],
+)
+def test_resume_is_exact_on_every_architecture(model_type, tmp_path):
+    model = build_architecture(model_type, tmp_path / model_type)
+    assert_resume_is_exact(model, tmp_path / "runs")
