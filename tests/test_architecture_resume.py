@@ -82,3 +82,43 @@ def assert_resume_is_exact(model: Path, runs: Path) -> None:
 def test_resume_is_exact_on_every_architecture(model_type, tmp_path):
     model = build_architecture(model_type, tmp_path / model_type)
     assert_resume_is_exact(model, tmp_path / "runs")
+
+
+def test_a_compare_cell_continues_exactly_on_gpt_neox(tmp_path):
+    """compare continues an interrupted cell from its last checkpoint by the same loading: the
+    continued cell's rows are the uninterrupted cell's."""
+    import io
+    import shutil
+
+    from conftest import TextRewards, task_of
+    from rich.console import Console
+
+    from graftrl.embedded.base import DemoSettings
+    from graftrl.reporting.cells import run_cell
+    from graftrl.reporting.matrix import Variant
+    from graftrl.reporting.provenance import results_provenance
+    from graftrl.storage.data import load_problems
+
+    model = build_architecture("gpt_neox", tmp_path / "gpt_neox")
+    base = one_policy_config(model, 2)
+    del base["method"], base["seed"]
+    settings = DemoSettings(steps=2, batch_prompts=2, minibatch_prompts=1, n=2, n_eval=2, eval_samples=2)
+    problems = load_problems(FIXTURES / "math_small.jsonl")[:2]
+    task = task_of(base, problems, settings, results_provenance({"policy": model}))
+    variant, output = Variant("grpo", "grpo"), io.StringIO()
+
+    def cell(out: Path) -> tuple[dict, bool]:
+        return run_cell(task, variant, 0, None, out, lambda reward: TextRewards(), Console(file=output))
+
+    control, _ = cell(tmp_path / "control")
+    shutil.copytree(tmp_path / "control", tmp_path / "cut")
+    run = tmp_path / "cut" / "runs" / "grpo-seed0"
+    (run / "done.json").unlink()  # killed after step 1's checkpoint: no marker, no step 2
+    shutil.rmtree(run / "checkpoints" / "step_000002")
+    continued, ran = cell(tmp_path / "cut")
+    assert ran and "grpo seed 0: continuing from its last checkpoint" in output.getvalue()
+
+    def measured_apart(done: dict) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in done["rows"]]
+
+    assert measured_apart(continued) == measured_apart(control)
