@@ -122,3 +122,22 @@ def test_a_compare_cell_continues_exactly_on_gpt_neox(tmp_path):
         return [{k: v for k, v in row.items() if k != "wall_s"} for row in done["rows"]]
 
     assert measured_apart(continued) == measured_apart(control)
+
+
+def test_checkpoints_keep_the_tokenizer_as_it_was_loaded(tmp_path):
+    """A tokenizer without a pad token is padded with its eos in memory; a checkpoint does not
+    write that pad token into its tokenizer files (each load lends it again, so the resume and a
+    checkpoint loaded by path pad as the run did)."""
+    from transformers import AutoTokenizer
+
+    from graftrl.models.policy import Policy
+
+    model = build_architecture("gpt_neox", tmp_path / "no-pad", pad_token=False)
+    assert_resume_is_exact(model, tmp_path / "runs")
+    checkpoint = tmp_path / "runs" / "cut" / "checkpoints" / "step_000004" / "policy"
+    AutoTokenizer.from_pretrained(model).save_pretrained(tmp_path / "resaved")  # transformers' own re-save
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        assert (checkpoint / name).read_text() == (tmp_path / "resaved" / name).read_text(), name
+    assert AutoTokenizer.from_pretrained(checkpoint).pad_token is None
+    loaded = Policy.from_pretrained("policy", str(checkpoint), device="cpu").tokenizer
+    assert loaded.pad_token_id == loaded.eos_token_id

@@ -116,7 +116,9 @@ class Policy:
                 "end); set `eos_token` in its tokenizer_config.json, or tokenizer.eos_token = ... and "
                 "save_pretrained"
             )
-        if tokenizer.pad_token_id is None:
+        self._lent_pad = tokenizer.pad_token_id is None
+        """The tokenizer has no pad token: graftrl pads with its eos, and saves it without one."""
+        if self._lent_pad:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
@@ -365,7 +367,7 @@ class Policy:
 
         model = copy.deepcopy(self.model).eval()
         model.requires_grad_(False)
-        return Policy(
+        copy_policy = Policy(
             f"{self.name}-reference",
             model,
             self.tokenizer,
@@ -377,11 +379,26 @@ class Policy:
             micro_batch_tokens=self.micro_batch_tokens,
             logprob_chunk_tokens=self.logprob_chunk_tokens,
         )
+        copy_policy._lent_pad = self._lent_pad
+        return copy_policy
 
     # ----- checkpoint ---------------------------------------------------------------------
     def save(self, directory: str) -> None:
         self.model.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        self.save_tokenizer(directory)
+
+    def save_tokenizer(self, directory: str) -> None:
+        """The tokenizer as it was loaded: the eos that pads a tokenizer without a pad token is
+        not written into the folder (every load lends it again), so a checkpoint's tokenizer files
+        are the starting folder's."""
+        if not self._lent_pad:
+            self.tokenizer.save_pretrained(directory)
+            return
+        self.tokenizer.pad_token = None
+        try:
+            self.tokenizer.save_pretrained(directory)
+        finally:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed-precision context for forward passes (a no-op without a compute dtype)."""

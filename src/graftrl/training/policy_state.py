@@ -63,7 +63,7 @@ def save_weights(policy: Policy, folder: str | Path, ranks: Ranks) -> None:
     if ranks.rank == 0:
         model = policy.model
         model.save_pretrained(str(folder), state_dict=weights)
-        policy.tokenizer.save_pretrained(str(folder))
+        policy.save_tokenizer(str(folder))
         # The sharded model's class is FSDP<Name>; the folder names the plain architecture.
         config_file = Path(folder) / "config.json"
         config = json.loads(config_file.read_text())
