@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from conftest import FIXTURES
 
 MOE = {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
 """Mixture-of-experts sizes (each config reads the names it knows)."""
@@ -91,3 +92,22 @@ def build_architecture(model_type: str, folder: Path, pad_token: bool = True) ->
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+MIXED = [[[1, 0], [0, 1]]]
+"""Every group mixed on every step: each step trains every row (real updates to compare)."""
+
+
+def one_policy_config(path: Path, steps: int) -> dict:
+    """GRPO on one tiny policy: 2 prompts x 2 samples of 4 tokens a step, a checkpoint each step."""
+    return {
+        "method": "grpo",
+        "seed": 3,
+        "policies": [{"name": "policy", "path": str(path), "template": "{problem}="}],
+        "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
+        "rollout": {"n": 2, "max_new_tokens": 4},
+        "train": {"steps": steps, "batch_prompts": 2, "minibatch_prompts": 1, "micro_batch_size": 4},
+        "optim": {"lr": 1e-2},
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "logging": {"progress": False},
+    }

@@ -13,29 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, DEFAULT_TIER, build_architecture
+from architectures import ARCHITECTURES, DEFAULT_TIER, MIXED, build_architecture, one_policy_config
 from conftest import FIXTURES, ScriptedRewards, comparable_metrics, weights_of
 
 from graftrl.config import config_from_dict
 from graftrl.training.trainer import Trainer
-
-MIXED = [[[1, 0], [0, 1]]]
-"""Every group mixed on every step: each step trains every row (real updates to compare)."""
-
-
-def one_policy_config(path: Path, steps: int) -> dict:
-    """GRPO on one tiny policy: 2 prompts x 2 samples of 4 tokens a step, a checkpoint each step."""
-    return {
-        "method": "grpo",
-        "seed": 3,
-        "policies": [{"name": "policy", "path": str(path), "template": "{problem}="}],
-        "data": {"train": str(FIXTURES / "math_small.jsonl"), "prompt_suffix": None},
-        "rollout": {"n": 2, "max_new_tokens": 4},
-        "train": {"steps": steps, "batch_prompts": 2, "minibatch_prompts": 1, "micro_batch_size": 4},
-        "optim": {"lr": 1e-2},
-        "checkpoint": {"every": 1, "keep_last": 2},
-        "logging": {"progress": False},
-    }
 
 
 def optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:

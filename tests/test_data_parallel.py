@@ -318,3 +318,40 @@ def test_a_killed_rank_stops_the_run(tiny_checkpoints, tmp_path):
         trainer.train()
     assert all(not p.is_alive() for p in processes)
     assert "exited with code -9" in (tmp_path / "errors.log").read_text()
+
+
+@pytest.mark.distributed
+def test_gpt_neox_checkpoints_resume_into_and_from_shards(tmp_path):
+    """GPT-NeoX's head is ``embed_out`` on disk and ``lm_head`` in memory: a one-device checkpoint
+    loads into 2 ranks' shards, and a 2-rank run resumes from its DCP checkpoint, through the same
+    transformers loading (issue 46); both end as the uninterrupted one-rank run."""
+    from architectures import build_architecture, one_policy_config
+
+    model = build_architecture("gpt_neox", tmp_path / "gpt_neox")
+
+    def config(ranks: int, steps: int) -> dict:
+        raw = one_policy_config(model, steps)
+        raw["rollout"] = {"n": 4, "max_new_tokens": 4, "max_batch_size": 4}  # each rank samples one prompt
+        raw["checkpoint"] = {"every": 1, "keep_last": 5}
+        raw["policies"][0]["parallel"] = {"data": ranks}
+        return raw
+
+    def train(ranks: int, steps: int, run: Path, resume: bool = False) -> None:
+        trainer = Trainer(config_from_dict(config(ranks, steps)), run, verifier=TextRewards())
+        trainer.train(resume=resume)
+        trainer.close()
+
+    def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+        return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "policy" / "model.safetensors"))
+
+    train(1, 3, tmp_path / "reference")
+    for before in (1, 2):
+        run = tmp_path / f"from_{before}_rank"
+        train(before, 2, run)
+        train(2, 3, run, resume=True)
+        got, expected = weights(run, 3), weights(tmp_path / "reference", 3)
+        assert got.keys() == expected.keys()
+        for key, value in expected.items():
+            torch.testing.assert_close(got[key], value, atol=WEIGHT_ATOL, rtol=0, msg=key)
+    start = weights(tmp_path / "reference", 1)
+    assert any(not torch.equal(start[k], v) for k, v in weights(tmp_path / "reference", 3).items())
