@@ -729,3 +729,43 @@ def test_untested_trl_version_is_refused(monkeypatch):
         require_trl()
     monkeypatch.setenv(UNTESTED_ENV, "1")
     assert require_trl() is trl
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "mixtral"])
+def test_a_resumed_trl_run_equals_the_straight_one(model_type, tmp_path):
+    """``train(resume_from_checkpoint=...)`` of a recording trainer loads the checkpoint through
+    transformers' loading (transformers' Trainer reads raw keys and leaves GPT-NeoX's head and a
+    mixture's experts as they were): 2 steps + resume to 4 equal 4 straight steps, weights and the
+    recorded store alike."""
+    from architectures import build_architecture
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftrl.integrations.trl import RecordingGRPOTrainer
+
+    model_dir = build_architecture(model_type, tmp_path / model_type)
+    dataset = dataset_of([MathProblem(f"q{i}", f"{i}+{i}", str(2 * i)) for i in range(8)])
+
+    def run(out: Path, steps: int, resume: str | None = None) -> dict[str, torch.Tensor]:
+        args = trl_config(
+            out, per_device_train_batch_size=8, max_steps=steps, max_completion_length=4,
+            learning_rate=1e-2, save_strategy="steps", save_steps=2,
+        )  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        trainer = RecordingGRPOTrainer(
+            model=model, reward_funcs=text_reward, args=args, train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(model_dir), record_store=out / "store",
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    full = run(tmp_path / "full", 4)
+    first = run(tmp_path / "cut", 2)
+    resumed = run(tmp_path / "cut", 4, resume=str(tmp_path / "cut" / "trl" / "checkpoint-2"))
+    assert [k for k in full if not torch.equal(full[k], resumed[k])] == []
+    assert any(not torch.equal(full[k], first[k]) for k in full), "nothing trained after step 2"
+    stores = [TrajectoryStore(tmp_path / run / "store") for run in ("full", "cut")]
+    assert stores[0].steps() == stores[1].steps() == [0, 1, 2, 3]
+    for step in stores[0].steps():
+        assert [r.to_dict() for r in stores[0].read_step(step)] == [
+            r.to_dict() for r in stores[1].read_step(step)
+        ]

@@ -17,6 +17,11 @@ applied) at position ids that skip the left padding, as ``generate`` samples. (T
 passes no position ids, so for an absolute-position model such as GPT-2 its log-probs of a
 left-padded row are not the sampler's; a RoPE model such as Llama gives the same either way.)
 
+**Resuming** (``train(resume_from_checkpoint=...)``) reads the checkpoint's weights through
+transformers' own loading (``checkpoint_weights``), not by the file's raw keys as transformers'
+Trainer does: that leaves the weights transformers renames or regroups on load (GPT-NeoX's head,
+a mixture's experts) at their current values with only a warning.
+
 **Rewards** are the weighted sum of TRL's reward functions and must be 0 or 1 (a verifier's
 correctness): the store keeps verifier rewards and GRAFT moves groups on 0/1 correctness.
 """
@@ -32,6 +37,7 @@ from torch import Tensor
 
 from graftrl.integrations.trl._compat import TRLIntegrationError
 from graftrl.integrations.trl.peers import PROMPT_ID_COLUMN, prompt_id_of, prompt_text
+from graftrl.models.model_loading import checkpoint_weights
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.data import MathProblem
@@ -196,6 +202,28 @@ class RecordTrajectoriesMixin(CaptureRolloutMixin):
         name = getattr(getattr(self.model, "config", None), "name_or_path", "") or "trl"  # type: ignore[attr-defined]
         self.record_source = record_source or Path(str(name)).name or "trl"
         self._record_tokenizer_id = tokenizer_id(self._tokenizer)  # type: ignore[attr-defined]
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """A one-process ``save_pretrained`` checkpoint of a plain transformers model loads through
+        transformers' loading (module docstring); sharded, DeepSpeed and adapter checkpoints, which
+        Trainer reads its own ways, go to Trainer."""
+        from transformers import PreTrainedModel
+
+        model = self.model if model is None else model  # type: ignore[attr-defined]
+        folder = Path(resume_from_checkpoint)
+        plain = any(
+            (folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
+        )
+        wrapped = getattr(self, "is_fsdp_enabled", False) or getattr(self, "is_deepspeed_enabled", False)
+        if (
+            not plain
+            or wrapped
+            or type(model).__name__.startswith("Peft")
+            or not isinstance(model, PreTrainedModel)
+        ):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+            return
+        model.load_state_dict(checkpoint_weights(model, folder))
 
     def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
         batch = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
