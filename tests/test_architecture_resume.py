@@ -123,3 +123,26 @@ def test_checkpoints_keep_the_tokenizer_as_it_was_loaded(tmp_path):
     assert AutoTokenizer.from_pretrained(checkpoint).pad_token is None
     loaded = Policy.from_pretrained("policy", str(checkpoint), device="cpu").tokenizer
     assert loaded.pad_token_id == loaded.eos_token_id
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_refused_in_one_line(tmp_path):
+    """A weight missing from an intact (re-sealed) checkpoint: refused naming the checkpoint and
+    the model's weight, not loaded with transformers' random init in its place."""
+    from safetensors.torch import load_file, save_file
+
+    from graftrl.errors import ModelError
+    from graftrl.storage.checkpoint import write_manifest
+
+    model = build_architecture("gpt_neox", tmp_path / "gpt_neox")
+    run = tmp_path / "run"
+    Trainer(config_from_dict(one_policy_config(model, 1)), run, verifier=ScriptedRewards(MIXED)).train()
+    checkpoint = run / "checkpoints" / "step_000001"
+    weights = load_file(checkpoint / "policy" / "model.safetensors")
+    del weights["embed_out.weight"]
+    save_file(weights, checkpoint / "policy" / "model.safetensors", metadata={"format": "pt"})
+    write_manifest(checkpoint, 1)
+    resumed = Trainer(config_from_dict(one_policy_config(model, 2)), run, verifier=ScriptedRewards(MIXED))
+    with pytest.raises(
+        ModelError, match=r"step_000001/policy: its weights do not fit .*\(missing lm_head\.weight\)"
+    ):
+        resumed.train(resume=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graftrl.errors import CheckpointError, ModelError
+from graftrl.errors import ModelError
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
 """Float attributes of a module whose names end so are dropout probabilities read at forward time
@@ -171,7 +171,8 @@ def checkpoint_weights(model: torch.nn.Module, folder: Path) -> dict[str, torch.
     experts stores one tensor per expert and stacks them). Loaded in the dtype of ``model``'s
     parameters, which ``save_pretrained`` kept, so the values are the saved bits. A checkpoint
     that does not fit the architecture (a missing, unexpected or reshaped weight) is refused in
-    one line rather than loaded with transformers' random init for the gaps."""
+    one line rather than loaded with transformers' random init for the gaps (a ModelError, not a
+    CheckpointError: a resume treats an unverifiable legacy checkpoint that fails so as damaged)."""
     dtype = next(model.parameters()).dtype
     loaded, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, output_loading_info=True)
     problems = [
@@ -184,7 +185,7 @@ def checkpoint_weights(model: torch.nn.Module, folder: Path) -> dict[str, torch.
         if keys
     ]
     if problems:
-        raise CheckpointError(
+        raise ModelError(
             f"checkpoint {folder}: its weights do not fit the {type(loaded).__name__} they load into "
             f"({'; '.join(problems)}); resume with the model the run was trained from"
         )

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from graftrl.errors import CheckpointError
+from graftrl.errors import ModelError
 from graftrl.models.model_loading import checkpoint_weights
 from graftrl.models.policy import Policy
 from graftrl.training.parallel import full_state_dict
@@ -120,7 +120,7 @@ def _check_keys(policy: Policy, folder: Path, weights: dict[str, Tensor]) -> Non
     expected = set(policy.model.state_dict())
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
-        raise CheckpointError(
+        raise ModelError(
             f"checkpoint {folder}: its weights do not fit the model (missing {missing[:3]}, "
             f"unexpected {unexpected[:3]}); resume with the model the run was trained from"
         )
