@@ -145,3 +145,27 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused_in_one_line(tmp_path):
         ModelError, match=r"step_000001/policy: its weights do not fit .*\(missing lm_head\.weight\)"
     ):
         resumed.train(resume=True)
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [pytest.param(name, marks=() if name in DEFAULT_TIER else pytest.mark.slow) for name in ARCHITECTURES],
+)
+def test_the_vllm_engine_gets_the_weights_save_pretrained_writes(model_type, tmp_path):
+    """vLLM loads checkpoint names: a weight sync sends each tensor under the name and in the
+    grouping ``save_pretrained`` writes (not the names in memory, which vLLM refuses for a mixture
+    of experts: no ``mlp.experts.gate_up_proj`` in its Mixtral). Needs no vLLM."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from graftrl.models.rollout_vllm import _checkpoint_names, _unique_tensors
+
+    model = AutoModelForCausalLM.from_pretrained(build_architecture(model_type, tmp_path / "model"))
+    with torch.no_grad():  # distinct values, so a tensor under another's name cannot pass
+        for index, parameter in enumerate(model.parameters()):
+            parameter.add_(index)
+    model.save_pretrained(tmp_path / "saved")
+    on_disk = load_file(tmp_path / "saved" / "model.safetensors")
+    sent = dict(_checkpoint_names(model, _unique_tensors(model)))
+    assert sorted(sent) == sorted(on_disk)
+    assert [name for name, value in on_disk.items() if not torch.equal(sent[name], value)] == []

@@ -123,7 +123,7 @@ def _request_seed(seed: int, prompt: int, sample: int) -> int:
 
 
 def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
-    """The model's state in checkpoint names, each shared (tied) tensor once, as save_pretrained.
+    """The model's state in its own names, each shared (tied) tensor once, as save_pretrained.
 
     A tied ``lm_head.weight`` is the embedding itself: it is sent once, under the embedding's name.
     """
@@ -136,6 +136,18 @@ def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
         seen.add(key)
         out.append((name, tensor.detach()))
     return out
+
+
+def _checkpoint_names(
+    model: torch.nn.Module, weights: Sequence[tuple[str, Tensor]]
+) -> list[tuple[str, Tensor]]:
+    """``weights`` (the model's own names) as ``save_pretrained`` names and groups them, which is
+    what vLLM loads: transformers' reverse of the renames and regrouping it applies on load
+    (GPT-NeoX's ``lm_head`` is ``embed_out`` on disk; a mixture of experts' stacked experts are one
+    tensor per expert). The identity for an architecture transformers loads as it is stored."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return list(revert_weight_conversion(model, dict(weights)).items())
 
 
 def _save_for_engine(policy: Policy, folder: str) -> None:
@@ -154,7 +166,8 @@ def _save_for_engine(policy: Policy, folder: str) -> None:
     config = policy.model.config.to_dict()
     config["architectures"] = [type(policy.model).__name__]
     Path(folder, "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {name: tensor.contiguous() for name, tensor in _unique_tensors(policy.model)}
+    named = _checkpoint_names(policy.model, _unique_tensors(policy.model))
+    tensors = {name: tensor.contiguous() for name, tensor in named}
     save_file(tensors, str(Path(folder, "model.safetensors")), metadata={"format": "pt"})
 
 
@@ -291,13 +304,14 @@ class VLLMRolloutEngine:
 
         vLLM copies the tensors (passed by reference) into its own parameters, in its dtype and
         fused layout. Cached prefixes hold KV computed with the old weights, hence the reset.
-        ``weights``: (checkpoint name, full tensor) pairs, each tied tensor once, when the policy's
-        own model cannot give them (FSDP shards: the caller gathers them on every rank); None: the
+        ``weights``: (the model's own name, full tensor) pairs, each tied tensor once, when the
+        policy's own model cannot give them (FSDP shards: the caller gathers them on every rank); None: the
         policy's model as it is.
         """
         self._check(policy)
-        if weights is None:
-            weights = _unique_tensors(policy.model)
+        weights = _checkpoint_names(
+            policy.model, _unique_tensors(policy.model) if weights is None else weights
+        )
         self._wake()
         with quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
             # layerwise: "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync,
