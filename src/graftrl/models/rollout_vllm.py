@@ -141,10 +141,9 @@ def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
 def _checkpoint_names(
     model: torch.nn.Module, weights: Sequence[tuple[str, Tensor]]
 ) -> list[tuple[str, Tensor]]:
-    """``weights`` (the model's own names) as ``save_pretrained`` names and groups them, which is
-    what vLLM loads: transformers' reverse of the renames and regrouping it applies on load
-    (GPT-NeoX's ``lm_head`` is ``embed_out`` on disk; a mixture of experts' stacked experts are one
-    tensor per expert). The identity for an architecture transformers loads as it is stored."""
+    """``weights`` as ``save_pretrained`` names and groups them (what vLLM loads): transformers'
+    reverse of its load conversions (GPT-NeoX's ``lm_head`` -> ``embed_out``; stacked experts ->
+    one tensor each). The identity for an architecture transformers loads as it is stored."""
     from transformers.core_model_loading import revert_weight_conversion
 
     return list(revert_weight_conversion(model, dict(weights)).items())
