@@ -1,0 +1,242 @@
+"""Served peers (docs/served-peer.md): an OpenAI-compatible endpoint answers the all-fail prompts.
+
+Each step, the prompts on which some co-trained policy failed all n responses (eq. 4's k_B = 0),
+and only those, go to each served peer (``graftrl.models.served``). Its completions are verified
+with the run's reward, get GRPO advantages within their group (eq. 1), and become stored rows of
+source ``peers[].name``: the same ``StoredTrajectory`` rows a stored peer replays, turned into
+records and outcomes by the stored peer's own ``peer_groups``. From there the method treats the
+peer like any other (balancing, eq. 7 from the returned log-probs, gate and cap, token clipping,
+peer-last minibatches). The rows are written to the run's trajectory store, so the run can be
+replayed with the peer as ``source: stored, partial: true``.
+
+A prompt not asked, or asked and not answered (``missing``), has no group: rewards 0, so no
+candidate, and the receiver keeps its own group. What was missing is in the step's metrics
+(``served_missing/<peer>``) and the run's summary; a step's first errors go to the console.
+
+The start-up probe (``ServedPeers.probe``) sends one request as the run will, before any model
+loads, and refuses in one line an endpoint that is down, does not serve the model, or answers
+without n completions with token log-probs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graftrl.core.advantages import grpo_advantages
+from graftrl.methods import GroupOutcomes
+from graftrl.models.served import RequestStats, SamplingRequest, ServedCompletion, ServedPeerClient, ServedPeerError
+from graftrl.storage.data import MathProblem
+from graftrl.storage.records import TrajectoryRecord
+from graftrl.storage.store import StoredTrajectory
+from graftrl.training.randomness import step_seed
+from graftrl.training.sampling import with_suffix
+from graftrl.training.trajectories import peer_groups
+
+SERVED_STREAM = 777_767
+"""The seed stream of served requests (``step_seed(seed, step, SERVED_STREAM) + prompt index``)."""
+
+COST_KEYS = ("prompts", "missing", "requests", "retries", "prompt_tokens", "completion_tokens", "latency_s")
+"""Per-step cost of a served peer, logged as ``served_<key>/<peer>``."""
+
+
+def api_key(peer: Any, environ: Mapping[str, str] | None = None) -> str | None:
+    """The peer's key from the environment variable ``api_key_env`` names (never from the config)."""
+    if not peer.api_key_env:
+        return None
+    value = (os.environ if environ is None else environ).get(peer.api_key_env)
+    if not value:
+        raise ServedPeerError(
+            f"peers[{peer.name}].api_key_env: the environment variable {peer.api_key_env} is not set; "
+            "export it (the key is read from the environment only), or remove api_key_env"
+        )
+    return value
+
+
+def client_of(peer: Any) -> ServedPeerClient:
+    """The client of a ``peers[]`` entry with ``source: served``."""
+    return ServedPeerClient(
+        peer.name,
+        peer.endpoint,
+        peer.model,
+        api_key(peer),
+        concurrency=peer.concurrency,
+        retries=peer.retries,
+        backoff_s=peer.backoff_s,
+        step_timeout_s=peer.timeout_s,
+    )
+
+
+def served_rows(
+    step: int,
+    source: str,
+    problems: Sequence[MathProblem],
+    prompt_texts: Sequence[str],
+    indices: Sequence[int],
+    answers: Sequence[list[ServedCompletion]],
+    rewards: Sequence[Sequence[float]],
+    n: int,
+    tokenizer_id: str,
+    adv_eps: float,
+    adv_std_unbiased: bool,
+) -> list[list[StoredTrajectory]]:
+    """The stored rows of each answered group (``indices``: their prompts' positions in the batch),
+    with GRPO advantages within the group (eq. 1) on ``rewards`` [G][n]."""
+    if not indices:
+        return []
+    advantages = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), adv_eps, adv_std_unbiased)
+    groups = []
+    for g, (p, completions) in enumerate(zip(indices, answers, strict=True)):
+        group = []
+        for i, completion in enumerate(completions):
+            record = TrajectoryRecord(
+                prompt_id=str(problems[p].id),
+                step=int(step),
+                source=source,
+                index=i,
+                response=completion.text,
+                reward=float(rewards[g][i]),
+                advantage=float(advantages[g, i]),
+                mean_logprob=completion.mean_logprob,
+                num_tokens=len(completion.token_logprobs),
+                num_bytes=len(completion.text.encode("utf-8")),
+                finished=completion.finished,
+            )
+            group.append(
+                StoredTrajectory.from_record(
+                    record,
+                    prompt_text=prompt_texts[p],
+                    tokenizer_id=tokenizer_id,
+                    n=n,
+                    group_index=p,
+                    token_logprobs=completion.token_logprobs,
+                    eos_logprob=completion.eos_logprob,
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+@dataclass
+class ServedStep:
+    """One served peer's part of a step."""
+
+    outcomes: GroupOutcomes
+    """[P, n]; prompts without a group (not asked, or missing) have rewards 0 (no candidate)."""
+    records: list[TrajectoryRecord]
+    rows: list[StoredTrajectory]
+    """What the run's trajectory store records."""
+    stats: RequestStats
+    info: dict[str, float] = field(default_factory=dict)
+    """``served_<key>/<peer>`` (COST_KEYS)."""
+
+
+def all_fail_prompts(outcomes: Mapping[str, GroupOutcomes]) -> list[int]:
+    """Prompts on which at least one of ``outcomes``' models failed all n responses (k = 0)."""
+    fails = torch.stack([(o.rewards > 0).sum(dim=-1) == 0 for o in outcomes.values()]).any(dim=0)  # [P]
+    return fails.nonzero().flatten().tolist()
+
+
+class ServedPeers:
+    """The run's served peers: clients, the start-up probe, and each step's groups."""
+
+    def __init__(self, config: Any, peers: Sequence[Any]) -> None:
+        self.config = config
+        self.peers = {peer.name: peer for peer in peers}
+        self.clients = {name: client_of(peer) for name, peer in self.peers.items()}
+        self.totals = {name: RequestStats() for name in self.peers}
+        """Run totals (the run's summary)."""
+        rollout = config.rollout
+        self.sampling = SamplingRequest(rollout.n, rollout.max_new_tokens, rollout.temperature, rollout.top_p)
+
+    def __bool__(self) -> bool:
+        return bool(self.peers)
+
+    def prompt_text(self, problem: MathProblem) -> str:
+        return with_suffix(problem.problem, self.config.data.prompt_suffix)
+
+    def probe(self, problems: Sequence[MathProblem]) -> dict[str, RequestStats]:
+        """One request per peer as the run sends them (the first problem); ServedPeerError (one line)
+        when a peer cannot serve the run. Before any model loads."""
+        out = {}
+        for name, peer in self.peers.items():
+            prompt = peer.template.format(problem=self.prompt_text(problems[0]))
+            _, stats = self.clients[name].probe(prompt, self.sampling, f"peers[{name}]")
+            out[name] = stats
+        return out
+
+    def step(
+        self,
+        step: int,
+        problems: Sequence[MathProblem],
+        outcomes: Mapping[str, GroupOutcomes],
+        verifier: Any,
+    ) -> dict[str, ServedStep]:
+        """Each served peer's groups on the prompts some policy of ``outcomes`` failed entirely."""
+        n = self.sampling.n
+        asked = all_fail_prompts(outcomes)
+        texts = [self.prompt_text(p) for p in problems]
+        seeds = [step_seed(self.config.seed, step, SERVED_STREAM) % 2**31 + p for p in asked]
+        out = {}
+        for name, peer in self.peers.items():
+            prompts = [peer.template.format(problem=texts[p]) for p in asked]
+            answers, stats = self.clients[name].complete(prompts, self.sampling, seeds)
+            got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
+            flat = [c.text for _, a in got for c in a]
+            scores = verifier.score(flat, [str(problems[p].answer) for p, _ in got for _ in range(n)]) if flat else []
+            rewards = [scores[g * n : (g + 1) * n] for g in range(len(got))]
+            groups = served_rows(
+                step,
+                name,
+                problems,
+                texts,
+                [p for p, _ in got],
+                [a for _, a in got],
+                rewards,
+                n,
+                f"served:{peer.model}",
+                self.config.train.adv_eps,
+                self.config.train.adv_std_unbiased,
+            )
+            by_prompt: list[list[StoredTrajectory] | None] = [None] * len(problems)
+            for (p, _), group in zip(got, groups, strict=True):
+                by_prompt[p] = group
+            replayed = peer_groups(by_prompt, n)
+            records = [record for group in replayed.records for record in group or ()]
+            self.totals[name].merge(stats)
+            info = {f"served_{key}/{name}": float(getattr(stats, key)) for key in COST_KEYS}
+            if stats.missing:
+                print(
+                    f"graftrl: step {step}: served peer {name!r} left {stats.missing} of {stats.prompts} "
+                    f"prompts unanswered ({'; '.join(stats.errors[:2])}); their groups stay on the receiver",
+                    file=sys.stderr,
+                )
+            out[name] = ServedStep(replayed.outcomes, records, [row for g in groups for row in g], stats, info)
+        return out
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Run totals per peer (written to the run folder's served_peers.json)."""
+        return {
+            name: {key: float(getattr(stats, key)) for key in COST_KEYS} for name, stats in self.totals.items()
+        }
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
+__all__ = [
+    "COST_KEYS",
+    "ServedPeerError",
+    "ServedPeers",
+    "ServedStep",
+    "all_fail_prompts",
+    "api_key",
+    "client_of",
+    "served_rows",
+]
