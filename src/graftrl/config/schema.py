@@ -349,12 +349,18 @@ class PeerConfig(_Section):
         where = f"peers[{self.name}]"
         if self.source == "stored":
             if not self.path:
-                raise ValueError(f"{where}: a stored peer needs `path` (its store folder), or give an `endpoint`")
+                raise ValueError(
+                    f"{where}: a stored peer needs `path` (its store folder), or give an `endpoint`"
+                )
             return self
         if not self.endpoint or not self.model:
-            raise ValueError(f"{where}: a served peer needs `endpoint` (e.g. http://127.0.0.1:8000/v1) and `model`")
+            raise ValueError(
+                f"{where}: a served peer needs `endpoint` (e.g. http://127.0.0.1:8000/v1) and `model`"
+            )
         if not self.endpoint.startswith(("http://", "https://")):
-            raise ValueError(f"{where}.endpoint: {self.endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+            raise ValueError(
+                f"{where}.endpoint: {self.endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1"
+            )
         if "{problem}" not in self.template:
             raise ValueError(f"{where}.template: {self.template!r} has no {{problem}} placeholder")
         return self

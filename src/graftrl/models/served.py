@@ -175,7 +175,9 @@ class ServedPeerClient:
     # ----- one request ---------------------------------------------------------------------
     def _post(self, path: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         data = json.dumps(payload).encode()
-        request = urllib.request.Request(self.endpoint + path, data=data, headers=self._headers, method="POST")
+        request = urllib.request.Request(
+            self.endpoint + path, data=data, headers=self._headers, method="POST"
+        )
         try:
             with urllib.request.urlopen(request, timeout=max(timeout, 0.05)) as response:
                 return json.loads(response.read())
@@ -206,7 +208,12 @@ class ServedPeerClient:
         return payload
 
     def _ask(
-        self, prompt: str, sampling: SamplingRequest, seed: int | None, deadline: float, stats: RequestStats,
+        self,
+        prompt: str,
+        sampling: SamplingRequest,
+        seed: int | None,
+        deadline: float,
+        stats: RequestStats,
         lock: threading.Lock,
     ) -> list[ServedCompletion]:
         """One prompt's n completions, retried on transient failures until ``deadline``."""
@@ -215,7 +222,9 @@ class ServedPeerClient:
             with lock:
                 stats.requests += 1
             try:
-                body = self._post("/completions", self._payload(prompt, sampling, seed), deadline - time.monotonic())
+                body = self._post(
+                    "/completions", self._payload(prompt, sampling, seed), deadline - time.monotonic()
+                )
                 completions = parse_choices(body, sampling.n)
             except _Transient as error:
                 wait_s = error.retry_after if error.retry_after is not None else self.backoff_s * 2**attempt
@@ -254,11 +263,15 @@ class ServedPeerClient:
         answers: list[list[ServedCompletion] | None] = [None] * len(prompts)
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, timeout=max(deadline - time.monotonic(), 0), return_when=FIRST_COMPLETED)
+            done, pending = wait(
+                pending, timeout=max(deadline - time.monotonic(), 0), return_when=FIRST_COMPLETED
+            )
             if not done:  # the step's timeout: what is still in flight is missing
                 for future in pending:
                     future.cancel()
-                stats.errors.append(f"{len(pending)} prompts unanswered after step_timeout_s {self.step_timeout_s:g}")
+                stats.errors.append(
+                    f"{len(pending)} prompts unanswered after step_timeout_s {self.step_timeout_s:g}"
+                )
                 break
             for future in done:
                 try:
@@ -271,7 +284,9 @@ class ServedPeerClient:
         return answers, stats
 
     # ----- start-up -------------------------------------------------------------------------
-    def probe(self, prompt: str, sampling: SamplingRequest, where: str) -> tuple[list[ServedCompletion], RequestStats]:
+    def probe(
+        self, prompt: str, sampling: SamplingRequest, where: str
+    ) -> tuple[list[ServedCompletion], RequestStats]:
         """One request as the run will send it; ServedPeerError (one line, naming ``where``) when the
         endpoint is unreachable, does not know the model, or answers without n completions with
         token log-probs."""
@@ -286,7 +301,7 @@ class ServedPeerClient:
             ) from None
         except _Refused as error:
             text = str(error)
-            if "HTTP 404" in text or "HTTP 400" in text and "model" in text.lower():
+            if "HTTP 404" in text or ("HTTP 400" in text and "model" in text.lower()):
                 raise ServedPeerError(
                     f"{where}: endpoint {self.endpoint} does not serve model {self.model!r} ({text}); set "
                     f"`model` to a name of {self.endpoint}/models{self._model_names()}"
@@ -296,7 +311,9 @@ class ServedPeerClient:
                     f"{where}: endpoint {self.endpoint} refuses the request ({text}); set the key in the "
                     "environment variable named by `api_key_env`"
                 ) from None
-            raise ServedPeerError(f"{where}: endpoint {self.endpoint} refuses the probe request ({text})") from None
+            raise ServedPeerError(
+                f"{where}: endpoint {self.endpoint} refuses the probe request ({text})"
+            ) from None
         try:
             completions = parse_choices(body, sampling.n)
         except ValueError as error:
@@ -321,7 +338,7 @@ class ServedPeerClient:
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 names = [str(m.get("id")) for m in json.loads(response.read()).get("data", [])]
-        except Exception:  # noqa: BLE001 - only decorates a message
+        except Exception:
             return ""
         return f" (it serves: {', '.join(names)})" if names else ""
 
@@ -334,9 +351,11 @@ def _error_message(error: urllib.error.HTTPError) -> str:
     """``: <the server's message>`` from an OpenAI-style error body, shortened to one line."""
     try:
         body = json.loads(error.read() or b"{}")
-    except Exception:  # noqa: BLE001 - a body that is not JSON has no message to show
+    except Exception:
         return ""
-    message = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
+    message = (
+        body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
+    )
     return f": {' '.join(str(message).split())[:200]}" if message else ""
 
 

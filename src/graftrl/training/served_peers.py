@@ -30,7 +30,13 @@ import torch
 
 from graftrl.core.advantages import grpo_advantages
 from graftrl.methods import GroupOutcomes
-from graftrl.models.served import RequestStats, SamplingRequest, ServedCompletion, ServedPeerClient, ServedPeerError
+from graftrl.models.served import (
+    RequestStats,
+    SamplingRequest,
+    ServedCompletion,
+    ServedPeerClient,
+    ServedPeerError,
+)
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import StoredTrajectory
@@ -136,6 +142,24 @@ class ServedStep:
     """``served_<key>/<peer>`` (COST_KEYS)."""
 
 
+def dense_records(
+    groups: Sequence[list[TrajectoryRecord] | None],
+    problems: Sequence[MathProblem],
+    step: int,
+    source: str,
+    n: int,
+) -> list[TrajectoryRecord]:
+    """[P * n] records, row p * n + i, as the receiver indexes them (``training.rows``); a prompt
+    without a group gets empty placeholders with reward 0 (never a candidate, never trained on)."""
+    out: list[TrajectoryRecord] = []
+    for p, group in enumerate(groups):
+        out += group or [
+            TrajectoryRecord(str(problems[p].id), int(step), source, i, "", 0.0, 0.0, 0.0, 0, 0, False)
+            for i in range(n)
+        ]
+    return out
+
+
 def all_fail_prompts(outcomes: Mapping[str, GroupOutcomes]) -> list[int]:
     """Prompts on which at least one of ``outcomes``' models failed all n responses (k = 0)."""
     fails = torch.stack([(o.rewards > 0).sum(dim=-1) == 0 for o in outcomes.values()]).any(dim=0)  # [P]
@@ -188,7 +212,11 @@ class ServedPeers:
             answers, stats = self.clients[name].complete(prompts, self.sampling, seeds)
             got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
             flat = [c.text for _, a in got for c in a]
-            scores = verifier.score(flat, [str(problems[p].answer) for p, _ in got for _ in range(n)]) if flat else []
+            scores = (
+                verifier.score(flat, [str(problems[p].answer) for p, _ in got for _ in range(n)])
+                if flat
+                else []
+            )
             rewards = [scores[g * n : (g + 1) * n] for g in range(len(got))]
             groups = served_rows(
                 step,
@@ -207,7 +235,7 @@ class ServedPeers:
             for (p, _), group in zip(got, groups, strict=True):
                 by_prompt[p] = group
             replayed = peer_groups(by_prompt, n)
-            records = [record for group in replayed.records for record in group or ()]
+            records = dense_records(replayed.records, problems, step, name, n)
             self.totals[name].merge(stats)
             info = {f"served_{key}/{name}": float(getattr(stats, key)) for key in COST_KEYS}
             if stats.missing:
@@ -216,13 +244,16 @@ class ServedPeers:
                     f"prompts unanswered ({'; '.join(stats.errors[:2])}); their groups stay on the receiver",
                     file=sys.stderr,
                 )
-            out[name] = ServedStep(replayed.outcomes, records, [row for g in groups for row in g], stats, info)
+            out[name] = ServedStep(
+                replayed.outcomes, records, [row for g in groups for row in g], stats, info
+            )
         return out
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Run totals per peer (written to the run folder's served_peers.json)."""
         return {
-            name: {key: float(getattr(stats, key)) for key in COST_KEYS} for name, stats in self.totals.items()
+            name: {key: float(getattr(stats, key)) for key in COST_KEYS}
+            for name, stats in self.totals.items()
         }
 
     def close(self) -> None:
@@ -238,5 +269,6 @@ __all__ = [
     "all_fail_prompts",
     "api_key",
     "client_of",
+    "dense_records",
     "served_rows",
 ]

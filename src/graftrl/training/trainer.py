@@ -41,7 +41,7 @@ from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
-from graftrl.training.served_peers import ServedPeers
+from graftrl.training.served_peers import ServedPeers, dense_records
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
@@ -264,12 +264,16 @@ class Trainer:
         served_rows = []
         # Served peers answer the prompts some policy failed entirely (docs/served-peer.md); they
         # answer no shared batch, so they have no complementarity figure.
-        served_steps = self.served_peers.step(step, problems, outcomes, self.peer_verifier) if self.served_peers else {}
+        served_steps = (
+            self.served_peers.step(step, problems, outcomes, self.peer_verifier) if self.served_peers else {}
+        )
         for name, served in served_steps.items():
             outcomes[name], records[name] = served.outcomes, served.records
             stored_info.update(served.info)
             served_rows += served.rows
-        stored_rows = [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
+        stored_rows = (
+            [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
+        )
         if self.recorder is not None and stored_rows + served_rows:
             self.recorder.write_step(step, stored_rows + served_rows)
         for name, (stored_outcomes, stored_records, changed) in self._stored_peer_groups(
@@ -354,7 +358,7 @@ class Trainer:
             self.config.train.adv_eps,
             self.config.train.adv_std_unbiased,
         )
-        records = [record for group in replayed.records for record in group or ()]
+        records = dense_records(replayed.records, problems, step, peer.name, n)
         return replayed.outcomes, records, float(replayed.reward_changes)
 
     def outcome_metrics(

@@ -1,0 +1,186 @@
+"""Served peers (docs/served-peer.md) on answers recorded from a real vLLM server.
+
+The bodies are vLLM's (tests/fixtures/served, replayed by tests/served_replay.py); the faults
+(429 / 503, no answer in time, a dead server, no log-probs, a wrong n, an unknown model) are what
+a real endpoint does. The live vLLM server is the vllm tier's (tests/test_served_vllm.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TextRewards, make_config
+from served_replay import ReplayServer, dead_url, recorded
+
+from graftrl.config import config_from_dict
+from graftrl.models.served import SamplingRequest, ServedPeerClient, ServedPeerError, parse_choices
+from graftrl.storage.rundir import read_metrics
+from graftrl.storage.store import TrajectoryStore
+from graftrl.training.trainer import Trainer
+
+SAMPLING = SamplingRequest(n=4, max_tokens=8, temperature=1.0, top_p=1.0)
+PROMPT = next(iter(recorded()["completions"]))
+
+
+def served_config(paths, url: str, steps: int = 2, **peer) -> dict:
+    raw = make_config(paths, steps=steps)
+    raw["policies"] = raw["policies"][:1]  # llama trains; gpt2 answers from the endpoint
+    raw["peers"] = [
+        {"name": "gpt2", "endpoint": url, "model": "gpt2", "template": "Q: {problem}\nA: ", **peer}
+    ]
+    return raw
+
+
+def test_parsing_vllm_answers_drops_the_eos_log_prob_of_stopped_completions():
+    body = recorded()["stopping"]
+    completions = parse_choices(body, 48)
+    stopped = [c for c in completions if c.finished]
+    assert stopped and len(stopped) < 48
+    for completion, choice in zip(completions, body["choices"], strict=True):
+        tokens = choice["logprobs"]["token_logprobs"]
+        if completion.finished:  # vLLM lists the EOS token last
+            assert choice["logprobs"]["tokens"][-1] == "<eos>"
+            assert completion.token_logprobs == tuple(tokens[:-1]) and completion.eos_logprob == tokens[-1]
+        else:
+            assert completion.token_logprobs == tuple(tokens) and completion.eos_logprob is None
+        assert completion.text == choice["text"]
+    with pytest.raises(ValueError, match="no token log-probs"):
+        parse_choices(recorded()["no_logprobs"], 4)
+    with pytest.raises(ValueError, match="2 completions for n = 4"):
+        parse_choices(recorded()["two_completions"], 4)
+
+
+@pytest.mark.parametrize(
+    ("mode", "model", "message"),
+    [
+        ("replay", "nope", "does not serve model 'nope'.*it serves: gpt2"),
+        ("no_logprobs", "gpt2", "returned no token log-probs"),
+        ("wrong_n", "gpt2", "returned 2 completions for n = 4"),
+    ],
+)
+def test_the_probe_refuses_an_endpoint_that_cannot_serve_the_run(mode, model, message):
+    with ReplayServer(mode) as server:
+        client = ServedPeerClient("gpt2", server.url, model)
+        with pytest.raises(ServedPeerError, match=message) as error:
+            client.probe(PROMPT, SAMPLING, "peers[gpt2]")
+        assert "\n" not in str(error.value) and str(error.value).startswith("peers[gpt2]")
+        client.close()
+
+
+def test_a_dead_server_is_refused_before_any_model_loads(tiny_checkpoints, tmp_path, monkeypatch):
+    import graftrl.models.memory as memory
+
+    monkeypatch.setattr(
+        memory, "check_before_loading", lambda config: pytest.fail("a model was about to load")
+    )
+    config = config_from_dict(served_config(tiny_checkpoints, dead_url(), retries=0))
+    with pytest.raises(ServedPeerError, match=r"peers\[gpt2\]: endpoint .* gives no answer"):
+        Trainer(config, tmp_path / "run", verifier=TextRewards())
+
+
+def test_429_and_503_are_retried_with_backoff_up_to_the_limit():
+    with ReplayServer(fail=[429, 503]) as server:
+        client = ServedPeerClient("gpt2", server.url, "gpt2", retries=2, backoff_s=0.01)
+        answers, stats = client.complete([PROMPT], SAMPLING, [0])
+        assert answers[0] is not None and len(answers[0]) == 4
+        assert (stats.requests, stats.retries, stats.missing) == (3, 2, 0)
+        assert stats.completion_tokens == recorded()["completions"][PROMPT]["usage"]["completion_tokens"]
+        server.fail = [503, 503, 503]
+        answers, stats = client.complete([PROMPT], SAMPLING, [0])
+        assert answers == [None] and (stats.requests, stats.retries, stats.missing) == (3, 2, 1)
+        assert "HTTP 503" in stats.errors[0]
+        client.close()
+
+
+def test_the_step_timeout_leaves_prompts_missing():
+    with ReplayServer("hang", hang_s=3.0) as server:
+        client = ServedPeerClient("gpt2", server.url, "gpt2", step_timeout_s=0.5)
+        answers, stats = client.complete([PROMPT, PROMPT], SAMPLING)
+        assert answers == [None, None] and stats.missing == 2
+        assert stats.latency_s < 2.0
+        client.close()
+
+
+def test_the_key_is_sent_and_never_logged_or_written(tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    secret = "sk-served-peer-test-4242"
+    monkeypatch.setenv("GRAFT_PEER_KEY", secret)
+    with ReplayServer() as server:
+        raw = served_config(tiny_checkpoints, server.url, steps=1, api_key_env="GRAFT_PEER_KEY")
+        Trainer(config_from_dict(raw), tmp_path / "run", verifier=TextRewards()).train()
+        assert {headers.get("Authorization") for headers, _ in server.requests} == {f"Bearer {secret}"}
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    captured = capsys.readouterr()
+    assert secret not in captured.out + captured.err
+    monkeypatch.delenv("GRAFT_PEER_KEY")
+    with pytest.raises(ServedPeerError, match="GRAFT_PEER_KEY is not set"):
+        Trainer(config_from_dict(raw), tmp_path / "other", verifier=TextRewards())
+
+
+def llama_all_fail(run) -> dict[int, list[str]]:
+    """step -> the prompt ids on which llama failed all n (from its recorded groups)."""
+    store = TrajectoryStore(run / "store")
+    out: dict[int, list[str]] = {}
+    for step in store.steps():
+        groups: dict[str, list[float]] = {}
+        for row in store.read_step(step, token_logprobs=False):
+            if row.source == "llama":
+                groups.setdefault(row.prompt_id, []).append(row.reward)
+        out[step] = sorted(p for p, rewards in groups.items() if not any(rewards))
+    return out
+
+
+def test_a_served_peer_answers_only_all_fail_prompts_and_replays_as_a_stored_peer(tiny_checkpoints, tmp_path):
+    with ReplayServer() as server:
+        raw = served_config(tiny_checkpoints, server.url)
+        raw["store"] = {"record": True}
+        Trainer(config_from_dict(raw), tmp_path / "served", verifier=TextRewards()).train()
+        asked = server.prompts()[1:]  # the first request is the start-up probe
+    store = TrajectoryStore(tmp_path / "served" / "store")
+    fails = llama_all_fail(tmp_path / "served")
+    served = {
+        step: sorted({row.prompt_id for row in store.read_step(step) if row.source == "gpt2"})
+        for step in fails
+    }
+    assert served == fails and sum(map(len, fails.values())) == len(asked) > 0
+    rows = read_metrics(tmp_path / "served")
+    assert [row["served_prompts/gpt2"] for row in rows] == [len(fails[s]) for s in sorted(fails)]
+    assert all(row["served_missing/gpt2"] == 0 and row["served_completion_tokens/gpt2"] > 0 for row in rows)
+    # The same run with the recorded groups as a stored peer: the same plans, s, w and losses.
+    stored = json.loads(json.dumps(raw))
+    stored["peers"] = [{"name": "gpt2", "path": str(tmp_path / "served" / "store"), "partial": True}]
+    stored["store"] = {"record": False}
+    Trainer(config_from_dict(stored), tmp_path / "stored", verifier=TextRewards()).train()
+    replayed = read_metrics(tmp_path / "stored")
+    assert sum(row["peer_responses"] for row in rows) > 0, "the run should graft served groups"
+    skip = ("time_", "memory_", "served_", "stored_", "complementarity/")
+    for a, b in zip(rows, replayed, strict=True):
+        keys = {k for k in b if not k.startswith(skip)}
+        assert {k for k in a if not k.startswith(skip)} == keys
+        for key in keys:
+            if isinstance(a[key], float):
+                assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+            else:
+                assert a[key] == b[key], key
+    compat = [
+        (tmp_path / run / "compatibility.jsonl").read_text().splitlines() for run in ("served", "stored")
+    ]
+    assert [json.loads(line) for line in compat[0]] == [json.loads(line) for line in compat[1]]
+
+
+def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(
+    tiny_checkpoints, tmp_path, capsys
+):
+    server = ReplayServer().__enter__()
+    raw = served_config(tiny_checkpoints, server.url, steps=2, retries=1, backoff_s=0.01)
+    trainer = Trainer(config_from_dict(raw), tmp_path / "run", verifier=TextRewards())
+    server.stop()  # after the probe: every step's requests go unanswered
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    assert all(row["served_missing/gpt2"] == row["served_prompts/gpt2"] for row in rows)
+    assert sum(row["served_prompts/gpt2"] for row in rows) > 0
+    assert all(row["peer_responses"] == 0 for row in rows)
+    assert all(row["served_requests/gpt2"] == 2 * row["served_prompts/gpt2"] for row in rows)
+    assert "unanswered" in capsys.readouterr().err
