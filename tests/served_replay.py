@@ -27,7 +27,7 @@ class ReplayServer:
 
     ``mode``: ``replay`` (the recorded answer of the prompt), ``no_logprobs`` or ``wrong_n`` (the
     recorded answers without log-probs / with 2 completions), ``hang`` (answers after
-    ``hang_s``). ``fail``: HTTP statuses to answer the next requests with, first to last.
+    ``hang_s``). ``fail``: HTTP statuses to answer the next requests with, first to last (200: as recorded).
     """
 
     def __init__(self, mode: str = "replay", fail: list[int] | None = None, hang_s: float = 5.0) -> None:

@@ -207,6 +207,33 @@ class ServedPeerClient:
             payload["seed"] = seed
         return payload
 
+    def _send(
+        self,
+        prompt: str,
+        sampling: SamplingRequest,
+        seed: int | None,
+        deadline: float,
+        stats: RequestStats,
+        lock: threading.Lock,
+    ) -> dict[str, Any]:
+        """One prompt's answer body, retried on transient failures (``_Transient`` once spent)."""
+        attempt = 0
+        while True:
+            with lock:
+                stats.requests += 1
+            try:
+                return self._post(
+                    "/completions", self._payload(prompt, sampling, seed), deadline - time.monotonic()
+                )
+            except _Transient as error:
+                wait_s = error.retry_after if error.retry_after is not None else self.backoff_s * 2**attempt
+                if attempt >= self.retries or time.monotonic() + wait_s >= deadline or self._closed.is_set():
+                    raise _Transient(f"{error} after {attempt + 1} requests") from None
+                attempt += 1
+                with lock:
+                    stats.retries += 1
+                time.sleep(wait_s)
+
     def _ask(
         self,
         prompt: str,
@@ -216,32 +243,17 @@ class ServedPeerClient:
         stats: RequestStats,
         lock: threading.Lock,
     ) -> list[ServedCompletion]:
-        """One prompt's n completions, retried on transient failures until ``deadline``."""
-        attempt = 0
-        while True:
-            with lock:
-                stats.requests += 1
-            try:
-                body = self._post(
-                    "/completions", self._payload(prompt, sampling, seed), deadline - time.monotonic()
-                )
-                completions = parse_choices(body, sampling.n)
-            except _Transient as error:
-                wait_s = error.retry_after if error.retry_after is not None else self.backoff_s * 2**attempt
-                if attempt >= self.retries or time.monotonic() + wait_s >= deadline or self._closed.is_set():
-                    raise _Refused(f"{error} after {attempt + 1} requests") from None
-                attempt += 1
-                with lock:
-                    stats.retries += 1
-                time.sleep(wait_s)
-                continue
-            except ValueError as error:
-                raise _Refused(str(error)) from None
-            usage = body.get("usage") or {}
-            with lock:
-                stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-                stats.completion_tokens += int(usage.get("completion_tokens") or 0)
-            return completions
+        """One prompt's n completions (``_Refused`` when there are none to use)."""
+        try:
+            body = self._send(prompt, sampling, seed, deadline, stats, lock)
+            completions = parse_choices(body, sampling.n)
+        except (_Transient, ValueError) as error:
+            raise _Refused(str(error)) from None
+        usage = body.get("usage") or {}
+        with lock:
+            stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            stats.completion_tokens += int(usage.get("completion_tokens") or 0)
+        return completions
 
     # ----- a step ---------------------------------------------------------------------------
     def complete(
@@ -290,10 +302,10 @@ class ServedPeerClient:
         """One request as the run will send it; ServedPeerError (one line, naming ``where``) when the
         endpoint is unreachable, does not know the model, or answers without n completions with
         token log-probs."""
-        stats = RequestStats(prompts=1, requests=1)
+        stats = RequestStats(prompts=1)
         start = time.monotonic()
         try:
-            body = self._post("/completions", self._payload(prompt, sampling, 0), self.step_timeout_s)
+            body = self._send(prompt, sampling, 0, start + self.step_timeout_s, stats, threading.Lock())
         except _Transient as error:
             raise ServedPeerError(
                 f"{where}: endpoint {self.endpoint} gives {error}; start the server (docs/served-peer.md) or fix "
