@@ -5,7 +5,7 @@ batch's prompts on which the receiver failed all n (and only those) to the endpo
 (``graftrl.models.served``: concurrent, bounded, retried, a per-batch timeout), asking for
 ``num_generations`` completions at the trainer's temperature and top-p, at most
 ``max_completion_length`` tokens, with token log-probs. The answers become stored rows
-(``training.served_peers.served_rows``); the trainer verifies them with its own reward functions and
+(``models.served_groups.served_rows``, as ``graftrl train``); the trainer verifies them with its own reward functions and
 gives them eq. 1's advantages within their group (``peer_groups`` with the rewards), then the same
 exchange as a stored peer. With ``record_store`` they are recorded beside the receiver's own rows,
 so the run can be replayed as a stored peer.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerClient
+from graftrl.models.served_groups import COST_KEYS, api_key, served_rows
 from graftrl.storage.store import StoredTrajectory
-from graftrl.training.served_peers import COST_KEYS, api_key, served_rows
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,6 @@ from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.models.policy import Policy
 from graftrl.models.served import SamplingRequest
 from graftrl.storage.store import TrajectoryStore
-from graftrl.training.randomness import step_seed
-from graftrl.training.served_peers import SERVED_STREAM
 from graftrl.training.trajectories import PeerGroups, peer_groups
 
 require_trl()
@@ -254,7 +252,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
 
     def _graft_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, generation batch, stream): 0 = the plan, 1 = the weights (random
-        admission), 2 = the minibatch order (uniform peer position)."""
+        admission), 2 = the minibatch order (uniform peer position), 3 = served peers' request seeds."""
         entropy = [self.args.seed, self._graft_generation_index(), stream]
         seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]) >> 1  # 63 bits
         return torch.Generator().manual_seed(seed)
@@ -278,7 +276,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             peers[name] = peer_groups(groups, n, reverified)
         if self.served_sessions:
             prompts = [captured.inputs[g]["prompt"] for g in range(0, len(captured.inputs), n)]
-            seed = step_seed(self.args.seed, step, SERVED_STREAM) % 2**31
+            seed = int(self._graft_generator(3).initial_seed()) % 2**31  # the requests' seeds
             for name, session in self.served_sessions.items():
                 served, cost = session.groups(step, prompt_ids, prompts, all_failed, seed)
                 # Served answers carry no reward: always verified with this trainer's reward functions.
