@@ -15,6 +15,8 @@ from served_replay import ReplayServer, dead_url, recorded
 
 from graftrl.config import config_from_dict
 from graftrl.models.served import SamplingRequest, ServedPeerClient, ServedPeerError, parse_choices
+from graftrl.reporting.analysis_report import render_markdown
+from graftrl.reporting.analyze import analyze_run
 from graftrl.storage.rundir import read_metrics
 from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trainer import Trainer
@@ -168,6 +170,12 @@ def test_a_served_peer_answers_only_all_fail_prompts_and_replays_as_a_stored_pee
         (tmp_path / run / "compatibility.jsonl").read_text().splitlines() for run in ("served", "stored")
     ]
     assert [json.loads(line) for line in compat[0]] == [json.loads(line) for line in compat[1]]
+    # graftrl analyze: the served share of the exchange and its cost.
+    (cost,) = analyze_run(tmp_path / "served").served
+    assert cost.peer == "gpt2" and cost.totals["prompts"] == len(asked) and cost.totals["missing"] == 0
+    assert cost.share == 1.0 and cost.transferred == sum(row["transferred/gpt2"] for row in rows)
+    report = render_markdown(analyze_run(tmp_path / "served"), {})
+    assert "## Served peers" in report and "served share" in report
 
 
 def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(

@@ -163,12 +163,16 @@ class ServedPeers:
             )
         return out
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Run totals per peer (written to the run folder's served_peers.json)."""
-        return {
-            name: {key: float(getattr(stats, key)) for key in COST_KEYS}
-            for name, stats in self.totals.items()
-        }
+    def report(self) -> None:
+        """The run's summary on the console, one line per peer (`graftrl analyze` has the same from
+        metrics.jsonl, resumed runs included)."""
+        for name, t in self.totals.items():
+            print(
+                f"graftrl: served peer {name!r}: {t.prompts} prompts asked, {t.missing} missing, {t.requests} "
+                f"requests ({t.retries} retries), {t.prompt_tokens} tokens requested, {t.completion_tokens} "
+                f"received, {t.latency_s:.1f} s of requests",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         for client in self.clients.values():

@@ -212,6 +212,8 @@ class Trainer:
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         raise_if_interrupted()  # an interrupt swallowed during the step stops here
                         self.checkpoints.save(step)
+            if self.served_peers:
+                self.served_peers.report()
         finally:
             self.logger.close()
             self.close()
