@@ -192,3 +192,39 @@ def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(
     assert all(row["peer_responses"] == 0 for row in rows)
     assert all(row["served_requests/gpt2"] == 2 * row["served_prompts/gpt2"] for row in rows)
     assert "unanswered" in capsys.readouterr().err
+
+
+def test_graftrl_probe_measures_the_served_peers_answers_and_cost(tiny_checkpoints, tmp_path):
+    from graftrl.reporting.probe import recount, run_probe
+
+    with ReplayServer() as server:
+        config = config_from_dict(served_config(tiny_checkpoints, server.url))
+        result = run_probe(config, tmp_path / "probe", 8, verifier=TextRewards(), progress=False)
+        asked = len(server.prompts()) - 1  # less the start-up probe request
+    served = result.figures["served"]["gpt2"]
+    assert served["prompts"] == served["requests"] == asked > 0 and served["missing"] == 0
+    assert served["completion_tokens"] > 0
+    assert list(result.figures["models"]) == ["llama"]  # a served peer answers no shared batch
+    assert recount(tmp_path / "probe") == result.figures
+    assert "## Served peers" in (tmp_path / "probe" / "probe.md").read_text()
+    samples = [json.loads(line) for line in (tmp_path / "probe" / "samples.jsonl").read_text().splitlines()]
+    assert sum(s["model"] == "gpt2" for s in samples) == asked * 4  # its answers, no placeholders
+
+
+def test_k_above_2_mixes_co_trained_stored_and_served_peers(tiny_checkpoints, tmp_path):
+    with ReplayServer() as server:
+        first = served_config(tiny_checkpoints, server.url)
+        first["store"] = {"record": True}
+        Trainer(config_from_dict(first), tmp_path / "first", verifier=TextRewards()).train()
+        mixed = served_config(tiny_checkpoints, server.url)
+        llama = dict(first["policies"][0], name="llama-b")
+        mixed["policies"] = [llama, make_config(tiny_checkpoints)["policies"][1]]  # llama-b, gpt2
+        mixed["peers"][0]["name"] = "served"
+        mixed["peers"].append({"name": "llama", "path": str(tmp_path / "first" / "store")})  # stored
+        Trainer(config_from_dict(mixed), tmp_path / "mixed", verifier=TextRewards()).train()
+    rows = read_metrics(tmp_path / "mixed")
+    assert {row["model"] for row in rows} == {"llama-b", "gpt2"}
+    for row in rows:
+        assert {"candidates/served", "candidates/llama", "served_prompts/served"} <= set(row)
+        assert row["candidates/" + ("gpt2" if row["model"] == "llama-b" else "llama-b")] >= 0
+    assert sum(row["served_prompts/served"] for row in rows) > 0

@@ -63,7 +63,10 @@ class StepExchange:
     """Each model's outcomes on the shared prompt batch (for complementarity)."""
     plans: dict[str, ExchangePlan]
     stored_info: dict[str, float]
-    """``stored_reward_changes/<peer>`` per stored peer."""
+    """``stored_reward_changes/<peer>`` per stored peer, ``served_<cost>/<peer>`` per served peer."""
+    served_prompts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per served peer: the prompts (batch positions) it answered; its records elsewhere are
+    placeholders (``served_groups.dense_records``)."""
 
 
 class Trainer:
@@ -264,6 +267,7 @@ class Trainer:
         shared = {name: s.shared for name, s in sampled.items()}
         stored_info: dict[str, float] = {}
         served_rows = []
+        served_prompts: dict[str, list[int]] = {}
         # Served peers answer the prompts some policy failed entirely (docs/served-peer.md); they
         # answer no shared batch, so they have no complementarity figure.
         served_steps = (
@@ -273,6 +277,7 @@ class Trainer:
             outcomes[name], records[name] = served.outcomes, served.records
             stored_info.update(served.info)
             served_rows += served.rows
+            served_prompts[name] = sorted({row.group_index for row in served.rows})
         stored_rows = (
             [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
         )
@@ -286,7 +291,7 @@ class Trainer:
 
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
-        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
+        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info, served_prompts)
 
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]
