@@ -228,3 +228,27 @@ def test_k_above_2_mixes_co_trained_stored_and_served_peers(tiny_checkpoints, tm
         assert {"candidates/served", "candidates/llama", "served_prompts/served"} <= set(row)
         assert row["candidates/" + ("gpt2" if row["model"] == "llama-b" else "llama-b")] >= 0
     assert sum(row["served_prompts/served"] for row in rows) > 0
+
+
+def test_the_cli_refuses_a_dead_endpoint_in_one_line_and_estimate_memory_names_the_peer(
+    tiny_checkpoints, tmp_path
+):
+    import yaml
+    from typer.testing import CliRunner
+
+    from graftrl.cli import app
+
+    path = tmp_path / "served.yaml"
+    path.write_text(yaml.safe_dump(served_config(tiny_checkpoints, dead_url(), retries=0)))
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "peers[gpt2]: endpoint" in lines[0] and "Traceback" not in result.output
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    result = runner.invoke(app, ["estimate-memory", str(path), "--gpu-memory", "80"])
+    assert result.exit_code == 0 and "served peer gpt2: gpt2 at" in result.output
+    bad = served_config(tiny_checkpoints, "127.0.0.1:8000")
+    path.write_text(yaml.safe_dump(bad))
+    result = runner.invoke(app, ["train", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "is not an http(s) URL" in result.output
