@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -35,12 +37,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+DOC = Path(__file__).parents[1] / "docs" / "served-peer.md"
+
+
+def documented_serve(model: Path, port: int) -> list[str]:
+    """docs/served-peer.md's `vllm serve` command, with this test's model, port, a context the tiny
+    model has (its max_position_embeddings is 512) and the CPU's --dtype float32 (as the doc says)."""
+    (block,) = re.findall(r"```bash\n(vllm serve [^`]*?)\n```", DOC.read_text())
+    args = [str(model) if arg == "PEER_MODEL_FOLDER" else arg for arg in shlex.split(block)]
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--max-model-len") + 1] = "256"
+    return [str(Path(sys.executable).parent / "vllm"), *args[1:], "--dtype", "float32"]
+
+
 def serve(model: Path, port: int, log: Path) -> subprocess.Popen:
-    """`vllm serve`, as docs/served-peer.md starts it; returns once /v1/models answers."""
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", "gpt2", "--port", str(port), "--max-model-len", "256", "--dtype", "float32",
-    ]  # fmt: skip
+    """The documented `vllm serve`; returns once /v1/models answers."""
+    command = documented_serve(model, port)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 300
@@ -66,7 +78,7 @@ def test_graft_against_a_vllm_server_survives_its_death_and_replays_as_stored(vl
         {
             "name": "gpt2",
             "endpoint": f"http://127.0.0.1:{port}/v1",
-            "model": "gpt2",
+            "model": "peer",  # the doc's --served-model-name
             "template": "Q: {problem}\nA: ",
             "retries": 1,
             "backoff_s": 0.1,
