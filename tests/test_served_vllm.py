@@ -41,13 +41,13 @@ DOC = Path(__file__).parents[1] / "docs" / "served-peer.md"
 
 
 def documented_serve(model: Path, port: int) -> list[str]:
-    """docs/served-peer.md's `vllm serve` command, with this test's model, port, a context the tiny
-    model has (its max_position_embeddings is 512) and the CPU's --dtype float32 (as the doc says)."""
-    (block,) = re.findall(r"```bash\n(vllm serve [^`]*?)\n```", DOC.read_text())
+    """docs/served-peer.md's CPU server command, with this test's model, port and a context the tiny
+    model has (its max_position_embeddings is 512)."""
+    (block,) = re.findall(r"```bash\n(python -m vllm[^`]*?)\n```", DOC.read_text())
     args = [str(model) if arg == "PEER_MODEL_FOLDER" else arg for arg in shlex.split(block)]
     args[args.index("--port") + 1] = str(port)
     args[args.index("--max-model-len") + 1] = "256"
-    return [str(Path(sys.executable).parent / "vllm"), *args[1:], "--dtype", "float32"]
+    return [sys.executable, *args[1:]]
 
 
 def serve(model: Path, port: int, log: Path) -> subprocess.Popen:
