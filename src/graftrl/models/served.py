@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from graftrl.errors import UserError
@@ -291,9 +291,10 @@ class ServedPeerClient:
                 except _Refused as error:
                     if len(stats.errors) < 5:
                         stats.errors.append(str(error))
-        stats.latency_s = time.monotonic() - start
-        stats.missing = sum(answer is None for answer in answers)
-        return answers, stats
+        with lock:  # a request still in flight after the timeout must not change what is reported
+            stats.latency_s = time.monotonic() - start
+            stats.missing = sum(answer is None for answer in answers)
+            return answers, replace(stats, errors=list(stats.errors))
 
     # ----- start-up -------------------------------------------------------------------------
     def probe(
