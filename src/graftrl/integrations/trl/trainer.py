@@ -298,8 +298,11 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         )
         self.graft_last_exchange = exchange
         metrics = self._metrics["train"]
+        # A served group's rewards are first given here, not changed: no stored_reward_changes for it.
+        unchanged = {f"stored_reward_changes/{name}" for name in self.served_sessions}
         for key, value in exchange.metrics.items():
-            metrics[f"graft/{key}"].append(value)
+            if key not in unchanged:
+                metrics[f"graft/{key}"].append(value)
         return exchange.batch
 
     def _record_served(self, step: int, served: list[Any], groups: PeerGroups) -> None:
