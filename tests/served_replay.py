@@ -58,6 +58,9 @@ class ReplayServer:
 
             def do_POST(self) -> None:
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/v1/completions":  # vLLM's (FastAPI's) answer to an unknown path
+                    self._send(404, {"detail": "Not Found"})
+                    return
                 with server.lock:
                     server.requests.append((dict(self.headers), payload))
                     status = server.fail.pop(0) if server.fail else 200

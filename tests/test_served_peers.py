@@ -252,3 +252,11 @@ def test_the_cli_refuses_a_dead_endpoint_in_one_line_and_estimate_memory_names_t
     path.write_text(yaml.safe_dump(bad))
     result = runner.invoke(app, ["train", str(path), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2 and "is not an http(s) URL" in result.output
+
+
+def test_a_base_url_without_v1_is_refused_naming_the_fix():
+    with ReplayServer() as server:
+        client = ServedPeerClient("gpt2", server.url.removesuffix("/v1"), "gpt2")
+        with pytest.raises(ServedPeerError, match="ends in /v1"):
+            client.probe(PROMPT, SAMPLING, "peers[gpt2]")
+        client.close()

@@ -314,6 +314,11 @@ class ServedPeerClient:
             ) from None
         except _Refused as error:
             text = str(error)
+            if "HTTP 404" in text and self.model not in text:  # no such path: not a model's answer
+                raise ServedPeerError(
+                    f"{where}: {self.endpoint}/completions does not exist ({text}); set `endpoint` to the "
+                    "OpenAI-compatible base URL, which ends in /v1 (e.g. http://127.0.0.1:8000/v1)"
+                ) from None
             if "HTTP 404" in text or ("HTTP 400" in text and "model" in text.lower()):
                 raise ServedPeerError(
                     f"{where}: endpoint {self.endpoint} does not serve model {self.model!r} ({text}); set "
