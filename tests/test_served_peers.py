@@ -260,3 +260,23 @@ def test_a_base_url_without_v1_is_refused_naming_the_fix():
         with pytest.raises(ServedPeerError, match="ends in /v1"):
             client.probe(PROMPT, SAMPLING, "peers[gpt2]")
         client.close()
+
+
+@pytest.mark.usefixtures("ray_ships_test_helpers")
+def test_a_served_peer_under_the_ray_backend_gives_the_local_run(tiny_checkpoints, tmp_path):
+    pytest.importorskip("ray")
+    runs = {}
+    for backend in ("local", "ray"):
+        with ReplayServer() as server:
+            raw = served_config(tiny_checkpoints, server.url)
+            raw["backend"] = backend
+            Trainer(config_from_dict(raw), tmp_path / backend, verifier=TextRewards()).train()
+        runs[backend] = [
+            {
+                k: v
+                for k, v in row.items()
+                if not k.startswith(("time_", "memory_")) and k != "served_latency_s/gpt2"
+            }
+            for row in read_metrics(tmp_path / backend)
+        ]
+    assert runs["ray"] == runs["local"] and sum(r["served_prompts/gpt2"] for r in runs["ray"]) > 0
