@@ -280,3 +280,15 @@ def test_a_served_peer_under_the_ray_backend_gives_the_local_run(tiny_checkpoint
             for row in read_metrics(tmp_path / backend)
         ]
     assert runs["ray"] == runs["local"] and sum(r["served_prompts/gpt2"] for r in runs["ray"]) > 0
+
+
+def test_the_documented_config_is_a_served_peer():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).parents[1] / "docs" / "served-peer.md").read_text()
+    (block,) = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    (peer,) = config_from_dict(yaml.safe_load(block)).peers
+    assert peer.served and peer.endpoint.endswith("/v1") and peer.api_key_env == "PEER_API_KEY"
