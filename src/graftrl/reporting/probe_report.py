@@ -228,8 +228,6 @@ def served_lines(figures: Mapping[str, Any]) -> list[str]:
 def write_report(folder: ProbeDir, figures: Mapping[str, Any], steps: Sequence[StepData]) -> list[Path]:
     """probe.md and the plots into ``folder``; returns the plots."""
     plots = write_plots(folder, steps, figures["probe"]["delta"])
-    atomic_write(
-        folder.report,
-        (render(figures, plots).rstrip("\n") + "\n".join(["", *served_lines(figures)]) + "\n").encode(),
-    )
+    text = "\n".join([render(figures, plots).rstrip("\n"), *served_lines(figures)]) + "\n"
+    atomic_write(folder.report, text.encode())
     return plots
