@@ -29,7 +29,7 @@ def test_config_reference_rows_are_unique_and_one_line():
     assert all("\n" not in cell for row in rows for cell in row)
     # The `peers` docstring spans two source lines: one table row all the same.
     (peers,) = [d for k, _, d in rows if k == "peers"]
-    assert "never loaded, never trained" in peers
+    assert "never loaded, never trained here" in peers
     table = config_reference_markdown().splitlines()
     assert len(table) == 2 + len(rows)
     # Every row has exactly its three cells: a `|` inside a description is escaped.

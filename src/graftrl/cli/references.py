@@ -78,6 +78,12 @@ def estimate_memory_command(
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from None
     console.print(memory_table(estimates, total, gpu_memory * GIB))
+    for peer in (p for p in cfg.peers if p.served):
+        console.print(
+            f"served peer {peer.name}: {peer.model} at {peer.endpoint} takes no memory here (its answers are "
+            "scored by each receiver like any peer's rows, which the table counts)",
+            soft_wrap=True,
+        )
     message = fit_message(total, gpu_memory * GIB)
     if message is not None:
         console.print(f"[red]does not fit:[/red] {message}")

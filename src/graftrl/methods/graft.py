@@ -159,7 +159,7 @@ class GRAFT(ClippedSurrogate):
         if len(config.policies) + len(config.peers) < 2:
             raise ValueError(
                 f"method {cls.name!r} needs at least two models: add a policy to `policies` or a stored "
-                "peer to `peers`"
+                "or served peer to `peers`"
             )
 
     def plan(

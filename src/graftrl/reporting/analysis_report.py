@@ -51,6 +51,7 @@ def render_markdown(analysis: RunAnalysis, plots: Mapping[str, Path]) -> str:
         reward_section,
         validation_section,
         compute_section,
+        served_section,
         store_section,
     ]
     lines = [line for section in sections for line in section(analysis, plots)]
@@ -361,6 +362,52 @@ def compute_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
     elif not comp.best_last_step:
         out.append("\nNo best/best.json: hours to the best checkpoint not computed.")
     return out
+
+
+def served_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
+    """Served peers' share of the exchange and their cost (docs/served-peer.md)."""
+    if not a.served:
+        return []
+    out = [
+        "",
+        "## Served peers",
+        "",
+        "Requests go only to prompts some policy failed entirely. Share: the peer's transferred "
+        "responses over all transferred responses; tokens as the endpoint counted them (`usage`); "
+        f"the run's accelerator-hours: {a.compute.total_hours:.4g}.",
+    ]
+    body = [
+        [
+            c.peer,
+            c.steps,
+            c.totals["prompts"],
+            _percent(c.missing_share),
+            c.totals["requests"],
+            c.totals["retries"],
+            c.totals["prompt_tokens"],
+            c.totals["completion_tokens"],
+            c.totals["latency_s"],
+            c.selected,
+            c.transferred,
+            _percent(c.share),
+        ]
+        for c in a.served
+    ]
+    headers = [
+        "peer",
+        "steps",
+        "prompts asked",
+        "missing",
+        "requests",
+        "retries",
+        "tokens requested",
+        "tokens received",
+        "request time (s)",
+        "groups taken",
+        "responses transferred",
+        "served share",
+    ]
+    return [*out, "", _table(headers, body)]
 
 
 def store_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:

@@ -46,6 +46,7 @@ from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
 from graftrl.reporting.run_logs import read_log
+from graftrl.reporting.served import ServedCost, served_costs
 from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
 from graftrl.storage.checkpoint import newest_usable, required_files
 from graftrl.storage.rundir import RunDir
@@ -156,6 +157,8 @@ class RunAnalysis:
     """metrics.jsonl, one row per (step, model) (a step logged twice by a resume: the later row)."""
     sources: list[str] = field(default_factory=list)
     """The files the analysis read (metrics.jsonl first)."""
+    served: list[ServedCost] = field(default_factory=list)
+    """Each served peer's share of the exchange and its cost (``reporting.served``)."""
 
 
 # ------------------------------------------------------------------------------------------
@@ -437,6 +440,7 @@ def analyze_run(
         store_ok=store_ok,
         notes=notes,
         rows=rows,
+        served=served_costs(rows),
     )
     analysis.sources = [files.metrics.name] + [
         name

@@ -42,6 +42,7 @@ from graftrl.reporting.probe_stats import (
     StepData,
     probe_statistics,
 )
+from graftrl.reporting.served import served_costs
 from graftrl.storage.data import MathProblem, load_problems
 from graftrl.storage.rundir import ProbeDir, RunDir, append_jsonl, read_jsonl
 from graftrl.training.probe import Probe, ProbeError, ProbeStep, probe_batches, probe_config
@@ -66,7 +67,7 @@ def settings_of(config: Config, config_path: str, prompts: int, notes: list[str]
         n=config.rollout.n,
         delta=config.graft.delta,
         policies=policies,
-        models=policies + [p.name for p in config.peers],
+        models=policies + [p.name for p in config.peers if not p.served],  # served: all-fail prompts only
         backend=config.backend,
         engine=config.rollout.engine,
         update_epochs=config.train.update_epochs,
@@ -129,7 +130,8 @@ def step_data(result: ProbeStep, n: int) -> tuple[StepData, dict[str, list[dict[
             "response": r.response,
         }
         for model, records in ex.records.items()
-        for r in records
+        for p, r in enumerate(records)
+        if model not in ex.served_prompts or p // n in ex.served_prompts[model]  # no placeholders
     ]
     candidates, compatibility, moved_groups = [], [], []
     for receiver, c in result.candidates.items():
@@ -265,7 +267,16 @@ def recount(folder: str | Path) -> dict[str, Any]:
         raise ProbeError(
             f"{files.json}: unreadable ({error}); recount a folder written by `graftrl probe`"
         ) from None
-    return _as_json(probe_statistics(settings, read_steps(folder, settings)))
+    return _with_served(probe_statistics(settings, read_steps(folder, settings)), read_jsonl(files.steps))
+
+
+def _with_served(figures: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures plus each served peer's answers and cost (steps.jsonl's ``served_*``), as JSON."""
+    served = {
+        c.peer: {**c.totals, "steps": c.steps, "groups_taken": c.selected, "transferred": c.transferred}
+        for c in served_costs(step_rows)
+    }
+    return _as_json({**figures, "served": served} if served else figures)
 
 
 def _as_json(figures: dict[str, Any]) -> dict[str, Any]:
@@ -307,6 +318,7 @@ def run_probe(
     settings = settings_of(config, config_path, prompts, notes)
     probe = Probe(config, folder.root, problems=problems, policies=policies, verifier=verifier)
     steps: list[StepData] = []
+    step_rows: list[dict[str, Any]] = []
     bar = progress_bar(progress, status=True)
     try:
         task = bar.add_task(f"probe {config.method}", total=len(batches), status="")
@@ -314,13 +326,14 @@ def run_probe(
             data, rows = step_data(probe.step(step, batch), config.rollout.n)
             for name, lines in rows.items():
                 append_jsonl(getattr(folder, name), lines)
+            step_rows += rows["steps"]
             steps.append(data)
             status = "  ".join(f"{m} acc={float(data.rewards[m].mean()):.2f}" for m in settings.policies)
             bar.update(task, advance=1, status=status)
     finally:
         bar.stop()
         probe.close()
-    figures = _as_json(probe_statistics(settings, steps))
+    figures = _with_served(probe_statistics(settings, steps), step_rows)
     atomic_write(folder.json, (json.dumps(figures, indent=2) + "\n").encode())
     plots = write_report(folder, figures, steps)
     return ProbeResult(folder, figures, plots)

@@ -201,8 +201,33 @@ def _cost_lines(cost: Mapping[str, Any], batch: int) -> list[str]:
     ]
 
 
+def served_lines(figures: Mapping[str, Any]) -> list[str]:
+    """probe.md's served-peer section: what the endpoint was asked and answered, and its cost."""
+    served = figures.get("served")
+    if not served:
+        return []
+    return [
+        "",
+        "## Served peers",
+        "",
+        "Asked only on prompts some policy failed entirely; tokens as the endpoint counted them.",
+        "",
+        *_table(
+            ["peer", "prompts asked", "missing", "requests", "retries", "tokens requested", "tokens received",
+             "request time (s)", "groups taken", "responses transferred"],
+            [
+                [name, f"{c['prompts']:g}", f"{c['missing']:g}", f"{c['requests']:g}", f"{c['retries']:g}",
+                 f"{c['prompt_tokens']:g}", f"{c['completion_tokens']:g}", f"{c['latency_s']:.3g}",
+                 f"{c['groups_taken']:g}", f"{c['transferred']:g}"]
+                for name, c in served.items()
+            ],
+        ),
+    ]  # fmt: skip
+
+
 def write_report(folder: ProbeDir, figures: Mapping[str, Any], steps: Sequence[StepData]) -> list[Path]:
     """probe.md and the plots into ``folder``; returns the plots."""
     plots = write_plots(folder, steps, figures["probe"]["delta"])
-    atomic_write(folder.report, render(figures, plots).encode())
+    text = "\n".join([render(figures, plots).rstrip("\n"), *served_lines(figures)]) + "\n"
+    atomic_write(folder.report, text.encode())
     return plots

@@ -87,6 +87,30 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             "stored <peer> groups whose re-verified rewards differ from the stored ones (advantages recomputed)",
             "groups",
         ),
+        (
+            "served_prompts/<peer>",
+            "prompts sent to served <peer> (those some policy failed entirely)",
+            "prompts",
+        ),
+        (
+            "served_missing/<peer>",
+            "prompts served <peer> left unanswered (retries spent, an error, or the step's timeout): their "
+            "groups stayed on the receiver",
+            "prompts",
+        ),
+        ("served_requests/<peer>", "HTTP requests sent to served <peer>, retries included", "requests"),
+        (
+            "served_retries/<peer>",
+            "requests to served <peer> retried after a 429 / 5xx / no answer",
+            "requests",
+        ),
+        ("served_prompt_tokens/<peer>", "prompt tokens requested from served <peer> (its usage)", "tokens"),
+        (
+            "served_completion_tokens/<peer>",
+            "completion tokens received from served <peer> (its usage)",
+            "tokens",
+        ),
+        ("served_latency_s/<peer>", "wall time of the step's requests to served <peer>", "s"),
         ("response_length", "mean response length without the EOS token", "tokens"),
         (
             "verifier_timeouts",

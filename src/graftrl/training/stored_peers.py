@@ -32,6 +32,9 @@ def check_coverage(peer: Any, store: TrajectoryStore, sampler: PromptSampler, st
             f"{where} holds no trajectories of source {name!r} (its sources: {', '.join(store.sources()) or 'none'}); "
             "set peers[].name to the source recorded there"
         )
+    if peer.partial:  # a served peer's record: groups for the prompts that were asked only
+        _check_group_size(store, name, where, n)
+        return
     if peer.match == "step":
         missing = [step for step in range(steps) if step not in held]
         if missing:
@@ -59,6 +62,17 @@ def check_coverage(peer: Any, store: TrajectoryStore, sampler: PromptSampler, st
     first = [problem.id for problem in sampler.batch(0)]
     groups = store.find_groups(first, source=name, step=0 if peer.match == "step" else None)
     sizes = sorted({len(rows) for rows in groups.values()})
+    if sizes != [n]:
+        raise StoreError(
+            f"{where}: stored groups of source {name!r} hold {sizes} responses, the run's rollout.n is {n}; "
+            f"set rollout.n: {sizes[0]} to match, or re-record the peer"
+        )
+
+
+def _check_group_size(store: TrajectoryStore, name: str, where: str, n: int) -> None:
+    """Refuse a store whose groups of ``name`` (at its first step holding it) are not of ``n``."""
+    first = min(step for step, sources in store.sources_by_step().items() if name in sources)
+    sizes = sorted({row.n for row in store.read_step(first, token_logprobs=False) if row.source == name})
     if sizes != [n]:
         raise StoreError(
             f"{where}: stored groups of source {name!r} hold {sizes} responses, the run's rollout.n is {n}; "

@@ -41,6 +41,7 @@ from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.sampling import PolicyRollout
+from graftrl.training.served_peers import ServedPeers, dense_records
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
@@ -62,7 +63,10 @@ class StepExchange:
     """Each model's outcomes on the shared prompt batch (for complementarity)."""
     plans: dict[str, ExchangePlan]
     stored_info: dict[str, float]
-    """``stored_reward_changes/<peer>`` per stored peer."""
+    """``stored_reward_changes/<peer>`` per stored peer, ``served_<cost>/<peer>`` per served peer."""
+    served_prompts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per served peer: the prompts (batch positions) it answered; its records elsewhere are
+    placeholders (``served_groups.dense_records``)."""
 
 
 class Trainer:
@@ -90,11 +94,18 @@ class Trainer:
         self.names = [p.name for p in config.policies]
         # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (algorithm.md §2.3).
         self.recorder = None
-        if config.store.record:
+        served = [peer for peer in config.peers if peer.served]
+        if config.store.record or served:  # every served group is recorded (a replayable run)
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
-        self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
+        self.stored_peers = {
+            peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers if not peer.served
+        }
         for peer, store in self.stored_peers.values():  # before any model loads
             check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+        self.served_peers = ServedPeers(config, served)
+        """Peers behind OpenAI-compatible endpoints (graftrl.training.served_peers)."""
+        if self.served_peers:  # the probe request, before any model loads
+            self.served_peers.probe(self.problems)
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
             from graftrl.training.validation import Validator
@@ -204,12 +215,15 @@ class Trainer:
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         raise_if_interrupted()  # an interrupt swallowed during the step stops here
                         self.checkpoints.save(step)
+            if self.served_peers:
+                self.served_peers.report()
         finally:
             self.logger.close()
             self.close()
 
     def close(self) -> None:
         """Free engines, verifier pools and Ray actors (local policies stay usable for evaluation)."""
+        self.served_peers.close()
         self.backend.close()
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
@@ -251,9 +265,24 @@ class Trainer:
         outcomes = {name: s.outcomes for name, s in sampled.items()}
         records = {name: s.records for name, s in sampled.items()}
         shared = {name: s.shared for name, s in sampled.items()}
-        if self.recorder is not None:
-            self.recorder.write_step(step, [row for s in sampled.values() for row in s.store_rows])
         stored_info: dict[str, float] = {}
+        served_rows = []
+        served_prompts: dict[str, list[int]] = {}
+        # Served peers answer the prompts some policy failed entirely (docs/served-peer.md); they
+        # answer no shared batch, so they have no complementarity figure.
+        served_steps = (
+            self.served_peers.step(step, problems, outcomes, self.peer_verifier) if self.served_peers else {}
+        )
+        for name, served in served_steps.items():
+            outcomes[name], records[name] = served.outcomes, served.records
+            stored_info.update(served.info)
+            served_rows += served.rows
+            served_prompts[name] = sorted({row.group_index for row in served.rows})
+        stored_rows = (
+            [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
+        )
+        if self.recorder is not None and stored_rows + served_rows:
+            self.recorder.write_step(step, stored_rows + served_rows)
         for name, (stored_outcomes, stored_records, changed) in self._stored_peer_groups(
             step, problems
         ).items():
@@ -262,7 +291,7 @@ class Trainer:
 
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
-        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
+        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info, served_prompts)
 
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]
@@ -276,6 +305,9 @@ class Trainer:
         n = self.n
         for name, (peer, store) in self.stored_peers.items():
             ids = [p.id for p in problems]
+            if peer.partial:
+                out[name] = self._partial_peer_groups(step, problems, peer, store)
+                continue
             if peer.match == "step" and step not in store.steps():
                 held = store.steps()
                 raise StoreError(
@@ -311,6 +343,30 @@ class Trainer:
             records = [record for group in replayed.records for record in group or ()]
             out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
         return out
+
+    def _partial_peer_groups(
+        self, step: int, problems: Sequence[MathProblem], peer: Any, store: TrajectoryStore
+    ) -> tuple[GroupOutcomes, list[TrajectoryRecord], float]:
+        """A ``partial`` stored peer (a served peer's record): the groups it holds for this step's
+        prompts, None for the others (no candidate there), rewards re-verified."""
+        n = self.n
+        step_of = step if peer.match == "step" else None
+        held = step in store.steps() or step_of is None
+        found = store.find_groups([p.id for p in problems], source=peer.name, step=step_of) if held else {}
+        groups = [sorted(found[p.id], key=lambda row: row.index) if p.id in found else None for p in problems]
+        present = [p for p, group in enumerate(groups) if group is not None]
+        texts = [row.response for p in present for row in groups[p]]
+        answers = [problems[p].answer for p in present for _ in range(n)]
+        rewards = self.peer_verifier.score(texts, answers) if texts else []
+        replayed = peer_groups(
+            groups,
+            n,
+            {p: rewards[g * n : (g + 1) * n] for g, p in enumerate(present)},
+            self.config.train.adv_eps,
+            self.config.train.adv_std_unbiased,
+        )
+        records = dense_records(replayed.records, problems, step, peer.name, n)
+        return replayed.outcomes, records, float(replayed.reward_changes)
 
     def outcome_metrics(
         self,

@@ -30,6 +30,7 @@ from graftrl.integrations.trl.peers import (
 )
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
 from graftrl.integrations.trl.rewards import math_reward
+from graftrl.integrations.trl.served import ServedPeer
 from graftrl.training.trajectories import peer_groups
 
 _NEED_TRL = ("GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer", "graft_method")
@@ -40,6 +41,7 @@ __all__ = [
     "Exchange",
     "PeerStore",
     "RecordTrajectoriesMixin",
+    "ServedPeer",
     "StoredPeer",
     "TRLIntegrationError",
     "TRLUnavailableError",

@@ -23,7 +23,7 @@ under ``graft/``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,11 @@ from graftrl.integrations.trl.peers import (
     prompt_id_of,
 )
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
+from graftrl.integrations.trl.served import ServedPeer, ServedPeerSession
 from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.models.policy import Policy
+from graftrl.models.served import SamplingRequest
+from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trajectories import PeerGroups, peer_groups
 
 require_trl()
@@ -140,15 +143,22 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
 
     receiver_name = "receiver"
 
-    def __init__(self, *args: Any, peer_stores: Sequence[StoredPeer | str | Path], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        peer_stores: Sequence[StoredPeer | str | Path] = (),
+        peers: Sequence[ServedPeer] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
         self.graft_match = getattr(self.args, "graft_peer_match", "nearest")
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
-        if not peer_stores:
+        if not peer_stores and not peers:
             raise TRLIntegrationError(
-                "peer_stores: give at least one stored peer (a store folder or StoredPeer)"
+                "peer_stores / peers: give at least one stored peer (a store folder or StoredPeer) or a "
+                "served peer (ServedPeer(endpoint, model))"
             )
         self.peer_stores: dict[str, PeerStore] = {}
         ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
@@ -165,11 +175,30 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
                 )
             store.check_covers(ids, self.num_generations)
             self.peer_stores[store.source] = store
+        self.served_sessions = self._open_served(peers)
         # graftrl's re-tokenization rule (Policy.encode_response) on the receiver's tokenizer.
         self._encoder = Policy(self.receiver_name, self.model, self._tokenizer)
         self.graft_last_exchange: Exchange | None = None
         self._graft_capture_logps = False
         self._graft_captured_logps: torch.Tensor | None = None
+
+    def _open_served(self, peers: Sequence[ServedPeer]) -> dict[str, ServedPeerSession]:
+        """Each served peer's session, probed once with the dataset's first prompt (one-line refusals)."""
+        args = self.args
+        sampling = SamplingRequest(
+            self.num_generations, args.max_completion_length, args.temperature, args.top_p
+        )
+        sessions: dict[str, ServedPeerSession] = {}
+        for peer in peers:
+            if peer.name in sessions or peer.name in self.peer_stores or peer.name == self.receiver_name:
+                raise TRLIntegrationError(
+                    f"peers: the name {peer.name!r} is taken (by another peer or the receiver); give "
+                    "ServedPeer(name=...) a name of its own"
+                )
+            session = ServedPeerSession(peer, sampling)
+            session.probe(self.train_dataset[0]["prompt"])
+            sessions[peer.name] = session
+        return sessions
 
     # ----- refusals, before training -------------------------------------------------------
     def _check_supported(self) -> None:
@@ -223,7 +252,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
 
     def _graft_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, generation batch, stream): 0 = the plan, 1 = the weights (random
-        admission), 2 = the minibatch order (uniform peer position)."""
+        admission), 2 = the minibatch order (uniform peer position), 3 = served peers' request seeds."""
         entropy = [self.args.seed, self._graft_generation_index(), stream]
         seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]) >> 1  # 63 bits
         return torch.Generator().manual_seed(seed)
@@ -245,6 +274,16 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             groups = store.groups(prompt_ids, step, self.graft_match)
             reverified = self._reverify(groups, all_failed, captured) if self.graft_reverify else None
             peers[name] = peer_groups(groups, n, reverified)
+        if self.served_sessions:
+            prompts = [captured.inputs[g]["prompt"] for g in range(0, len(captured.inputs), n)]
+            seed = int(self._graft_generator(3).initial_seed()) % 2**31  # the requests' seeds
+            for name, session in self.served_sessions.items():
+                served, cost = session.groups(step, prompt_ids, prompts, all_failed, seed)
+                # Served answers carry no reward: always verified with this trainer's reward functions.
+                peers[name] = peer_groups(served, n, self._reverify(served, all_failed, captured))
+                self._record_served(step, served, peers[name])
+                for key, value in cost.items():
+                    self._metrics["train"][f"graft/{key}"].append(value)
         exchange = graft_exchange(
             batch,
             rewards,
@@ -259,9 +298,27 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         )
         self.graft_last_exchange = exchange
         metrics = self._metrics["train"]
+        # A served group's rewards are first given here, not changed: no stored_reward_changes for it.
+        unchanged = {f"stored_reward_changes/{name}" for name in self.served_sessions}
         for key, value in exchange.metrics.items():
-            metrics[f"graft/{key}"].append(value)
+            if key not in unchanged:
+                metrics[f"graft/{key}"].append(value)
         return exchange.batch
+
+    def _record_served(self, step: int, served: list[Any], groups: PeerGroups) -> None:
+        """Add a served peer's verified groups to this batch's step file of ``record_store``."""
+        if self.record_writer is None:
+            return
+        rows = [
+            replace(row, reward=record.reward, advantage=record.advantage)
+            for group, records in zip(served, groups.records, strict=True)
+            if group is not None and records is not None
+            for row, record in zip(group, records, strict=True)
+        ]
+        if rows:
+            store = TrajectoryStore(self.record_writer.root)
+            own = store.read_step(step) if step in store.steps() else []
+            self.record_writer.write_step(step, own + rows)
 
     def _reverify(self, groups: list[Any], prompts: list[int], captured: Any) -> dict[int, list[float]]:
         """This trainer's rewards of the stored responses on the prompts where GRAFT may transfer."""

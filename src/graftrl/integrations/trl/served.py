@@ -1,0 +1,123 @@
+"""Served peers for ``GraftGRPOTrainer``: an OpenAI-compatible endpoint answers the all-fail prompts.
+
+No TRL import. ``GraftGRPOTrainer(..., peers=[ServedPeer(endpoint, model)])`` sends the generation
+batch's prompts on which the receiver failed all n (and only those) to the endpoint
+(``graftrl.models.served``: concurrent, bounded, retried, a per-batch timeout), asking for
+``num_generations`` completions at the trainer's temperature and top-p, at most
+``max_completion_length`` tokens, with token log-probs. The answers become stored rows
+(``models.served_groups.served_rows``, as ``graftrl train``); the trainer verifies them with its own reward functions and
+gives them eq. 1's advantages within their group (``peer_groups`` with the rewards), then the same
+exchange as a stored peer. With ``record_store`` they are recorded beside the receiver's own rows,
+so the run can be replayed as a stored peer.
+
+The prompt sent is ``template.format(prompt=...)`` of the dataset's prompt: the string itself, or
+for a conversation the content of its last user message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerClient
+from graftrl.models.served_groups import COST_KEYS, api_key, served_rows
+from graftrl.storage.store import StoredTrajectory
+
+
+@dataclass(frozen=True)
+class ServedPeer:
+    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md)."""
+
+    endpoint: str
+    """Base URL, e.g. ``http://127.0.0.1:8000/v1``."""
+    model: str
+    """The served model's name."""
+    name: str = "served"
+    """The source name in the plan, the logs (``graft/served_*/<name>``) and the store."""
+    api_key_env: str | None = None
+    """Environment variable holding the key (never logged or written)."""
+    template: str = "{prompt}"
+    """The peer's prompt template, with ``{prompt}``."""
+    concurrency: int = 8
+    retries: int = 3
+    backoff_s: float = 0.5
+    timeout_s: float = 300.0
+    """Limit on one generation batch's requests; prompts unanswered by then are missing."""
+
+
+def prompt_of(prompt: Any) -> str:
+    """A dataset prompt as the text a served peer's template receives (module docstring)."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise ValueError("a conversational prompt without a user message cannot be sent to a served peer")
+    content = users[-1].get("content")
+    if isinstance(content, list):  # content parts: keep the text ones
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+class ServedPeerSession:
+    """One ``ServedPeer`` opened by a trainer: its client, the probe, each batch's groups."""
+
+    def __init__(self, peer: ServedPeer, sampling: SamplingRequest) -> None:
+        self.peer = peer
+        self.sampling = sampling
+        self.client = ServedPeerClient(
+            peer.name,
+            peer.endpoint,
+            peer.model,
+            api_key(peer),
+            concurrency=peer.concurrency,
+            retries=peer.retries,
+            backoff_s=peer.backoff_s,
+            step_timeout_s=peer.timeout_s,
+        )
+        self.totals = RequestStats()
+
+    def probe(self, prompt: Any) -> None:
+        """ServedPeerError (one line) unless the endpoint answers as the training will need."""
+        self.client.probe(
+            self.peer.template.format(prompt=prompt_of(prompt)), self.sampling, f"ServedPeer {self.peer.name}"
+        )
+
+    def groups(
+        self, step: int, prompt_ids: Sequence[str], prompts: Sequence[Any], asked: Sequence[int], seed: int
+    ) -> tuple[list[list[StoredTrajectory] | None], dict[str, float]]:
+        """[P] the peer's group on each prompt of ``asked`` that it answered (rewards 0 until the
+        trainer verifies them), None elsewhere; and the batch's cost metrics."""
+        n = self.sampling.n
+        texts = [self.peer.template.format(prompt=prompt_of(prompts[p])) for p in asked]
+        answers, stats = self.client.complete(texts, self.sampling, [seed + p for p in asked])
+        self.totals.merge(stats)
+        got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
+        problems = [_Problem(prompt_id) for prompt_id in prompt_ids]
+        rows = served_rows(
+            step,
+            self.peer.name,
+            problems,  # type: ignore[arg-type]
+            [prompt_of(prompt) for prompt in prompts],
+            [p for p, _ in got],
+            [a for _, a in got],
+            [[0.0] * n for _ in got],
+            n,
+            f"served:{self.peer.model}",
+            0.0,
+            True,
+        )
+        out: list[list[StoredTrajectory] | None] = [None] * len(prompt_ids)
+        for (p, _), group in zip(got, rows, strict=True):
+            out[p] = group
+        return out, {f"served_{key}/{self.peer.name}": float(getattr(stats, key)) for key in COST_KEYS}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """What ``served_rows`` reads of a problem: its id."""
+
+    id: str
