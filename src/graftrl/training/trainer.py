@@ -40,6 +40,7 @@ from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
+from graftrl.training.rescue import run_rescue
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
@@ -260,8 +261,23 @@ class Trainer:
             outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
             stored_info[f"stored_reward_changes/{name}"] = changed
 
+        rescued: dict[str, dict[str, float]] = {}
+        if self.method.rescues:  # the receivers' rescue round (method: hint), from every model's cold round
+            rescued = run_rescue(
+                self.method,
+                self.backend,
+                step,
+                self.names,
+                problems,
+                sampled,
+                outcomes,
+                records,
+                self.config.data.prompt_suffix,
+            )
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
+        for name, diagnostics in rescued.items():
+            plans[name].diagnostics.update(diagnostics)
         return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
 
     def _stored_peer_groups(
