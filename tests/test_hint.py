@@ -224,3 +224,88 @@ def test_k3_rescue_targets_take_any_peer():
     assert [(t.prompt, t.source, t.response) for t in targets] == [(1, "c", 0)]  # c: 2 successes > b: 1
     targets = method.rescue_targets("b", outcomes, records)  # type: ignore[attr-defined]
     assert [(t.prompt, t.source, t.response) for t in targets] == [(2, "a", 0)]
+
+
+def test_with_a_stored_peer_the_hint_is_the_stored_successful_response(tiny_checkpoints, tmp_path):
+    from conftest import ScriptedRewards
+
+    from graftrl.storage.store import TrajectoryStore
+
+    llama_cold, gpt2_cold = CROSSED
+    record = make_config(tiny_checkpoints, method="grpo", steps=1)
+    record = {**record, "policies": record["policies"][1:], "store": {"record": True}}
+    Trainer(config_from_dict(record), tmp_path / "gpt2", verifier=ScriptedRewards([gpt2_cold])).train()
+    stored = sorted(
+        TrajectoryStore(tmp_path / "gpt2" / "store").read_step(0), key=lambda r: (r.group_index, r.index)
+    )
+    config = make_config(tiny_checkpoints, method="hint", steps=1)
+    config = {
+        **config,
+        "policies": config["policies"][:1],
+        "peers": [{"name": "gpt2", "path": str(tmp_path / "gpt2" / "store")}],
+    }
+    verifier = RescueRewards([1.0, 1.0, 0.0, 0.0], cold=[llama_cold, gpt2_cold])
+    trainer = Trainer(config_from_dict(config), tmp_path / "llama", verifier=verifier)
+    planned = trainer.exchange(0, trainer.sampler.batch(0))
+    assert verifier.rescue_calls == [4]  # llama's prompt 0, which the stored gpt2 solved
+    assert planned.plans["llama"].diagnostics["rescue/gpt2"] == 1
+    assert planned.outcomes["llama"].rewards[0].tolist() == [1.0, 1.0, 0.0, 0.0]
+    llama = trainer.workers[0]
+    hint = trainer.method.hint_for(stored[0].response)  # type: ignore[attr-defined]
+    problem = trainer.sampler.batch(0)[0].problem
+    assert (
+        llama._rollout.prompt_ids[0]
+        == llama.policy.encode_prompts([hinted_problem(DEFAULT_TEMPLATE, problem, hint)])[0]
+    )
+    trainer.close()
+
+
+def test_hint_refuses_a_run_without_a_peer(tiny_checkpoints):
+    config = make_config(tiny_checkpoints, method="hint")
+    with pytest.raises(ValueError, match="needs a peer"):
+        config_from_dict({**config, "policies": config["policies"][:1]})
+    with pytest.raises(ValueError, match=r"rollout\.tis_cap"):
+        config_from_dict(
+            {**config, "hint": {"condition": "original"}, "rollout": {**config["rollout"], "tis_cap": 2.0}}
+        )
+
+
+def test_graftrl_train_runs_hint_on_the_embedded_pair_from_a_user_config(tmp_path):
+    """A user's YAML (the shipped embedded pair by path, its task's problems, a `hint:` section)
+    through `graftrl train`, with the real verifier: the rescue round runs on real failures."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from graftrl.cli import app
+    from graftrl.embedded.base import write_problems
+    from graftrl.embedded.models import MODEL_SPECS
+    from graftrl.embedded.shipped import SHIPPED_DIR
+    from graftrl.embedded.task import get_task, make_split
+
+    train, _ = make_split(seed=0, n_train=64, n_eval=8, task="worked")
+    write_problems(train, tmp_path / "train.jsonl")
+    policies = [
+        {
+            "name": name,
+            "path": str(next(SHIPPED_DIR.glob(f"{name}-*"))),
+            "template": MODEL_SPECS[name]["template"],
+        }
+        for name in ("llama-char", "gpt2-bpe")
+    ]
+    config = {
+        "method": "hint",
+        "hint": {"form": "prefix", "fraction": 0.5},
+        "policies": policies,
+        "data": {"train": str(tmp_path / "train.jsonl"), "prompt_suffix": None},
+        "rollout": {"n": 4, "temperature": 1.0, "max_new_tokens": get_task("worked").max_new_tokens},
+        "train": {"steps": 2, "batch_prompts": 16, "minibatch_prompts": 8, "micro_batch_size": 64},
+        "logging": {"progress": False},
+    }
+    (tmp_path / "pair.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "pair.yaml"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 4 and {r["method"] for r in rows} == {"hint"}
+    attempted = sum(r["rescue_attempted"] for r in rows)
+    assert attempted > 0  # the pair's complementary families: each fails prompts the other solves
+    assert sum(r["rescue_solved"] for r in rows) <= attempted
