@@ -309,3 +309,25 @@ def test_graftrl_train_runs_hint_on_the_embedded_pair_from_a_user_config(tmp_pat
     attempted = sum(r["rescue_attempted"] for r in rows)
     assert attempted > 0  # the pair's complementary families: each fails prompts the other solves
     assert sum(r["rescue_solved"] for r in rows) <= attempted
+
+
+def test_compares_hint_preset_puts_hint_beside_the_mastery_cells(tiny_checkpoints, tmp_path):
+    import yaml
+    from conftest import write_sums
+    from typer.testing import CliRunner
+
+    from graftrl.cli import app
+    from graftrl.reporting.matrix import preset_matrix
+
+    hint, mastery = preset_matrix("hint"), preset_matrix("mastery")
+    assert [v.name for v in hint.variants] == ["grpo", "graft", "success-only", "sgt", "hint"]
+    # the mastery line's cells unchanged (reused by digest), the hint method beside them
+    assert hint.variants[:4] == mastery.variants and hint.baseline == mastery.baseline
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(make_config(tiny_checkpoints)))
+    bench = f"b={write_sums(tmp_path / 'b.jsonl', 4, 1, 'b')}"
+    listed = CliRunner().invoke(
+        app, ["compare", "--base", str(base), "--preset", "hint", "--bench", bench, "--list-cells"]
+    )
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.split() == ["warm-start", *(f"{v.name}-seed0" for v in hint.variants)]
