@@ -133,9 +133,8 @@ def test_the_rescue_round_replaces_the_all_fail_groups(tiny_checkpoints, tmp_pat
         assert diagnostics["rescue_rate"] == 1.0 and diagnostics[f"rescue/{peer}"] == 1
         # every trained group is the receiver's own: nothing of the peer enters the gradient
         assert all(not g.peer and g.source == receiver for g in planned.plans[receiver].groups)
-        records = planned.records[receiver][prompt * 4 : prompt * 4 + 4]
-        assert [r.reward for r in records] == [1.0, 0.0, 0.0, 0.0]
-        assert [r.advantage for r in records] == pytest.approx(expected.tolist())
+        # the records stay the cold round's (what the store and the probe's samples hold)
+        assert [r.reward for r in planned.records[receiver][prompt * 4 : prompt * 4 + 4]] == [0.0] * 4
     # on-policy (condition: hinted): the group's prompt ids are the hinted prompt the responses
     # were sampled from, the peer's response inside it (a tokenizer without a chat template: the
     # policy's own template wraps the hinted problem)
@@ -331,3 +330,32 @@ def test_compares_hint_preset_puts_hint_beside_the_mastery_cells(tiny_checkpoint
     )
     assert listed.exit_code == 0, listed.output
     assert listed.output.split() == ["warm-start", *(f"{v.name}-seed0" for v in hint.variants)]
+
+
+def test_the_probe_reports_the_rescue_rate(tiny_checkpoints, tmp_path):
+    from graftrl.reporting.probe import recount, run_probe
+
+    config = config_from_dict(make_config(tiny_checkpoints, method="hint"))
+    # CROSSED: each model fails one prompt the other solved, per step of 4; the hint solves 1 of 4
+    result = run_probe(
+        config, tmp_path / "probe", 8, verifier=RescueRewards([0.0, 0.0, 1.0, 0.0]), progress=False
+    )
+    rescue = result.figures["rescue"]
+    assert rescue == {
+        "llama": {"attempted": 2, "solved": 2, "rescue_rate": 1.0},
+        "gpt2": {"attempted": 2, "solved": 2, "rescue_rate": 1.0},
+    }
+    assert recount(tmp_path / "probe")["rescue"] == rescue  # from the files alone
+    # the cold round stays what the samples and the pairs' figures count
+    assert {p["receiver"]: p["receiver_all_fail"] for p in result.figures["pairs"]} == {"llama": 2, "gpt2": 2}
+    assert "rescue rate" in (tmp_path / "probe" / "probe.md").read_text()
+
+
+def test_a_probe_without_a_rescue_round_has_no_rescue_figures(tiny_checkpoints, tmp_path):
+    from conftest import ScriptedRewards
+
+    from graftrl.reporting.probe import run_probe
+
+    config = config_from_dict(make_config(tiny_checkpoints, method="grpo"))
+    result = run_probe(config, tmp_path / "probe", 4, verifier=ScriptedRewards(CROSSED), progress=False)
+    assert "rescue" not in result.figures

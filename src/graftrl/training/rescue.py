@@ -11,7 +11,6 @@ the rescued groups their advantages (``run_rescue``). The round's rollouts count
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -179,12 +178,13 @@ def run_rescue(
     problems: Sequence[MathProblem],
     sampled: dict[str, PolicyRollout],
     outcomes: dict[str, GroupOutcomes],
-    records: dict[str, list[TrajectoryRecord]],
+    records: Mapping[str, Sequence[TrajectoryRecord]],
     prompt_suffix: str | None,
 ) -> dict[str, dict[str, float]]:
-    """The round for every receiver: updates ``outcomes`` and ``records`` of the receivers (in
-    place) with the rescued groups, adds the round's time to their timings, and returns each
-    receiver's diagnostics (``Hint.plan_keys``)."""
+    """The round for every receiver: puts the rescued groups into the receivers' ``outcomes`` (in
+    place), adds the round's time to their timings, and returns each receiver's diagnostics
+    (``Hint.plan_keys``). ``records`` stay the cold round's (what a peer, the store and the
+    probe's samples see); the rescued responses live in the workers' rollout batches."""
     requests, per_source = rescue_requests(method, receivers, problems, outcomes, records, prompt_suffix)
     results = backend.rescue(step, requests)
     diagnostics: dict[str, dict[str, float]] = {}
@@ -202,14 +202,7 @@ def run_rescue(
             if attempted:
                 row["rescue_rate"] = solved / attempted
                 row["rescue_reward_mean"] = float(result.rewards.mean())
-            rescued = method.rescued_outcomes(outcomes[receiver], result.prompts, result.rewards)  # type: ignore[attr-defined]
-            outcomes[receiver] = rescued
-            n = rescued.n
-            mine = records[receiver] = list(records[receiver])
-            for j, prompt in enumerate(result.prompts):
-                for i in range(n):
-                    advantage = float(rescued.advantages[prompt, i])
-                    mine[prompt * n + i] = dataclasses.replace(result.records[j * n + i], advantage=advantage)
+            outcomes[receiver] = method.rescued_outcomes(outcomes[receiver], result.prompts, result.rewards)  # type: ignore[attr-defined]
             timings = sampled[receiver].timings
             for key, seconds in result.timings.items():
                 timings[key] = timings.get(key, 0.0) + seconds
