@@ -1,4 +1,4 @@
-"""`method: hint` (CoRe's rescue round, algorithm.md §3.6): the hint's text and its fit to the
+"""`method: hint` (CoRe's rescue round, algorithm.md §3.1): the hint's text and its fit to the
 context, which prompts are rescued and the rescued group's advantages, and the round inside real
 training steps on the tiny pair, a stored peer, K = 3 and the embedded pair."""
 

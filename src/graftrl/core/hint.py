@@ -1,4 +1,4 @@
-"""The rescue round's math (CoRe, arXiv 2601.21600; algorithm.md §3.6): which all-fail prompts a
+"""The rescue round's math (CoRe, arXiv 2601.21600; algorithm.md §3.1): which all-fail prompts a
 peer's verified success can rescue, and the advantages of the rescued group.
 
 P prompts, K peers, n rollouts per prompt, R rescued prompts.

@@ -1,4 +1,4 @@
-"""``method: hint``: CoRe's rescue round (arXiv 2601.21600; algorithm.md §3.6) — the peer in the
+"""``method: hint``: CoRe's rescue round (arXiv 2601.21600; algorithm.md §3.1) — the peer in the
 receiver's prompt, not in its gradient.
 
 On a prompt where the receiver failed all n (eq. 4's k_B = 0) and a peer (co-trained or stored)
@@ -62,7 +62,7 @@ class HintConfig(ConfigSection):
     """What the gradient conditions on: hinted (the rows' prompt is the hinted one the responses
     were sampled from: on-policy, CoRe's choice; default) or original (the rows' prompt is the
     problem without the hint, the hinted sampling's log-probs the ratio's denominator:
-    off-policy, algorithm.md §3.6)."""
+    off-policy, algorithm.md §3.1)."""
     rescue_bonus: float = Field(default=0.0, ge=0)
     """Added to the advantage of each successful rescued response (CoRe's rescue bonus); 0 = off."""
 

@@ -457,7 +457,7 @@ def run_mastery(
     preset: str = PRESET,
 ) -> dict[str, Any]:
     """Run (or continue) the mastery sweep; returns its results.json. ``preset``: each point's
-    compare (``hint``: the mastery cells and the hint method beside them, algorithm.md §3.6)."""
+    compare (``hint``: the mastery cells and the hint method beside them, algorithm.md §3.1)."""
     console = console or Console()
     ordered = check_points(points)
     if seeds < 1:

@@ -1,4 +1,4 @@
-"""The rescue round of a method that ``rescues`` (``method: hint``, CoRe; algorithm.md §3.6).
+"""The rescue round of a method that ``rescues`` (``method: hint``, CoRe; algorithm.md §3.1).
 
 Between a step's rollout and its plan: the driver asks the method which of each receiver's
 all-fail prompts a peer solved and builds each hinted problem text from the peer's successful
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -31,7 +31,13 @@ from graftrl.training.trajectories import rollout_records
 
 if TYPE_CHECKING:
     from graftrl.models.policy import Policy
-    from graftrl.training.backends import WorkerGroup
+
+
+class Rescuers(Protocol):
+    """What the round needs of the workers (``backends.WorkerGroup.rescue``, which imports this
+    module)."""
+
+    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]: ...
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def rescue_requests(
 
 def run_rescue(
     method: Method,
-    backend: WorkerGroup,
+    backend: Rescuers,
     step: int,
     receivers: Sequence[str],
     problems: Sequence[MathProblem],
