@@ -359,3 +359,23 @@ def test_a_probe_without_a_rescue_round_has_no_rescue_figures(tiny_checkpoints, 
     config = config_from_dict(make_config(tiny_checkpoints, method="grpo"))
     result = run_probe(config, tmp_path / "probe", 4, verifier=ScriptedRewards(CROSSED), progress=False)
     assert "rescue" not in result.figures
+
+
+def test_sweep_takes_the_hint_preset_for_the_mastery_line_only(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from graftrl.cli import app
+
+    ran = {}
+    monkeypatch.setattr("graftrl.reporting.mastery.run_mastery", lambda out, points, **rest: ran.update(rest))
+    result = CliRunner().invoke(
+        app, ["sweep", "--knob", "mastery", "--preset", "hint", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert ran["preset"] == "hint"
+    wrong = CliRunner().invoke(
+        app, ["sweep", "--knob", "mastery", "--preset", "table1", "--out", str(tmp_path)]
+    )
+    assert wrong.exit_code == 2 and "--preset: `mastery` or `hint`" in wrong.output
+    overlap = CliRunner().invoke(app, ["sweep", "--preset", "hint", "--out", str(tmp_path)])
+    assert overlap.exit_code == 2 and "--preset goes with --knob mastery" in overlap.output
