@@ -379,3 +379,24 @@ def test_sweep_takes_the_hint_preset_for_the_mastery_line_only(tmp_path, monkeyp
     assert wrong.exit_code == 2 and "--preset: `mastery` or `hint`" in wrong.output
     overlap = CliRunner().invoke(app, ["sweep", "--preset", "hint", "--out", str(tmp_path)])
     assert overlap.exit_code == 2 and "--preset goes with --knob mastery" in overlap.output
+
+
+def test_the_hint_sits_in_the_user_turn_with_a_chat_template_and_in_the_template_without(tiny_checkpoints):
+    from graftrl.models.policy import Policy
+
+    hinted = hinted_problem(DEFAULT_TEMPLATE, "3+4", hint_text(RESPONSE, "plan"))
+    plain = Policy.from_pretrained("gpt2", tiny_checkpoints["gpt2"], template="Q: {problem}\nA: ")
+    assert plain.tokenizer.chat_template is None  # no chat template: the policy's own template wraps it
+    assert plain.format_prompt(hinted) == f"Q: {hinted}\nA: "
+    chat = Policy.from_pretrained("gpt2", tiny_checkpoints["gpt2"], chat_template=True)
+    chat.tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert chat.format_prompt(hinted) == f"<|user|>{hinted}<|end|><|assistant|>"
+    # the fit counts the chat template's tokens too
+    count = lambda text: len(chat.encode_prompts([text])[0])  # noqa: E731
+    build = lambda h: hinted_problem(DEFAULT_TEMPLATE, "3+4", h)  # noqa: E731
+    budget = count(build("")) + 5
+    text, cut = fit_hint(build, RESPONSE, count, budget)
+    assert cut and count(text) <= budget
