@@ -194,15 +194,33 @@ def test_hint_trains_and_logs_its_rescue_round(tiny_checkpoints, tmp_path):
     rows = read_metrics(tmp_path / "run")
     assert len(rows) == 4 and all(r["method"] == "hint" and r["rescue_attempted"] == 1 for r in rows)
     assert all(r["rescue_rate"] == 1.0 and r["time_rollout"] > 0 for r in rows)
+    # rescues.jsonl: each rescued response, its hinted prompt and reward (texts: logging.log_transfers)
+    from graftrl.storage.log_keys import RESCUE_KEYS, row_problem, undeclared_keys
+    from graftrl.storage.rundir import RunDir, read_jsonl
+
+    rescues = read_jsonl(RunDir(tmp_path / "run").rescues)
+    assert len(rescues) == 2 * 2 * 4  # steps x receivers x n
+    assert undeclared_keys(rescues, RESCUE_KEYS) == [] and all(
+        row_problem(r, RESCUE_KEYS) is None for r in rescues
+    )
+    assert [r["reward"] for r in rescues[:4]] == [0.0, 1.0, 0.0, 0.0] and [
+        r["index"] for r in rescues[:4]
+    ] == [0, 1, 2, 3]
+    assert {(r["receiver"], r["source"]) for r in rescues} == {("llama", "gpt2"), ("gpt2", "llama")}
+    assert all("\nHint: " in r["hinted"] and "response" not in r for r in rescues)
 
 
 def test_compare_counts_the_rescue_rollouts(tiny_checkpoints, tmp_path):
     from graftrl.reporting.cells import _compute_per_model
+    from graftrl.storage.rundir import RunDir, read_jsonl
 
-    config = config_from_dict(make_config(tiny_checkpoints, method="hint", steps=2))
+    raw = make_config(tiny_checkpoints, method="hint", steps=2)
+    config = config_from_dict({**raw, "logging": {**raw["logging"], "log_transfers": True}})
     Trainer(config, tmp_path / "run", verifier=RescueRewards([0.0, 1.0, 0.0, 0.0])).train()
     # 2 steps x (4 prompts + 1 rescued) x n = 4
     assert _compute_per_model(tmp_path / "run", 4, 4)["rollouts_per_model"] == 2 * 5 * 4
+    # with logging.log_transfers the rescued responses' texts are logged, for their errors
+    assert all(isinstance(r["response"], str) for r in read_jsonl(RunDir(tmp_path / "run").rescues))
 
 
 def test_k3_rescue_targets_take_any_peer():

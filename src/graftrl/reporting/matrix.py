@@ -137,8 +137,8 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
             Variant("success-only", "graft", {"graft.transfer": "success_only", **texts}),
             Variant("sgt", "sgt"),
         ]
-        if name == "hint":
-            variants.append(Variant("hint", "hint"))
+        if name == "hint":  # with the rescued responses' texts (rescues.jsonl), for their errors
+            variants.append(Variant("hint", "hint", texts))
         return Matrix(variants, baseline="grpo", reference="graft", source=f"preset {name}")
     raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 

@@ -52,6 +52,8 @@ class RescueRequest:
     """[R] the hint of each (the peer's response as the method's ``form`` cuts it)."""
     answers: list[str]
     """[R] each problem's reference answer."""
+    sources: list[str]
+    """[R] the peer each hint comes from."""
     template: str
     """The method's hinted problem text, with {problem} and {hint}."""
     condition: str
@@ -67,7 +69,9 @@ class RescueResult:
     rewards: Tensor
     """[R', n] verifier rewards of the responses sampled with the hint."""
     records: list[TrajectoryRecord]
-    """[R' * n] their records (advantage 0: the driver sets them)."""
+    """[R' * n] their records (advantage 0: the trained advantages are the outcomes')."""
+    hinted: list[str] = field(default_factory=list)
+    """[R'] each hinted problem text as sampled (its hint cut to the context)."""
     truncated: int = 0
     """Hints cut to fit the context."""
     skipped: int = 0
@@ -112,7 +116,7 @@ def sample_rescue(
     skipped = len(request.prompts) - len(prompts)
     n = rollout.n
     if not prompts:
-        return RescueResult([], torch.zeros(0, n), [], truncated, skipped)
+        return RescueResult([], torch.zeros(0, n), [], [], truncated, skipped)
     start = time.perf_counter()
     batch = generate(texts, seed)
     sampled = time.perf_counter()
@@ -134,7 +138,7 @@ def sample_rescue(
         step, name, [problems[p] for p in prompts], batch, rewards, torch.zeros_like(rewards)
     )
     timings = {"time_rollout": sampled - start, "time_reward": scored - sampled}
-    return RescueResult(prompts, rewards, records, truncated, skipped, timings)
+    return RescueResult(prompts, rewards, records, texts, truncated, skipped, timings)
 
 
 def rescue_requests(
@@ -169,11 +173,47 @@ def rescue_requests(
                     for t in targets
                 ],
                 answers=[problems[t.prompt].answer for t in targets],
+                sources=[t.source for t in targets],
                 template=options.template,
                 condition=options.condition,
             )
         )
     return requests, per_source
+
+
+@dataclass(frozen=True)
+class RescueRound:
+    """What a step's rescue round gives the trainer (``run_rescue``)."""
+
+    diagnostics: dict[str, dict[str, float]]
+    """Receiver -> its plan diagnostics (``Hint.plan_keys``)."""
+    rows: dict[str, list[dict[str, Any]]]
+    """Receiver -> its rescues.jsonl rows, one per rescued response (``storage.log_keys.RESCUE_KEYS``)."""
+
+
+def log_rows(
+    step: int, receiver: str, request: RescueRequest, result: RescueResult, texts: bool
+) -> list[dict[str, Any]]:
+    """One rescues.jsonl row per response sampled with a hint; its text only with ``texts``
+    (``logging.log_transfers``)."""
+    source = dict(zip(request.prompts, request.sources, strict=True))
+    n = result.rewards.shape[-1]
+    rows = []
+    for j, prompt in enumerate(result.prompts):
+        for record in result.records[j * n : (j + 1) * n]:
+            row = {
+                "step": step,
+                "receiver": receiver,
+                "source": source[prompt],
+                "prompt_id": record.prompt_id,
+                "index": record.index,
+                "reward": record.reward,
+                "hinted": result.hinted[j],
+            }
+            if texts:
+                row["response"] = record.response
+            rows.append(row)
+    return rows
 
 
 def run_rescue(
@@ -186,14 +226,16 @@ def run_rescue(
     outcomes: dict[str, GroupOutcomes],
     records: Mapping[str, Sequence[TrajectoryRecord]],
     prompt_suffix: str | None,
-) -> dict[str, dict[str, float]]:
+    texts: bool = False,
+) -> RescueRound:
     """The round for every receiver: puts the rescued groups into the receivers' ``outcomes`` (in
-    place), adds the round's time to their timings, and returns each receiver's diagnostics
-    (``Hint.plan_keys``). ``records`` stay the cold round's (what a peer, the store and the
+    place), adds the round's time to their timings, and returns each receiver's diagnostics and
+    log rows (``texts``: with the responses' text). ``records`` stay the cold round's (what a peer, the store and the
     probe's samples see); the rescued responses live in the workers' rollout batches."""
     requests, per_source = rescue_requests(method, receivers, problems, outcomes, records, prompt_suffix)
     results = backend.rescue(step, requests)
     diagnostics: dict[str, dict[str, float]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
     for receiver, request, result in zip(receivers, requests, results, strict=True):
         row = {"rescue_attempted": 0.0, "rescue_solved": 0.0, "rescue_truncated": 0.0, "rescue_skipped": 0.0}
         row.update(per_source[receiver])
@@ -208,9 +250,10 @@ def run_rescue(
             if attempted:
                 row["rescue_rate"] = solved / attempted
                 row["rescue_reward_mean"] = float(result.rewards.mean())
+            rows[receiver] = log_rows(step, receiver, request, result, texts)
             outcomes[receiver] = method.rescued_outcomes(outcomes[receiver], result.prompts, result.rewards)  # type: ignore[attr-defined]
             timings = sampled[receiver].timings
             for key, seconds in result.timings.items():
                 timings[key] = timings.get(key, 0.0) + seconds
         diagnostics[receiver] = row
-    return diagnostics
+    return RescueRound(diagnostics, rows)

@@ -64,6 +64,8 @@ class StepExchange:
     plans: dict[str, ExchangePlan]
     stored_info: dict[str, float]
     """``stored_reward_changes/<peer>`` per stored peer."""
+    rescues: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """Each receiver's rescues.jsonl rows (a method with a rescue round; else empty)."""
 
 
 class Trainer:
@@ -239,6 +241,9 @@ class Trainer:
             assert self.logger is not None
             self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
         self._log_samples(step, sampled, outcomes)
+        rescues = [row for name in self.names for row in planned.rescues.get(name, ())]
+        if rescues:
+            append_jsonl(self.files.rescues, rescues)
         return metrics
 
     def exchange(self, step: int, problems: list[MathProblem]) -> StepExchange:
@@ -261,7 +266,7 @@ class Trainer:
             outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
             stored_info[f"stored_reward_changes/{name}"] = changed
 
-        rescued: dict[str, dict[str, float]] = {}
+        rescued = None
         if self.method.rescues:  # the receivers' rescue round (method: hint), from every model's cold round
             rescued = run_rescue(
                 self.method,
@@ -273,12 +278,15 @@ class Trainer:
                 outcomes,
                 records,
                 self.config.data.prompt_suffix,
+                texts=self.config.logging.log_transfers,
             )
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
-        for name, diagnostics in rescued.items():
+        if rescued is None:
+            return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
+        for name, diagnostics in rescued.diagnostics.items():
             plans[name].diagnostics.update(diagnostics)
-        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info)
+        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info, rescued.rows)
 
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]
