@@ -418,3 +418,29 @@ def test_the_hint_sits_in_the_user_turn_with_a_chat_template_and_in_the_template
     budget = count(build("")) + 5
     text, cut = fit_hint(build, RESPONSE, count, budget)
     assert cut and count(text) <= budget
+
+
+def test_hint_resumes_exactly(tiny_checkpoints, tmp_path):
+    """The rescue round's draws come from (seed, step, stream): a resumed run samples, trains and
+    logs what an uninterrupted one does (rescues.jsonl included)."""
+    from conftest import comparable_metrics, weights_of
+
+    from graftrl.storage.rundir import RunDir
+
+    raw = make_config(tiny_checkpoints, method="hint", steps=3)
+    rescue = [0.0, 1.0, 0.0, 0.0]
+    full = Trainer(config_from_dict(raw), tmp_path / "full", verifier=RescueRewards(rescue))
+    full.train()
+    cut = {**raw, "checkpoint": {"every": 1, "keep_last": 5}}
+    Trainer(
+        config_from_dict({**cut, "train": {**cut["train"], "steps": 2}}),
+        tmp_path / "cut",
+        verifier=RescueRewards(rescue),
+    ).train()
+    resumed = Trainer(config_from_dict(cut), tmp_path / "cut", verifier=RescueRewards(rescue))
+    resumed.train(resume=True)
+    assert resumed.start_step == 2
+    full_weights, resumed_weights = weights_of(full), weights_of(resumed)
+    assert all(torch.equal(value, resumed_weights[key]) for key, value in full_weights.items())
+    assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut")
+    assert RunDir(tmp_path / "full").rescues.read_text() == RunDir(tmp_path / "cut").rescues.read_text()
