@@ -444,3 +444,19 @@ def test_hint_resumes_exactly(tiny_checkpoints, tmp_path):
     assert all(torch.equal(value, resumed_weights[key]) for key, value in full_weights.items())
     assert comparable_metrics(tmp_path / "full") == comparable_metrics(tmp_path / "cut")
     assert RunDir(tmp_path / "full").rescues.read_text() == RunDir(tmp_path / "cut").rescues.read_text()
+
+
+def test_in_a_step_a_hint_longer_than_the_context_is_cut_to_fit(tiny_checkpoints, tmp_path):
+    """512 positions, 412 of them for the response: a prompt holds 100 tokens, and the llama's
+    characters leave a long hint a few of them."""
+    raw = make_config(tiny_checkpoints, method="hint", steps=1)
+    raw = {**raw, "rollout": {**raw["rollout"], "max_new_tokens": 412}, "hint": {"form": "solution"}}
+    trainer = Trainer(config_from_dict(raw), tmp_path / "run", verifier=RescueRewards([1.0, 0.0, 0.0, 0.0]))
+    planned = trainer.exchange(0, trainer.sampler.batch(0))
+    llama = trainer.workers[0]
+    budget = llama.policy.context_length - 412
+    diagnostics = planned.plans["llama"].diagnostics
+    assert diagnostics["rescue_truncated"] == diagnostics["rescue_attempted"] == 1
+    hinted = llama._rollout.prompt_ids[0]
+    assert len(hinted) == budget  # the longest head that fits (one character, one token)
+    trainer.close()
