@@ -366,6 +366,8 @@ def test_the_probe_reports_the_rescue_rate(tiny_checkpoints, tmp_path):
     assert recount(tmp_path / "probe")["rescue"] == rescue  # from the files alone
     # the cold round stays what the samples and the pairs' figures count
     assert {p["receiver"]: p["receiver_all_fail"] for p in result.figures["pairs"]} == {"llama": 2, "gpt2": 2}
+    # every candidate group of the cold round is scored, the rescued (now solved) prompts' included
+    assert all(p["candidates"] == 2 and p["scored"]["responses"] == 2 * 4 for p in result.figures["pairs"])
     assert "rescue rate" in (tmp_path / "probe" / "probe.md").read_text()
 
 
