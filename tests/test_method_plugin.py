@@ -108,7 +108,9 @@ def test_its_section_is_part_of_every_config_and_validated(grpo_wide, tiny_check
     with pytest.raises(ConfigError, match=r"rollout\.n: method 'grpo_wide' needs groups of at least 4"):
         config_from_dict({**raw, "rollout": {**raw["rollout"], "n": 2}})
     # the generic rules still hold for it (no stored peers: it does not declare them)
-    with pytest.raises(ConfigError, match="peers: stored peers are used by method 'graft', not 'grpo_wide'"):
+    with pytest.raises(
+        ConfigError, match="peers: stored peers are used by method 'graft' or 'hint', not 'grpo_wide'"
+    ):
         config_from_dict({**raw, "peers": [{"name": "old", "path": "store"}]})
 
 

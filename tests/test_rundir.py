@@ -43,6 +43,7 @@ def test_the_layout_keeps_its_names(tmp_path):
         run.samples: "samples.jsonl",
         run.compatibility: "compatibility.jsonl",
         run.validation: "validation.jsonl",
+        run.rescues: "rescues.jsonl",
         run.checkpoints: "checkpoints",
         run.checkpoint(3): "checkpoints/step_000003",
         run.best: "best",
@@ -67,7 +68,7 @@ def test_the_layout_keeps_its_names(tmp_path):
     }
     for path, name in named.items():
         assert path.relative_to(tmp_path).as_posix() == name
-    assert run.logs == (run.metrics, run.samples, run.compatibility, run.validation)
+    assert run.logs == (run.metrics, run.samples, run.compatibility, run.validation, run.rescues)
     assert not run.holds_run() and not run.is_run()
     append_jsonl(run.metrics, {"step": 0})
     run.config.write_text("seed: 1\n")

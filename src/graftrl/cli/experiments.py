@@ -231,6 +231,13 @@ def sweep(
         ),
     ] = ",".join(MASTERY_POINTS),
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="--knob mastery's compare at each point: `mastery` (GRPO, GRAFT, success-only, SGT) "
+            "or `hint` (the same cells and the hint method beside them)."
+        ),
+    ] = "mastery",
     steps: StepsOption = None,
     quick: QuickOption = False,
     out: Annotated[
@@ -260,8 +267,12 @@ def sweep(
         from graftrl.reporting.mastery import run_mastery
 
         thread_note()
-        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], **line)
+        if preset not in ("mastery", "hint"):
+            raise SweepError(f"--preset: `mastery` or `hint`, got {preset!r}")
+        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], preset=preset, **line)
         return
+    if preset != "mastery":
+        raise SweepError("--preset goes with --knob mastery")
     if knob != "overlap":
         raise SweepError(f"--knob: `overlap` or `mastery`, got {knob!r}")
     try:

@@ -250,6 +250,9 @@ class Method:
     reads_row_origins: ClassVar[bool] = False
     """The loss reads ``LossInputs.origins`` (each row's source and its behaviour mean, the
     minibatch's position and rows); the worker builds them only then."""
+    rescues: ClassVar[bool] = False
+    """Between rollout and plan the trainer runs a rescue round (``graftrl.training.rescue``): the
+    receiver samples its all-fail prompts again with a peer's hint (``hint``)."""
     loss_metrics: ClassVar[tuple[LossMetric, ...]] = CLIPPING
     """The metrics.jsonl keys of the loss (``loss_metrics.LossMetric``): each the ratio of two sums
     the loss returns (or of a sum and the worker's count of trained tokens)."""

@@ -114,3 +114,35 @@ def check_prompts_fit(
         source,
         limit,
     )
+
+
+def fit_hint(
+    build: Callable[[str], str],
+    hint: str,
+    prompt_tokens: Callable[[str], int],
+    budget: int | None,
+) -> tuple[str, bool] | None:
+    """The longest head of ``hint`` whose prompt fits ``budget`` tokens (the context less the
+    response budget), as (prompt problem text, whether the hint was cut); None when not even a
+    one-character hint fits.
+
+    ``build`` makes the problem text of a hint (the method's template), ``prompt_tokens`` counts
+    the tokens of a problem text as the policy formats and encodes it; ``budget`` None: the model's
+    context is unknown, nothing is cut. The head is found by bisection on characters, so a hint of
+    any tokenizer costs about log2(len(hint)) encodings, and a cut never splits a character.
+    """
+    if budget is None or prompt_tokens(build(hint)) <= budget:
+        return build(hint), False
+    low, high = (
+        0,
+        len(hint),
+    )  # hint[:low] fits (low = 0 stands for "nothing tried fits"), hint[:high] does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if prompt_tokens(build(hint[:middle])) <= budget:
+            low = middle
+        else:
+            high = middle
+    if low == 0:
+        return None
+    return build(hint[:low].rstrip()), True

@@ -135,7 +135,9 @@ def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, f
     totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for row in read_run_metrics(run_dir):
         model = totals[row["model"]]
-        model["rollouts_per_model"] += int(row.get("prompts_sampled") or batch_prompts) * n
+        # a rescue round (method: hint) samples n more responses per rescued prompt
+        prompts = int(row.get("prompts_sampled") or batch_prompts) + int(row.get("rescue_attempted") or 0)
+        model["rollouts_per_model"] += prompts * n
         model["rows_trained_per_model"] += int(row.get("train_rows") or 0)
         model["optimizer_steps_per_model"] += int(row.get("optimizer_steps") or 0)
     keys = ("rollouts_per_model", "rows_trained_per_model", "optimizer_steps_per_model")

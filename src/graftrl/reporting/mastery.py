@@ -454,8 +454,10 @@ def run_mastery(
     task: str = DEFAULT_TASK,
     jobs: int = 1,
     reuse: Sequence[Path] = (),
+    preset: str = PRESET,
 ) -> dict[str, Any]:
-    """Run (or continue) the mastery sweep; returns its results.json."""
+    """Run (or continue) the mastery sweep; returns its results.json. ``preset``: each point's
+    compare (``hint``: the mastery cells and the hint method beside them, algorithm.md §3.1)."""
     console = console or Console()
     ordered = check_points(points)
     if seeds < 1:
@@ -478,7 +480,7 @@ def run_mastery(
     }
     final = run_points_seed_major(
         {p: (point_dir(out_dir, p), tasks[p], f"mastery {p}") for p in ordered},
-        PRESET,
+        preset,
         seeds,
         steps,
         console,

@@ -81,7 +81,7 @@ def yaml_value(value: Any) -> str:
     return text
 
 
-PRESETS = ("table1", "table2", "demo", "mastery")
+PRESETS = ("table1", "table2", "demo", "mastery", "hint")
 
 
 def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matrix:
@@ -125,9 +125,11 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
         # `graftrl demo`: GRPO (n = 8) and GRAFT on the same prompts, steps and rollout budget.
         variants = [Variant("grpo", "grpo"), Variant("graft", "graft")]
         return Matrix(variants, baseline="grpo", reference="graft", source="preset demo")
-    if name == "mastery":
+    if name in ("mastery", "hint"):
         # `graftrl sweep --knob mastery`: which transfer rule wins where. GRAFT and success-only
         # transfer log the transferred texts, for the error classes of the moved wrong responses.
+        # `hint` adds the peer in the prompt (CoRe's rescue round) beside them: the same cells
+        # otherwise, so a mastery line's committed cells are reused by digest.
         texts = {"logging.log_transfers": True}
         variants = [
             Variant("grpo", "grpo"),
@@ -135,7 +137,9 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matr
             Variant("success-only", "graft", {"graft.transfer": "success_only", **texts}),
             Variant("sgt", "sgt"),
         ]
-        return Matrix(variants, baseline="grpo", reference="graft", source="preset mastery")
+        if name == "hint":  # with the rescued responses' texts (rescues.jsonl), for their errors
+            variants.append(Variant("hint", "hint", texts))
+        return Matrix(variants, baseline="grpo", reference="graft", source=f"preset {name}")
     raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 
 

@@ -37,6 +37,7 @@ from graftrl.methods import ExchangePlan
 from graftrl.models.policy import Policy
 from graftrl.reporting.probe_stats import (
     COST_KEYS,
+    RESCUE_KEYS,
     WALL_KEYS,
     ProbeSettings,
     StepData,
@@ -198,6 +199,11 @@ def step_data(result: ProbeStep, n: int) -> tuple[StepData, dict[str, list[dict[
         moved_groups=moved_groups,
         costs=costs,
         wall=wall,
+        rescue={
+            name: {k: result.metrics[name][k] for k in RESCUE_KEYS}
+            for name in ex.sampled
+            if "rescue_attempted" in result.metrics[name]
+        },
     )
     rows = {
         "samples": samples,
@@ -253,6 +259,11 @@ def read_steps(folder: str | Path, settings: ProbeSettings) -> list[StepData]:
                 moved_groups=at("moved_groups"),
                 costs={name: {k: by_policy[name][k] for k in COST_KEYS} for name in settings.policies},
                 wall={k: first[k] for k in WALL_KEYS},
+                rescue={
+                    name: {k: row[k] for k in RESCUE_KEYS}
+                    for name, row in by_policy.items()
+                    if "rescue_attempted" in row
+                },
             )
         )
     return out

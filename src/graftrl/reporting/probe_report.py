@@ -60,6 +60,28 @@ def _quantiles(entry: Mapping[str, Any] | None) -> str:
     return " / ".join(f"{v:.2f}" for v in entry["quantiles"].values())
 
 
+def _rescue_lines(rescue: Mapping[str, Any] | None) -> list[str]:
+    """The hint's rescue round (a method that ``rescues``): what it would recover."""
+    if not rescue:
+        return []
+    return [
+        "",
+        "### The rescue round",
+        "",
+        "Rescue rate: the share of the receiver's all-fail prompts that a peer solved which the "
+        "receiver solves at least once when it samples them again with the peer's hint (the "
+        "rescue round's prompts cost n more responses each).",
+        "",
+        *_table(
+            ["receiver", "rescued prompts", "solved with the hint", "rescue rate"],
+            [
+                [name, str(r["attempted"]), str(r["solved"]), _pct(r["rescue_rate"])]
+                for name, r in rescue.items()
+            ],
+        ),
+    ]
+
+
 def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
     """probe.md: per model, per ordered pair, s by outcome, the method's exchange, cost."""
     probe, cost = figures["probe"], figures["cost"]
@@ -115,6 +137,7 @@ def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
                 for p in figures["pairs"]
             ],
         ),
+        *_rescue_lines(figures.get("rescue")),
         "",
         "### Compatibility s of every candidate response, by outcome",
         "",

@@ -43,6 +43,9 @@ COST_KEYS = (
 """Per (step, policy) in steps.jsonl: the phases' seconds (``time_peer_logprob``: the scoring pass
 of the method's rows; ``candidates_``: of the other candidate groups), the prompt + response
 tokens of both scoring passes and of the rows the update would train."""
+RESCUE_KEYS = ("rescue_attempted", "rescue_solved")
+"""Per (step, policy) in steps.jsonl under a method with a rescue round (``hint``): its all-fail
+prompts sampled again with a peer's hint, and of them those solved at least once."""
 WALL_KEYS = ("wall_rollout", "wall_moved", "wall_candidates")
 """Per step in steps.jsonl: wall-clock of sampling + planning, of building the method's rows and
 of scoring the other candidate groups."""
@@ -91,6 +94,8 @@ class StepData:
     """Policy -> ``COST_KEYS``."""
     wall: dict[str, float]
     """``WALL_KEYS`` -> seconds."""
+    rescue: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Policy -> ``RESCUE_KEYS`` of its rescue round (a method that ``rescues``; else empty)."""
 
 
 def nearest_rank(values: Sequence[float], fraction: float) -> float:
@@ -278,13 +283,27 @@ def probe_statistics(settings: ProbeSettings, steps: Sequence[StepData]) -> dict
                     "moved": moved,
                 }
             )
-    return {
+    figures = {
         "probe": dataclasses.asdict(settings),
         "steps": len(steps),
         "models": models,
         "pairs": pairs,
         "cost": _cost(steps, settings),
     }
+    if any(s.rescue for s in steps):
+        figures["rescue"] = _rescue(steps, settings)
+    return figures
+
+
+def _rescue(steps: Sequence[StepData], settings: ProbeSettings) -> dict[str, dict[str, Any]]:
+    """Per receiver, what the hint's rescue round recovers: its all-fail prompts that a peer
+    solved, sampled again with the hint, and the share of them solved at least once."""
+    out = {}
+    for name in settings.policies:
+        attempted = int(sum(s.rescue.get(name, {}).get("rescue_attempted", 0) for s in steps))
+        solved = int(sum(s.rescue.get(name, {}).get("rescue_solved", 0) for s in steps))
+        out[name] = {"attempted": attempted, "solved": solved, "rescue_rate": _share(solved, attempted)}
+    return out
 
 
 def histogram_values(steps: Sequence[StepData]) -> dict[str, dict[str, list[float]]]:

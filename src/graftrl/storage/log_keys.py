@@ -279,11 +279,27 @@ SAMPLE_KEYS: tuple[LogKey, ...] = tuple(
 )
 """Every key of a ``samples.jsonl`` row (``logging.log_samples`` prompts per policy and step)."""
 
+RESCUE_KEYS: tuple[LogKey, ...] = tuple(
+    _keys(
+        _RUN.rescues.name,
+        ("step", "training step, 0-based", "step"),
+        ("receiver", "the policy that sampled the response with a peer's hint", "name"),
+        ("source", "the peer (policy or stored peer) whose successful response gave the hint", "name"),
+        ("prompt_id", "the problem's id", "id"),
+        ("index", "the response's position in the rescued group", "index"),
+        ("reward", "its verifier reward", "reward"),
+        ("hinted", "the problem text it was sampled from, the hint in it (cut to the context)", "text"),
+        ("response", "its text (only with `logging.log_transfers`)", "text"),
+    )
+)
+"""Every key of a ``rescues.jsonl`` row: one per response of a rescue round (``method: hint``)."""
+
 LOGS: dict[str, tuple[LogKey, ...]] = {
     _RUN.metrics.name: METRIC_KEYS,
     _RUN.validation.name: VALIDATION_KEYS,
     _RUN.compatibility.name: COMPATIBILITY_KEYS,
     _RUN.samples.name: SAMPLE_KEYS,
+    _RUN.rescues.name: RESCUE_KEYS,
 }
 """The declared keys of each log, by its file name in the run folder."""
 

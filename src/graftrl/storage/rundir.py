@@ -8,6 +8,7 @@ for a path instead of naming a file. Layout of ``graftrl train --out RUN``::
       metrics.jsonl                    one row per (step, policy): the keys of METRIC_KEYS
       samples.jsonl                    example responses per step (logging.log_samples)
       compatibility.jsonl              every compatibility score s of a step's transferred responses
+      rescues.jsonl                    every response of a rescue round (method: hint) with its hint
       validation.jsonl                 one row per (validation, policy): VALIDATION_KEYS
       <log>.discarded.jsonl            rows a resume cut from <log> (later steps, torn lines)
       checkpoints/step_000003/         after 3 completed steps (graftrl.storage.checkpoint):
@@ -99,9 +100,13 @@ class RunDir(Folder):
         return self.root / "validation.jsonl"
 
     @property
+    def rescues(self) -> Path:
+        return self.root / "rescues.jsonl"
+
+    @property
     def logs(self) -> tuple[Path, ...]:
         """The derived JSONL logs, cut back together on resume."""
-        return (self.metrics, self.samples, self.compatibility, self.validation)
+        return (self.metrics, self.samples, self.compatibility, self.validation, self.rescues)
 
     @property
     def checkpoints(self) -> Path:

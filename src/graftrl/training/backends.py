@@ -27,6 +27,7 @@ from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
+from graftrl.training.rescue import RescueRequest, RescueResult
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.worker import PeerScores, PolicyWorker, UpdateResult
 
@@ -43,6 +44,8 @@ class Worker(Protocol):
     def reset_peak_memory(self) -> None: ...
 
     def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout: ...
+
+    def rescue(self, step: int, request: RescueRequest | None) -> RescueResult | None: ...
 
     def update(
         self, step: int, plan: ExchangePlan, records: Records, method_state: dict[str, Any] | None = None
@@ -91,6 +94,10 @@ class WorkerGroup(abc.ABC):
     @abc.abstractmethod
     def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
         """Every policy samples and scores the step's prompts."""
+
+    @abc.abstractmethod
+    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
+        """Every policy with a request samples its rescue round (``training.rescue``; None: none)."""
 
     @abc.abstractmethod
     def update(
@@ -217,6 +224,9 @@ class LocalBackend(WorkerGroup):
 
     def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
         return [worker.rollout(step, problems) for worker in self._workers]
+
+    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
+        return [worker.rescue(step, r) for worker, r in zip(self._workers, requests, strict=True)]
 
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
@@ -402,6 +412,10 @@ class RayBackend(WorkerGroup):
 
     def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
         return self._gather("rollout", [actor.rollout.remote(step, problems) for actor in self.actors])
+
+    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
+        refs = [actor.rescue.remote(step, r) for actor, r in zip(self.actors, requests, strict=True)]
+        return self._gather("rescue", refs)
 
     def update(
         self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method

@@ -205,7 +205,8 @@ class Probe:
             )
         )
         built = time.perf_counter()
-        plans = candidate_plans(planned.outcomes, names)
+        # the cold round's groups (a rescue round, method: hint, changes what the receiver trains on)
+        plans = candidate_plans(planned.shared, names)
         reused = {
             r: reusable_groups(planned.plans[r], planned.outcomes) if self.rule is trainer.method else set()
             for r in names

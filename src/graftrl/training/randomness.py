@@ -24,5 +24,7 @@ def sampling_stream(index: int, round_: int = 0) -> int:
 
 UPDATE_STREAM = 500_000
 """UPDATE_STREAM + policy index: a policy's update (minibatch order, random admission)."""
+RESCUE_STREAM = 700_000
+"""RESCUE_STREAM + policy index: a policy's rescue round (``method: hint``)."""
 EXTRA_PROMPT_STREAM = 999_983
 """Dynamic sampling's extra prompts (one sampler per policy, a slot per (step, policy, round))."""

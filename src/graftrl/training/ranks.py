@@ -129,6 +129,10 @@ class _RankCalls:
     def rollout(self, step: int, problems: list[Any]) -> Any:
         return self._call("rollout", (step, problems))
 
+    def rescue(self, step: int, request: Any) -> Any:
+        # every rank samples (method: hint refuses parallel.data > 1 until this is tested)
+        return self._call("rescue", (step, request))
+
     def update(self, step: int, plan: Any, records: Any, method_state: dict[str, Any] | None = None) -> Any:
         return self._call("update", (step, plan, records, method_state))
 

@@ -40,6 +40,7 @@ from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
+from graftrl.training.rescue import run_rescue
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.served_peers import ServedPeers, dense_records
 from graftrl.training.stored_peers import check_coverage
@@ -67,6 +68,8 @@ class StepExchange:
     served_prompts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Per served peer: the prompts (batch positions) it answered; its records elsewhere are
     placeholders (``served_groups.dense_records``)."""
+    rescues: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """Each receiver's rescues.jsonl rows (a method with a rescue round; else empty)."""
 
 
 class Trainer:
@@ -252,6 +255,9 @@ class Trainer:
             assert self.logger is not None
             self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
         self._log_samples(step, sampled, outcomes)
+        rescues = [row for name in self.names for row in planned.rescues.get(name, ())]
+        if rescues:
+            append_jsonl(self.files.rescues, rescues)
         return metrics
 
     def exchange(self, step: int, problems: list[MathProblem]) -> StepExchange:
@@ -289,9 +295,29 @@ class Trainer:
             outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
             stored_info[f"stored_reward_changes/{name}"] = changed
 
+        rescued = None
+        if self.method.rescues:  # the receivers' rescue round (method: hint), from every model's cold round
+            rescued = run_rescue(
+                self.method,
+                self.backend,
+                step,
+                self.names,
+                problems,
+                sampled,
+                outcomes,
+                records,
+                self.config.data.prompt_suffix,
+                texts=self.config.logging.log_transfers,
+            )
         generator = torch.Generator().manual_seed(step_seed(self.config.seed, step, PLAN_STREAM))
         plans = self.method.plan(outcomes, generator)
-        return StepExchange(problems, sampled, outcomes, records, shared, plans, stored_info, served_prompts)
+        if rescued is not None:
+            for name, diagnostics in rescued.diagnostics.items():
+                plans[name].diagnostics.update(diagnostics)
+        rescues = rescued.rows if rescued is not None else {}
+        return StepExchange(
+            problems, sampled, outcomes, records, shared, plans, stored_info, served_prompts, rescues
+        )
 
     def _stored_peer_groups(
         self, step: int, problems: Sequence[MathProblem]

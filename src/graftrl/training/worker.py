@@ -42,7 +42,8 @@ from graftrl.training.parallel import (
 )
 from graftrl.training.peak_memory import peak_memory_mb, reset_peak_memory
 from graftrl.training.policy_state import load_state, save_state, save_weights
-from graftrl.training.randomness import EXTRA_PROMPT_STREAM, UPDATE_STREAM, step_seed
+from graftrl.training.randomness import EXTRA_PROMPT_STREAM, RESCUE_STREAM, UPDATE_STREAM, step_seed
+from graftrl.training.rescue import RescueRequest, RescueResult, sample_rescue
 from graftrl.training.rows import CompatibilityScores, TrainingBatch, build_rows
 from graftrl.training.sampling import PolicyRollout, sample_step, with_suffix
 from graftrl.training.update import NonfiniteGuard, Ranks, optimize
@@ -202,6 +203,7 @@ class PolicyWorker:
             self.tokenizer_id = tokenizer_id(self.policy.tokenizer)
         self.validator = None  # built on first use (backend: ray scores validation here)
         self._rollout: RolloutBatch | None = None
+        self._problems: list[MathProblem] = []  # the rollout's prompts (a rescue round's problems)
         self.guard = NonfiniteGuard(self.name, config.train.max_nonfinite_steps)
 
     def _check_validation_prompts(self) -> None:
@@ -245,6 +247,7 @@ class PolicyWorker:
             verifier=self.verifier,
             tokenizer_id=self.tokenizer_id,
         )
+        self._problems = sampled.problems
         return sampled
 
     def _generate(self, prompts: list[str], seed: int) -> RolloutBatch:
@@ -269,6 +272,26 @@ class PolicyWorker:
         if self.world == 1:
             return self.verifier.score(responses, answers)
         return broadcast_object(self.verifier.score(responses, answers) if self.rank == 0 else None)
+
+    def rescue(self, step: int, request: RescueRequest | None) -> RescueResult | None:
+        """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample the
+        hinted prompts and put the groups into the rollout batch the update trains on."""
+        if request is None:
+            return None
+        if self._rollout is None:
+            raise RuntimeError(f"policy {self.name!r}: rescue() before rollout() at step {step}")
+        return sample_rescue(
+            step,
+            self.name,
+            request,
+            self._rollout,
+            self._problems,
+            policy=self.policy,
+            max_new_tokens=self.config.rollout.max_new_tokens,
+            generate=self._generate,
+            score=self._score,
+            seed=step_seed(self.config.seed, step, RESCUE_STREAM + self.index),
+        )
 
     # ----- the update -----------------------------------------------------------------------
     def update(
