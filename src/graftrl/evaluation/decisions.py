@@ -107,8 +107,9 @@ def look_levels(schedule: tuple[int, ...], alpha: float = ALPHA) -> tuple[float,
 
     The joint law of the looks' paired t p-values under no difference does not depend on the
     variance; it is drawn once (``CALIBRATION_PATHS`` normal paths, fixed RNG) and each look's level
-    is the quantile of the paths not yet stopped that spends that look's share. Where a share is
-    below one path, the share itself is the level (a union bound)."""
+    is the quantile of the paths not yet stopped that spends that look's share. The first look's
+    level is its share exactly (its p-value is uniform); where a later share is below one path,
+    the share itself is the level (a union bound)."""
     if list(schedule) != sorted(set(schedule)) or schedule[0] < 2:
         raise ValueError(f"a look needs >= 2 seeds and looks must add seeds, got {list(schedule)}")
     spent = np.diff(np.concatenate([[0.0], obf_spending(np.array(schedule) / schedule[-1], alpha)]))
@@ -122,7 +123,8 @@ def look_levels(schedule: tuple[int, ...], alpha: float = ALPHA) -> tuple[float,
         sd = np.sqrt(np.maximum(squares[:, n - 1] - n * mean**2, 0.0) / (n - 1))
         p = 2 * student_t.sf(np.abs(mean) / (sd / math.sqrt(n)), n - 1)
         count = int(share * CALIBRATION_PATHS)
-        level = float(np.sort(p[alive])[count - 1]) if count >= 1 else float(share)
+        exact = n == schedule[0] or count < 1  # the first look's p is uniform: its share is exact
+        level = float(share) if exact else float(np.sort(p[alive])[count - 1])
         levels.append(level)
         alive &= p > level
     return tuple(levels)
