@@ -77,16 +77,22 @@ def seeds_needed(
     ``power`` at ``diff``'s variance; None when no number of seeds up to ``cap`` does (the
     benchmark's problem noise alone is too large, or the variance is unknown with one seed)."""
     size = abs(diff.mean if effect is None else effect)
-    if diff.n < 2 or size == 0:
+    if diff.n < 2 or size == 0 or problems_limit(diff, effect, alpha, power):
         return None
     for n in range(2, cap + 1):
         se = math.sqrt(diff.seed_var / n + diff.fixed_var)
         df = n - 1.0  # the seeds' df: conservative where problems add df
         if (student_t.ppf(1 - alpha / 2, df) + student_t.ppf(power, df)) * se <= size:
             return n
-        if (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * math.sqrt(diff.fixed_var) > size:
-            return None  # the problem part alone already exceeds it: more seeds never suffice
     return None
+
+
+def problems_limit(
+    diff: Difference, effect: float | None = None, alpha: float = ALPHA, power: float = POWER
+) -> bool:
+    """The benchmark's problem noise alone is too large for |effect|: no number of seeds resolves it."""
+    size = abs(diff.mean if effect is None else effect)
+    return (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * math.sqrt(diff.fixed_var) > size
 
 
 def obf_spending(fraction: float | np.ndarray, alpha: float) -> np.ndarray:

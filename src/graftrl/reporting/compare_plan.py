@@ -20,6 +20,7 @@ from graftrl.reporting.paired_decisions import (
     kinds_note,
     paired_table,
     plan_markdown,
+    planning_alpha,
 )
 from graftrl.reporting.problem_results import folder_problem_results
 
@@ -95,9 +96,10 @@ def plan(folders: Sequence[Path], decisions: Decisions) -> str:
     lines = [
         f"# graftrl compare --plan: {', '.join(str(f) for f in folders)}",
         "",
-        f"Seeds each comparison needs to resolve {what} with 80% power at {decisions.alpha:.0%} "
-        "(two-sided), at its observed paired variance; the part of that variance that comes from the "
-        "benchmark's problems does not shrink with seeds. Costs: the variants' mean training per seed.",
+        f"Seeds each comparison needs to resolve {what} with 80% power, two-sided, at the level the "
+        f"correction asks of it ({planning_alpha(family, decisions):.2g}), at its observed paired "
+        "variance; the part of that variance that comes from the benchmark's problems does not shrink "
+        "with seeds. Costs: the variants' mean training per seed.",
         "",
         family_note(family, decisions, tables) if family else "No paired comparison: no shared seeds yet.",
         "",

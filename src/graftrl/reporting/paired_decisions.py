@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graftrl.evaluation.decisions import ALPHA, CORRECTIONS, correct, seeds_needed
+from graftrl.evaluation.decisions import ALPHA, CORRECTIONS, correct, problems_limit, seeds_needed
 from graftrl.evaluation.intervals import CROSSED, SEEDS_ONLY, Difference, crossed_interval, seed_interval
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.benchmark_tables import AVERAGE, benchmark_scores
@@ -208,9 +208,18 @@ class Costs:
         return text + (f", {rollouts:,.0f} rollouts/model" if rollouts else "")
 
 
+def planning_alpha(family: Sequence[Comparison], decisions: Decisions) -> float:
+    """The level one comparison must reach to be called: alpha / m under Holm (the step-down's
+    strictest step, so the plan is safe whatever the other comparisons do), alpha otherwise."""
+    tested = sum(c.diff.n > 1 for c in family)
+    return decisions.alpha / max(tested, 1) if decisions.correction == "holm" else decisions.alpha
+
+
 def plan_markdown(family: Sequence[Comparison], decisions: Decisions, costs: Costs) -> str:
-    """| model | variant | vs | column | Δ | adjusted p | seeds | seeds needed | to add |."""
+    """| model | variant | vs | column | Δ | adjusted p | seeds | seeds needed | to add |: seeds
+    planned at the level the correction asks of one comparison (``planning_alpha``)."""
     target = "--mde" if decisions.mde is not None else "observed Δ"
+    alpha = planning_alpha(family, decisions)
     header = [
         "model",
         "variant",
@@ -226,13 +235,15 @@ def plan_markdown(family: Sequence[Comparison], decisions: Decisions, costs: Cos
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in family:
         effect = None if decisions.mde is None else decisions.mde / 100
-        needed = seeds_needed(c.diff, effect, decisions.alpha)
+        needed = seeds_needed(c.diff, effect, alpha)
         if c.diff.n < 2:
             need, add = "— (1 seed: no variance yet)", ""
         elif (effect if effect is not None else c.diff.mean) == 0:
             need, add = "— (no difference to resolve)", ""
-        elif needed is None:
+        elif needed is None and problems_limit(c.diff, effect, alpha):
             need, add = "none suffices: the benchmark's problems limit it", "more problems"
+        elif needed is None:
+            need, add = "over 1,000", ""
         else:
             need, add = str(needed), costs.of_more(needed, [c.variant, c.versus])
         adjusted = "" if c.adjusted is None else f"{c.adjusted:.3g}"
@@ -305,8 +316,9 @@ def decisions_section(
         else "its observed difference"
     )
     lines += [
-        f"Seeds each comparison needs to resolve {what} with 80% power at its observed paired variance "
-        "(the part from the benchmark's problems does not shrink with seeds), and what adding them "
+        f"Seeds each comparison needs to resolve {what} with 80% power at its observed paired variance, "
+        f"at the level the correction asks of it ({planning_alpha(family, decisions):.2g}; the part of the "
+        "variance from the benchmark's problems does not shrink with seeds), and what adding them "
         "costs in training per seed of each side. `graftrl compare --plan OUT` prints this table "
         "before training more; `--seeds auto --max-seeds K` adds seeds in rounds until each comparison "
         "is resolved.",
