@@ -107,3 +107,41 @@ def test_seeds_auto_on_a_users_config(qwen2_llama_pair, tmp_path):
     assert rates is not None and {len(r) for r in rates["qwen"].values()} == {6, 4}
     bad = CliRunner().invoke(app, [*args, "--seeds", "3", "--max-seeds", "4", "--out", str(out)])
     assert bad.exit_code != 0 and "--max-seeds goes with --seeds auto" in bad.output
+
+
+@pytest.mark.faults
+def test_seeds_auto_killed_between_rounds_finishes_as_the_uninterrupted_run(qwen2_llama_pair, tmp_path):
+    """kill -9 of `--seeds auto` once its first round (seeds 0-2) is done; the rerun reuses those
+    cells, takes the same looks and writes the decisions the uninterrupted run writes."""
+    from test_compare_cells import finish, graftrl, kill_group, outcome, wait_for
+
+    base = base_config(qwen2_llama_pair, tmp_path, steps=2)
+    bench = write_sums(tmp_path / "bench.jsonl", 6, 1, "b")
+    args = [
+        "compare",
+        "--base",
+        str(base),
+        "--matrix",
+        str(matrix_file(tmp_path)),
+        "--bench",
+        f"sums={bench}",
+    ]
+    args += ["--eval-samples", "2", "--seeds", "auto", "--max-seeds", "4"]
+    finish(graftrl(*args, "--out", str(tmp_path / "control")))
+    out = tmp_path / "killed"
+    proc = graftrl(*args, "--out", str(out))
+    first_round = [out / "runs" / f"{v}-seed2" / "done.json" for v in ("grpo", "graft")]
+    wait_for(lambda: all(marker.exists() for marker in first_round), proc)
+    kill_group(proc)
+    assert not all((out / "runs" / f"{v}-seed3" / "done.json").exists() for v in ("grpo", "graft"))
+    rerun = finish(graftrl(*args, "--out", str(out)))
+    assert "grpo seed 0: finished earlier, skipped" in rerun
+
+    def decided(folder):
+        results = json.loads((folder / "results.json").read_text())
+        report = (folder / "report.md").read_text().splitlines()
+        paired = [line for line in report if line.endswith("| seeds × problems |")]
+        looks = [line for line in report if line.startswith(("| 1 |", "| 2 |", "Resolved:"))]
+        return results["rounds"], paired, looks
+
+    assert decided(out) == decided(tmp_path / "control") and outcome(out) == outcome(tmp_path / "control")
