@@ -145,3 +145,15 @@ def test_seeds_auto_killed_between_rounds_finishes_as_the_uninterrupted_run(qwen
         return results["rounds"], paired, looks
 
     assert decided(out) == decided(tmp_path / "control") and outcome(out) == outcome(tmp_path / "control")
+
+
+@pytest.mark.slow
+def test_seeds_auto_on_the_embedded_base_config(tmp_path):
+    """The real embedded task (`--quick`, warm-started models), one step per cell, in rounds."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "demo", "--quick", "--steps", "1", "--seeds", "auto", "--max-seeds", "3"]
+    invoke(*args, "--out", str(out), "--cache", str(tmp_path / "cache"))
+    results = json.loads((out / "results.json").read_text())
+    assert results["rounds"]["schedule"] == [3] and results["rounds"]["family"] == 2
+    assert read_problem_results(out / "runs" / "graft-seed2") is not None
+    assert "seeds × problems" in (out / "report.md").read_text()

@@ -11,8 +11,8 @@ rates is what varies. We model it as a two-way crossed random-effects design,
 and estimate ``Var(mean d)`` = var(a)/S + var(c)/P + var(e)/(S·P) by its unbiased ANOVA estimate
 (the mean squares of seeds, problems and residual), with Satterthwaite's degrees of freedom for
 the Student t quantile (the seed term taken at its median-unbiased size for the df alone). Why this and not a bootstrap: with 3 seeds a percentile bootstrap over
-seeds has only 10 distinct resamples and its intervals are too short (about 80% coverage at a
-nominal 95%), while the t quantile on a Satterthwaite df reaches its nominal coverage with 3, 5
+seeds has only 10 distinct resamples and its intervals are too short (80% coverage at a nominal
+95% where seeds dominate, simulated), while the t quantile on a Satterthwaite df reaches its nominal coverage with 3, 5
 and 10 seeds and 30-500 problems whichever component dominates (tests/test_intervals.py measures
 it). The average over benchmarks (the Avg. column) shares the seeds across benchmarks and has
 independent problems within each, so its variance is the variance of the per-seed averages over
