@@ -175,6 +175,8 @@ def compare(
 ) -> None:
     """Run a methods x seeds matrix on a base config (default: the embedded task); resumes a partly
     finished matrix, continuing interrupted cells from their last checkpoints."""
+    from rich.console import Console
+
     from graftrl.reporting.compare import CompareReport, cell_names, run_compare
     from graftrl.reporting.launchers import Launcher
     from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
@@ -225,7 +227,7 @@ def compare(
         steps=steps,
         quick=quick,
         cache_dir=cache,
-        console=console,
+        console=Console(stderr=True) if list_cells else console,  # stdout: the cell names alone
         task=compare_task,
         embedded=task,
         reuse=reuse or [],

@@ -218,7 +218,8 @@ def run_compare(
         run.rows += done["rows"]
         if did_run:
             run.ran.append(cell_name(variant.name, seed))
-        report.progress(run)
+        if not list_round:  # --list-cells writes nothing
+            report.progress(run)
 
     def record_warm_start(done: dict[str, Any]) -> None:
         if not any(row["variant"] == WARM_START for row in run.rows):  # once, whatever the rounds
