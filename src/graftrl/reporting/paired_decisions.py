@@ -183,10 +183,10 @@ class Costs:
 
     @classmethod
     def of(cls, rows: Sequence[Mapping[str, Any]], cells: Mapping[str, Sequence[Mapping[str, Any]]]) -> Costs:
-        costs = cls()
+        seeds: dict[str, set[int]] = {}
         for row in rows:
-            costs.seeds.setdefault(row["variant"], set()).add(row["seed"])  # type: ignore[attr-defined]
-        costs.seeds = {v: len(s) for v, s in costs.seeds.items()}  # type: ignore[arg-type]
+            seeds.setdefault(row["variant"], set()).add(int(row["seed"]))
+        costs = cls({variant: len(found) for variant, found in seeds.items()})
         for variant, done in cells.items():
             walls = [float(d["rows"][0]["wall_s"]) for d in done if d.get("rows")]
             rollouts = [float(d["rollouts_per_model"]) for d in done if "rollouts_per_model" in d]
