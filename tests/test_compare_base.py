@@ -89,7 +89,8 @@ def test_a_two_by_two_matrix_on_a_base_config_gives_the_papers_table(qwen2_llama
         "--matrix",
         str(matrix_file(tmp_path)),
     ]
-    args += ["--seeds", "2", "--eval-samples", "4", "--out", str(out)]
+    # the seed-only intervals, recounted below (the default's over seeds x problems: test_intervals.py)
+    args += ["--seeds", "2", "--eval-samples", "4", "--out", str(out), "--seed-intervals"]
     args += [arg for name, path in benches.items() for arg in ("--bench", f"{name}={path}")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -125,7 +126,7 @@ def test_a_two_by_two_matrix_on_a_base_config_gives_the_papers_table(qwen2_llama
             in report
         )
         intervals = [paired(graft[c], grpo[c]) for c in ("easy", "hard", "avg")]
-        assert f"| {model} | graft | {' | '.join(intervals)} |" in report
+        assert f"| {model} | graft | {' | '.join(intervals)} | seeds |" in report
     header = next(line for line in report.splitlines() if line.startswith("| model | variant | easy (%)"))
     assert header.split(" | ")[2:5] == ["easy (%)", "hard (%)", "Avg. (%)"]
     assert "rollouts/model" in header and "optimizer steps/model" in header and "train CPU (s/seed)" in header

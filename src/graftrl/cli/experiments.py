@@ -90,13 +90,49 @@ def compare(
             help="YAML matrix: a list of {variant: NAME, method: METHOD, set: {dotted.key: value}}."
         ),
     ] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per variant (mean ± std over them).")] = 1,
+    seeds: Annotated[
+        str,
+        typer.Option(
+            help="Seeds 0..K-1 per variant (mean ± std over them), or `auto`: seeds in rounds (3, 4, ...) until "
+            "each comparison is resolved by a group-sequential test, at most --max-seeds."
+        ),
+    ] = "1",
+    max_seeds: Annotated[
+        int | None, typer.Option(min=2, help="--seeds auto: the most seeds a variant gets (default 10).")
+    ] = None,
     steps: StepsOption = None,
     quick: QuickOption = False,
     out: Annotated[
         Path | None,
         typer.Option(
             callback=out_folder, help="Output folder (default runs/compare/<preset or matrix name>)."
+        ),
+    ] = None,
+    correction: Annotated[
+        str,
+        typer.Option(
+            help="Correction over the report's family of paired comparisons: holm (family-wise error, "
+            "the default), bh (Benjamini-Hochberg, false discovery rate) or none."
+        ),
+    ] = "holm",
+    mde: Annotated[
+        float | None,
+        typer.Option(
+            help="The difference (points of pass@1) to plan seeds for; default each comparison's observed one."
+        ),
+    ] = None,
+    seed_intervals: Annotated[
+        bool,
+        typer.Option(
+            "--seed-intervals",
+            help="Paired t intervals over seeds only, even where cells kept per-problem results.",
+        ),
+    ] = False,
+    plan: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Train nothing: read this earlier compare (or pilot) folder (repeatable: one family) and "
+            "print the seeds and the cost that resolve each comparison (or --mde)."
         ),
     ] = None,
     cache: CacheOption = None,
@@ -139,11 +175,29 @@ def compare(
 ) -> None:
     """Run a methods x seeds matrix on a base config (default: the embedded task); resumes a partly
     finished matrix, continuing interrupted cells from their last checkpoints."""
-    from graftrl.reporting.compare import cell_names, run_compare
+    from rich.console import Console
+
+    from graftrl.reporting.compare import CompareReport, cell_names, run_compare
     from graftrl.reporting.launchers import Launcher
     from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
+    from graftrl.reporting.paired_decisions import Decisions
 
     check_task(task)
+    try:
+        decisions = Decisions(correction, mde, seed_intervals)
+    except ValueError as error:
+        raise CompareError(str(error)) from None
+    if plan:
+        from graftrl.reporting.compare_plan import plan as plan_text
+
+        console.print(plan_text(plan, decisions), markup=False, highlight=False, soft_wrap=True)
+        return
+    auto = seeds == "auto"
+    if not auto and not seeds.isdigit():
+        raise CompareError(f"--seeds takes a number of seeds or `auto`, got {seeds!r}")
+    if max_seeds is not None and not auto:
+        raise CompareError("--max-seeds goes with --seeds auto")
+    seed_count = (max_seeds or 10) if auto else int(seeds)
     if preset is not None and matrix is not None:
         raise CompareError("give --preset or --matrix, not both")
     spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
@@ -152,8 +206,10 @@ def compare(
         raise CompareError(
             "--set, --bench and --eval-samples go with --base CONFIG (the embedded task sets its own)"
         )
-    if list_cells:
-        console.print("\n".join(cell_names(preset_matrix(spec) if isinstance(spec, str) else spec, seeds)))
+    if list_cells and not auto:
+        console.print(
+            "\n".join(cell_names(preset_matrix(spec) if isinstance(spec, str) else spec, seed_count))
+        )
         return
     run_launcher = Launcher(launcher, jobs)  # type: ignore[arg-type]  # checked in Launcher
     if tries is not None:
@@ -164,21 +220,26 @@ def compare(
 
         compare_task = base_task(base, set_ or [], bench or [], eval_samples)
     thread_note()
-    run_compare(
+    listed = run_compare(
         out or Path("runs/compare") / name,
         spec,
-        seeds=seeds,
+        seeds=seed_count,
         steps=steps,
         quick=quick,
         cache_dir=cache,
-        console=console,
+        console=Console(stderr=True) if list_cells else console,  # stdout: the cell names alone
         task=compare_task,
         embedded=task,
         reuse=reuse or [],
         report_only=report_only,
         launcher=run_launcher,
         only_cell=only_cell,
+        max_seeds=seed_count if auto else None,
+        list_round=list_cells,
+        report=CompareReport(decisions=decisions),
     )
+    if list_cells:  # --seeds auto: the cells of the round under way
+        console.print("\n".join(listed["cells"]))
 
 
 @app.command()

@@ -1,11 +1,11 @@
 """The paper's Table 1 layout for a ``--base`` compare: rows = variants per model, columns = each
 benchmark and their average (mean ± std over seeds, percent), then compute; and the paired
-differences against a reference variant per benchmark and on the average (95% t intervals).
+differences against a reference variant per benchmark and on the average (``paired_decisions``).
 
 A row's benchmarks are its ``per_benchmark`` scores (a cell evaluated on several benchmarks), or
 for a single benchmark its ``pass_at_1``; its average is always ``pass_at_1`` (the unweighted mean
 over benchmarks within the seed, as ``evaluation.evaluate`` aggregates). Nothing here reads a run
-folder; the numbers come from ``evaluation.stats``. ``compare_report`` places these sections
+folder; the numbers come from ``evaluation.stats`` and ``evaluation.intervals``. ``compare_report`` places these sections
 (and ``base_header``) where the embedded task's report has its models-as-columns tables.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
+from graftrl.evaluation.stats import mean_std
 from graftrl.reporting.compare_task import CompareTask
 from graftrl.reporting.provenance import written_by
 
@@ -30,11 +30,6 @@ def benchmark_scores(row: Mapping[str, Any], benchmarks: Sequence[str]) -> dict[
 def _columns(benchmarks: Sequence[str]) -> list[str]:
     """The score columns: each benchmark, then their average when there are several."""
     return [*benchmarks, AVERAGE] if len(benchmarks) > 1 else list(benchmarks)
-
-
-def _column_rows(rows: Sequence[Mapping[str, Any]], benchmarks: Sequence[str], column: str) -> list[dict]:
-    """The rows with ``pass_at_1`` set to ``column``'s score (for ``stats.paired_deltas``)."""
-    return [{**row, "pass_at_1": benchmark_scores(row, benchmarks)[column]} for row in rows]
 
 
 def benchmark_table_markdown(
@@ -81,26 +76,6 @@ def benchmark_table_markdown(
     return "\n".join(lines)
 
 
-def benchmark_paired_markdown(
-    rows: Sequence[Mapping[str, Any]], benchmarks: Sequence[str], reference: str, variants: Sequence[str]
-) -> str:
-    """| model | variant | Δ B1 | ... | Δ Avg. |: the paired difference against ``reference`` per
-    benchmark and on the average, in points with its 95% interval (``*``: excludes 0)."""
-    columns = _columns(benchmarks)
-    diffs = {column: paired_deltas(_column_rows(rows, benchmarks, column), reference) for column in columns}
-    header = ["model", "variant", *(f"paired Δ {c} (points, 95% CI)" for c in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    models = sorted({row["model"] for row in rows if row["variant"] != WARM_START})
-    for model in models:
-        for variant in variants:
-            found = [diffs[c].get(variant, {}).get(model) for c in columns]
-            if not any(found):
-                continue
-            cells = [d.format(scale=100, digits=2) if d is not None else "" for d in found]
-            lines.append("| " + " | ".join([model, variant, *cells]) + " |")
-    return "\n".join(lines)
-
-
 def benchmark_section(
     rows: Sequence[Mapping[str, Any]],
     benchmarks: Sequence[str],
@@ -109,14 +84,16 @@ def benchmark_section(
     variants: Sequence[str],
     extra: Mapping[str, Mapping[str, str]],
     paired_note: str,
+    paired: str = "",
 ) -> list[str]:
-    """A table of report.md in the paper's layout, with its paired differences against ``versus``."""
+    """A table of report.md in the paper's layout, with its paired differences against ``versus``
+    (``paired``: their table, ``paired_decisions.benchmarks_markdown``)."""
     lines = [title, "", benchmark_table_markdown(rows, benchmarks, versus, variants, extra), ""]
     if versus is not None:
         lines += [
-            f"Paired by seed (same starting models, prompts and evaluation problems), Δ vs {versus}: {paired_note}.",
+            f"Paired (same starting models, prompts and evaluation problems), Δ vs {versus}: {paired_note}.",
             "",
-            benchmark_paired_markdown(rows, benchmarks, versus, variants),
+            paired,
             "",
         ]
     return lines

@@ -28,6 +28,7 @@ from graftrl.config import ConfigError, apply_overrides, config_from_dict, load_
 from graftrl.evaluation.stats import WARM_START
 from graftrl.reporting.compare_task import CompareTask, evaluate_cell
 from graftrl.reporting.matrix import CompareError, Variant
+from graftrl.reporting.problem_results import PER_PROBLEM, problem_results
 from graftrl.reporting.run_logs import read_run_metrics
 from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.rundir import ExperimentDir, RunDir, append_jsonl, read_jsonl
@@ -264,6 +265,7 @@ def run_cell(
     wall, cpu = clock.totals(trainer.start_step)
     policies, checkpoint_steps = _trained_policies(trainer, config, run_dir)
     scores = evaluate_cell(policies, task.evaluation, config, verifier, seed)
+    per_problem = {model: score.pop("per_problem") for model, score in scores.items()}
     rows = [
         {
             "variant": variant.name,
@@ -286,7 +288,8 @@ def run_cell(
     }
     if config.backend == "local":  # under Ray the policies' work is in their actors' processes
         done["train_cpu_s"] = round(cpu, 1)
-    if resume:
+    if resume:  # the per-problem results first: a done marker always has them beside it
+        write_json_atomic(run_dir / PER_PROBLEM, problem_results(per_problem, task.evaluation))
         write_json_atomic(RunDir(run_dir).done, done)
     return done, True
 
@@ -342,6 +345,8 @@ def warm_start_cell(
         run_dir.mkdir(parents=True, exist_ok=True)
     policies = [ModelTarget.of_policy(p).load() for p in config.policies]
     scores = evaluate_cell(policies, task.evaluation, config, verifiers(config.reward), seed=0)
+    for score in scores.values():
+        score.pop("per_problem")
     rows = [
         {
             "variant": WARM_START,

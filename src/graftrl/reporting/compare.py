@@ -40,9 +40,11 @@ from graftrl.reporting.cells import (
     write_json_atomic,
 )
 from graftrl.reporting.compare_report import write_csv, write_report
+from graftrl.reporting.compare_rounds import Rounds, rounds_section, run_rounds
 from graftrl.reporting.compare_task import CompareTask, embedded_task
 from graftrl.reporting.launchers import CellBatch, Launcher, launch
 from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
+from graftrl.reporting.paired_decisions import Decisions
 from graftrl.storage.rundir import ExperimentDir
 
 
@@ -62,6 +64,8 @@ class CompareRun:
     """Variant -> the done record of each seed run, in seed order (set when every cell is done)."""
     ran: list[str] = field(default_factory=list)
     """Cells trained by this invocation ("<variant>-seed<seed>"), not reused."""
+    rounds: Rounds | None = None
+    """``--seeds auto``: the rounds run and what each look resolved."""
 
     @property
     def wall_s(self) -> float:
@@ -82,6 +86,7 @@ class CompareRun:
             "seeds": self.seeds,
             "steps": self.steps,
             "ran": self.ran,
+            **({"rounds": self.rounds.as_dict()} if self.rounds else {}),
             "total_wall_s": self.wall_s,
             "provenance": task.provenance,
         }
@@ -92,10 +97,12 @@ class CompareReport:
     then results.csv, report.md and the plots. ``graftrl demo`` writes its own (``demo.DemoReport``).
 
     ``echo``: print report.md when done (``graftrl sweep`` prints its own summary instead).
+    ``decisions``: the correction, the planned difference and the interval kind (default Holm).
     """
 
-    def __init__(self, echo: bool = True) -> None:
+    def __init__(self, echo: bool = True, decisions: Decisions | None = None) -> None:
         self.echo = echo
+        self.decisions = decisions or Decisions()
 
     def progress(self, run: CompareRun) -> None:
         write_json_atomic(ExperimentDir(run.out_dir).results, run.results())
@@ -108,8 +115,9 @@ class CompareReport:
         write_json_atomic(ExperimentDir(out_dir).results, final)
         write_csv(run.rows, ExperimentDir(out_dir).results_csv)
         report = write_report(
-            out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"]
-        )
+            out_dir, run.matrix, run.rows, run.cells, run.task, run.seeds, run.steps, final["total_wall_s"],
+            self.decisions, rounds_section(run.rounds) if run.rounds else [],
+        )  # fmt: skip
         if self.echo:
             run.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
         run.console.print(f"wrote {out_dir}/report.md, results.json, results.csv and plots")
@@ -139,8 +147,14 @@ def run_compare(
     report_only: bool = False,
     launcher: Launcher | None = None,
     only_cell: str | None = None,
+    max_seeds: int | None = None,
+    list_round: bool = False,
 ) -> dict[str, Any]:
     """Run (or continue) every (variant, seed) cell, then write results and the report.
+
+    ``max_seeds`` (``--seeds auto --max-seeds K``; ``seeds`` is then ignored): seeds in rounds, each
+    variant until its comparisons are resolved or K (``compare_rounds``). ``list_round``: train
+    nothing; return ``{"cells": [...]}``, the unfinished cells of the current round (``--list-cells``).
 
     ``report_only``: train nothing; report the cells finished so far (here or in ``reuse``), e.g.
     while the rest still run elsewhere. Each row then says how many seeds it has. ``only_cell``:
@@ -162,6 +176,7 @@ def run_compare(
     console = console or Console()
     report = report or CompareReport()
     launcher = launcher or Launcher(jobs=jobs)
+    seeds = max_seeds if max_seeds is not None else seeds
     if seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {seeds}")
     if report_only and not resume:
@@ -197,25 +212,46 @@ def run_compare(
     finished: dict[tuple[int, str], dict[str, Any]] = {}
 
     def record(seed: int, variant: Variant, done: dict[str, Any], did_run: bool) -> None:
+        if (seed, variant.name) in finished:  # an earlier round's cell
+            return
         finished[(seed, variant.name)] = done
         run.rows += done["rows"]
         if did_run:
             run.ran.append(cell_name(variant.name, seed))
-        report.progress(run)
+        if not list_round:  # --list-cells writes nothing
+            report.progress(run)
 
     def record_warm_start(done: dict[str, Any]) -> None:
-        run.rows[:0] = done["rows"]  # first, whenever it is evaluated
+        if not any(row["variant"] == WARM_START for row in run.rows):  # once, whatever the rounds
+            run.rows[:0] = done["rows"]  # first, whenever it is evaluated
 
     failed: list[str] = []
     with Verifiers() as verifiers:
-        if report_only:
-            record_warm_start(warm_start_cell(task, out_dir, verifiers, console, resume))
-            for seed, variant in cells:
-                if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None:
-                    record(seed, variant, done, False)
+
+        def execute(todo: Sequence[tuple[int, Variant]]) -> dict[tuple[int, str], dict[str, Any]]:
+            todo = [(s, v) for s, v in todo if (s, v.name) not in finished]
+            if report_only or list_round:
+                if not list_round:
+                    record_warm_start(warm_start_cell(task, out_dir, verifiers, console, resume))
+                for seed, variant in todo:
+                    if (
+                        done := finished_cell(task, variant, seed, steps, out_dir, console, donors)
+                    ) is not None:
+                        record(seed, variant, done, False)
+            else:
+                batch = CellBatch(task, steps, out_dir, console, resume, donors, record, record_warm_start)
+                failed.extend(launch(launcher, batch, todo, verifiers))
+            return finished
+
+        if max_seeds is None:
+            execute(cells)
         else:
-            batch = CellBatch(task, steps, out_dir, console, resume, donors, record, record_warm_start)
-            failed = launch(launcher, batch, cells, verifiers)
+            run.rounds, unfinished = run_rounds(
+                out_dir, spec, task, max_seeds, report.decisions, execute, report_only or list_round
+            )
+            cells = [(s, v) for s, v in cells if (s, v.name) in finished]
+            if list_round:
+                return {"cells": [cell_name(v.name, s) for s, v in unfinished]}
     # each variant's cells in seed order, whatever order they finished in
     for seed, variant in cells:
         if (seed, variant.name) in finished:

@@ -34,6 +34,17 @@ from graftrl.reporting.diagnostics import (
     summarize_exchange,
 )
 from graftrl.reporting.matrix import Matrix, yaml_value
+from graftrl.reporting.paired_decisions import PAIRED_NOTE as DECIDED_NOTE
+from graftrl.reporting.paired_decisions import (
+    Comparison,
+    Costs,
+    Decisions,
+    benchmarks_markdown,
+    decisions_section,
+    models_markdown,
+    report_family,
+    shows_table2,
+)
 from graftrl.reporting.provenance import signature, written_by
 from graftrl.reporting.render import (
     advantage_markdown,
@@ -223,6 +234,10 @@ class ReportContext:
     """Variant -> the columns beside pass@1 (method, overrides, compute, seeds, wall-clock)."""
     metrics: Mapping[str, Sequence[Mapping[str, Any]]]
     """"<variant> seed <s>" -> its metrics.jsonl rows."""
+    decisions: Decisions
+    family: list[Comparison]
+    """The paired comparisons of Tables 1 and 2, corrected together (``paired_decisions``)."""
+    costs: Costs
 
     @property
     def names(self) -> list[str]:
@@ -246,9 +261,13 @@ def write_report(
     seeds: int,
     steps: int | None,
     total_wall_s: float,
+    decisions: Decisions | None = None,
+    rounds: Sequence[str] = (),
 ) -> Path:
-    """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), and the plots."""
+    """report.md with Table 1 (Δ vs baseline) and Table 2 (Δ vs reference), the decisions on them
+    (``decisions``: the correction, planned difference and interval kind), and the plots."""
     names = [v.name for v in matrix.variants]
+    decisions = decisions or Decisions()
     context = ReportContext(
         out_dir,
         matrix,
@@ -259,11 +278,16 @@ def write_report(
         summarize(rows),
         _extra_columns(matrix, cells),
         _family_runs(out_dir, names, seeds),
+        decisions,
+        report_family(out_dir, matrix, rows, task, decisions),
+        Costs.of(rows, cells),
     )
     lines = [
         *header_section(context),
         *table1_section(context),
         *table2_section(context),
+        *decisions_section(context.family, decisions, costs=context.costs, tables=_tables(context)),
+        *rounds,
         *results_section(context),
         *family_section(context),
         *progress_section(context),
@@ -275,6 +299,10 @@ def write_report(
     report = ExperimentDir(out_dir).report
     report.write_text("\n".join(lines))
     return report
+
+
+def _tables(c: ReportContext) -> list[str]:
+    return list(dict.fromkeys(comparison.table for comparison in c.family))
 
 
 def _extra_columns(
@@ -323,8 +351,13 @@ def header_section(c: ReportContext) -> list[str]:
     ]
 
 
-def _benchmark_table(c: ReportContext, versus: str | None, title: str, names: Sequence[str]) -> list[str]:
-    return benchmark_section(c.rows, c.task.evaluation.names, versus, title, names, c.extra, PAIRED_NOTE)
+def _benchmark_table(
+    c: ReportContext, versus: str | None, title: str, names: Sequence[str], table: str = ""
+) -> list[str]:
+    benchmarks = c.task.evaluation.names
+    columns = [*benchmarks, AVERAGE] if len(benchmarks) > 1 else benchmarks
+    paired = benchmarks_markdown(c.family, table, names, columns)
+    return benchmark_section(c.rows, benchmarks, versus, title, names, c.extra, DECIDED_NOTE, paired)
 
 
 def table1_section(c: ReportContext) -> list[str]:
@@ -333,34 +366,34 @@ def table1_section(c: ReportContext) -> list[str]:
     if c.task.benchmark_columns:
         average = f" and {AVERAGE}" if len(c.task.evaluation.benchmarks) > 1 else ""
         title = f"## Table 1: pass@1 per benchmark{average}, Δ vs {c.baseline}"
-        return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names])
+        return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names], "Table 1")
     return [
         f"## Table 1: pass@1 per model, Δ vs {c.baseline}",
         "",
         table_markdown(c.summary, c.baseline, [WARM_START, *c.names], c.extra, f"Δ vs {c.baseline}"),
         "",
-        f"Paired by seed (same warm-start, prompts and evaluation problems), Δ vs {c.baseline}: {PAIRED_NOTE}.",
+        f"Paired (same warm-start, prompts and evaluation problems), Δ vs {c.baseline}: {DECIDED_NOTE}.",
         "",
-        paired_markdown(c.rows, c.baseline, c.names),
+        models_markdown(c.family, "Table 1", c.names),
         "",
     ]
 
 
 def table2_section(c: ReportContext) -> list[str]:
     # with only the baseline beside it, Table 2 would mirror Table 1 (the demo preset)
-    if c.reference is None or not set(c.names) - {c.baseline, c.reference}:
+    if c.reference is None or not shows_table2(c.matrix):
         return []
     if c.task.benchmark_columns:
         title = f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})"
-        return _benchmark_table(c, c.reference, title, c.names)
+        return _benchmark_table(c, c.reference, title, c.names, "Table 2")
     return [
         f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})",
         "",
         table_markdown(c.summary, c.reference, c.names, c.extra, f"Δ vs {c.reference}"),
         "",
-        f"Paired by seed, Δ vs {c.reference}: {PAIRED_NOTE}.",
+        f"Paired, Δ vs {c.reference}: {DECIDED_NOTE}.",
         "",
-        paired_markdown(c.rows, c.reference, c.names),
+        models_markdown(c.family, "Table 2", c.names),
         "",
     ]
 

@@ -201,8 +201,10 @@ def embedded_task(
 def evaluate_cell(
     policies: Sequence[Any], evaluation: Evaluation, config: Any, verifier: Any, seed: int
 ) -> dict[str, dict[str, Any]]:
-    """policy -> {"pass_at_1", "per_family"} (and with several benchmarks "per_benchmark"):
-    pass@1 on each benchmark, its unweighted mean over them, per family over every problem."""
+    """policy -> {"pass_at_1", "per_family", "per_problem"} (and with several benchmarks
+    "per_benchmark"): pass@1 on each benchmark, its unweighted mean over them, per family over every
+    problem; "per_problem" is benchmark -> each problem's correct rate (the cell keeps it beside its
+    done marker, ``problem_results``, not in its result rows)."""
     from graftrl.evaluation.evaluate import evaluate_pass_at_1, pass_at_1_by_family
     from graftrl.models.rollout import HFRolloutEngine
 
@@ -214,10 +216,14 @@ def evaluate_cell(
             evaluate_pass_at_1(policy, b.problems, verifier, protocol, EVAL_SEED + seed, engine)
             for b in evaluation.benchmarks
         ]
+        per_benchmark = {
+            b.name: list(r["per_problem"]) for b, r in zip(evaluation.benchmarks, results, strict=True)
+        }
         if len(results) == 1:
             out[policy.name] = {
                 "pass_at_1": float(results[0]["pass_at_1"]),
                 "per_family": results[0].get("per_family", {}),
+                "per_problem": per_benchmark,
             }
             continue
         per_problem = [rate for result in results for rate in result["per_problem"]]
@@ -227,5 +233,6 @@ def evaluate_cell(
             "per_benchmark": {
                 b.name: float(r["pass_at_1"]) for b, r in zip(evaluation.benchmarks, results, strict=True)
             },
+            "per_problem": per_benchmark,
         }
     return out

@@ -1,0 +1,209 @@
+"""The decision statistics on synthetic matrices with known effects (vectorized, fixed RNG seeds):
+the seeds x problems interval's coverage, Holm's family-wise error, the sequential design's
+type-I error and seeds, and the seeds a difference needs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import nct
+from scipy.stats import t as student_t
+
+from graftrl.evaluation.decisions import (
+    Sequential,
+    benjamini_hochberg,
+    correct,
+    holm,
+    look_levels,
+    rounds,
+    seeds_needed,
+)
+from graftrl.evaluation.intervals import (
+    CROSSED,
+    SEEDS_ONLY,
+    crossed_interval,
+    crossed_moments,
+    seed_interval,
+)
+
+SAMPLES = 8  # evaluation samples per problem, the paper's
+
+
+def correct_rates(rng, replicates: int, seeds: int, problems: int, seed_spread: float, seed_factors=None):
+    """Paired correct rates of a treatment and a control (``[R, S, P]`` each) and the true
+    difference of their expected pass@1 over the seed and problem populations.
+
+    A problem has a control difficulty q ~ Beta(2, 2) and a treatment that solves a share
+    g ~ Beta(1, 2.33) (mean 0.3) of what the control misses (effects differ by problem); a seed
+    scales both variants' skill by a shared factor and each by its own (``seed_spread``: 0.1
+    problems dominate, 1 seeds dominate); each cell draws 8 samples per problem. ``seed_factors``:
+    the seeds of another benchmark (the same training runs evaluated on it).
+    """
+    q = rng.beta(2, 2, size=(replicates, 1, problems))
+    g = rng.beta(1, 1 / 0.3 - 1, size=(replicates, 1, problems))
+    if seed_factors is None:
+        seed_factors = (
+            (0.5 + rng.beta(1 / seed_spread, 1 / seed_spread, size=(replicates, seeds, 1))) / 1.5,
+            [1 - 0.5 * seed_spread * rng.random((replicates, seeds, 1)) for _ in range(2)],
+        )
+    shared, own = seed_factors
+    control = rng.binomial(SAMPLES, q * shared * own[0]) / SAMPLES
+    treatment = rng.binomial(SAMPLES, (q + (1 - q) * g) * shared * own[1]) / SAMPLES
+    # E[q] = 0.5, E[g] = 0.3, E[shared] = 2/3, E[own] = 1 - seed_spread / 4, all independent
+    truth = 0.5 * 0.3 * (2 / 3) * (1 - seed_spread / 4)
+    return treatment - control, truth, seed_factors
+
+
+def coverage(diffs, truth) -> float:
+    mean, var, df, _ = crossed_moments(diffs)
+    half = student_t.ppf(0.975, df) * np.sqrt(var)
+    return float(np.mean(np.abs(mean - truth) <= half))
+
+
+@pytest.mark.parametrize("seeds", [3, 5, 10])
+@pytest.mark.parametrize("problems", [30, 100, 500])
+@pytest.mark.parametrize("seed_spread", [0.3, 1.0])
+def test_the_seeds_x_problems_interval_covers_95_percent(seeds, problems, seed_spread):
+    rng = np.random.default_rng(1000 * seeds + problems + int(10 * seed_spread))
+    replicates = 3000 if problems < 500 else 1500
+    diffs, truth, _ = correct_rates(rng, replicates, seeds, problems, seed_spread)
+    assert 0.93 <= coverage([diffs], truth) <= 0.97
+
+
+@pytest.mark.parametrize("seeds", [3, 10])
+def test_the_average_over_benchmarks_covers_95_percent(seeds):
+    # AIME-sized and MATH-sized benchmarks that share the seeds: the Avg. column's interval
+    rng = np.random.default_rng(7 + seeds)
+    small, truth, trained = correct_rates(rng, 2000, seeds, 30, 0.3)
+    large, _, _ = correct_rates(rng, 2000, seeds, 300, 0.3, seed_factors=trained)
+    assert 0.93 <= coverage([small, large], truth) <= 0.97
+
+
+def test_the_seed_only_interval_is_the_crossed_one_without_problem_noise():
+    # every problem moves alike: the crossed interval is the paired t interval over seeds
+    per_seed = np.array([0.02, 0.05, 0.11])
+    crossed = crossed_interval({"b": np.repeat(per_seed[:, None], 40, axis=1)}, (0, 1, 2))
+    plain = seed_interval(dict(enumerate(per_seed + 0.5)), dict(enumerate([0.5] * 3)))
+    assert crossed.kind == CROSSED and plain is not None and plain.kind == SEEDS_ONLY
+    assert (crossed.mean, crossed.se, crossed.df) == pytest.approx((plain.mean, plain.se, 2.0))
+    assert plain.low == pytest.approx(per_seed.mean() - 4.302653 * per_seed.std(ddof=1) / math.sqrt(3))
+    assert crossed.p == pytest.approx(2 * student_t.sf(per_seed.mean() / plain.se, 2))
+
+
+def problem_heavy(seeds: int = 5, problems: int = 30) -> np.ndarray:
+    """Differences whose problems differ far more than their seeds (an AIME-sized benchmark)."""
+    rng = np.random.default_rng(3)
+    by_problem = 0.3 * rng.standard_normal((1, problems))
+    return (
+        0.05
+        + by_problem
+        + 0.02 * rng.standard_normal((seeds, 1))
+        + 0.1 * rng.standard_normal((seeds, problems))
+    )
+
+
+def test_problem_noise_widens_the_interval_and_does_not_shrink_with_seeds():
+    diffs = problem_heavy()[None]
+    d = crossed_interval({"aime": diffs[0]}, range(5))
+    assert d.fixed_var > 0 and d.se**2 == pytest.approx(d.seed_var / 5 + d.fixed_var)
+    seed_only = seed_interval(dict(enumerate(diffs[0].mean(axis=1))), dict.fromkeys(range(5), 0.0))
+    assert seed_only is not None and d.se > seed_only.se  # the problems' sampling, left out before
+    with pytest.raises(ValueError, match="row per seed"):
+        crossed_interval({"aime": diffs[0]}, range(4))
+
+
+def test_holm_and_bh_by_hand():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # Holm: sorted 0.005, 0.01, 0.03, 0.04 x 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.06 (monotone)
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # BH: x 4/1, 4/2, 4/3, 4/4 -> 0.02, 0.02, 0.04, 0.04 (monotone from the top)
+    assert benjamini_hochberg(p) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert correct(p, "none") == p
+    with pytest.raises(ValueError, match="holm"):
+        correct(p, "sidak")
+
+
+def test_holm_holds_the_family_wise_error_under_the_global_null():
+    # a table1-like family: 5 variants against one shared baseline on 2 models, 5 seeds x 100
+    # problems, no variant better than the baseline; correlated through the shared baseline
+    rng = np.random.default_rng(11)
+    replicates, seeds, problems = 2000, 5, 100
+    skill = rng.beta(2, 2, size=(replicates, 1, 1, problems))
+    seed = 0.05 * rng.standard_normal((replicates, 6, seeds, 1))
+    rates = rng.binomial(SAMPLES, np.clip(skill + seed, 0, 1), size=(2, replicates, 6, seeds, problems))
+    diffs = (rates[:, :, 1:] - rates[:, :, :1]) / SAMPLES  # [model, R, variant, S, P]
+    mean, var, df, _ = crossed_moments([diffs])
+    p = 2 * student_t.sf(np.abs(mean) / np.sqrt(var), df)  # [model, R, variant]
+    family = np.moveaxis(p, 0, -2).reshape(replicates, -1)  # 10 comparisons per report
+    uncorrected = np.mean((family <= 0.05).any(axis=1))
+    fwer = np.mean([min(holm(row)) <= 0.05 for row in family])
+    mc_error = 2 * math.sqrt(0.05 * 0.95 / replicates)
+    assert fwer <= 0.05 + mc_error
+    assert uncorrected > 0.2  # what a `*` among 10 intervals means without the correction
+
+
+def sequential_trial(rng, effect: float, max_seeds: int, replicates: int = 4000):
+    """Stopping at the first look that rejects (paired seed differences ~ N(effect, 1)): the
+    rejection rate and the mean seeds used."""
+    schedule = rounds(max_seeds)
+    levels = Sequential(tuple(schedule)).levels
+    d = rng.standard_normal((replicates, max_seeds)) + effect
+    rejected, used = np.zeros(replicates, dtype=bool), np.full(replicates, max_seeds)
+    for level, n in zip(levels, schedule, strict=True):
+        x = d[:, :n]
+        p = 2 * student_t.sf(np.abs(x.mean(1)) / (x.std(1, ddof=1) / math.sqrt(n)), n - 1)
+        now = ~rejected & (p <= level)
+        used[now], rejected = n, rejected | now
+    return rejected.mean(), used.mean()
+
+
+@pytest.mark.parametrize("max_seeds", [5, 10, 20])
+def test_the_sequential_design_holds_alpha_under_repeated_looks(max_seeds):
+    rng = np.random.default_rng(max_seeds)
+    type_one, _ = sequential_trial(rng, 0.0, max_seeds)
+    assert type_one <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 4000)
+    # stopping as soon as an unadjusted interval excludes 0 does not
+    d = rng.standard_normal((4000, max_seeds))
+    naive = np.zeros(4000, dtype=bool)
+    for n in rounds(max_seeds):
+        x = d[:, :n]
+        naive |= 2 * student_t.sf(np.abs(x.mean(1)) / (x.std(1, ddof=1) / math.sqrt(n)), n - 1) <= 0.05
+    assert naive.mean() > 0.08
+
+
+def test_the_sequential_design_uses_fewer_seeds_than_the_fixed_one_at_equal_power():
+    effect, fixed_seeds = 1.0, 10  # the fixed design's power at 10 seeds, exactly
+    noncentral = effect * math.sqrt(fixed_seeds)
+    crit = student_t.ppf(0.975, fixed_seeds - 1)
+    fixed_power = nct.sf(crit, fixed_seeds - 1, noncentral) + nct.cdf(-crit, fixed_seeds - 1, noncentral)
+    power, seeds = sequential_trial(np.random.default_rng(5), effect, max_seeds=12)
+    assert power >= fixed_power and seeds < fixed_seeds
+
+
+def test_look_levels_spend_little_early_and_reject_bad_schedules():
+    levels = look_levels((3, 5, 8, 10))
+    assert list(levels) == sorted(levels) and levels[0] < 0.005 and 0.02 < levels[-1] < 0.05
+    assert rounds(6) == [3, 4, 5, 6] and rounds(2) == [2]
+    with pytest.raises(ValueError):
+        look_levels((1, 3))
+    with pytest.raises(ValueError, match="max-seeds"):
+        rounds(1)
+
+
+def test_seeds_needed_is_the_fewest_that_reach_80_percent_power():
+    d = seed_interval({0: 0.03, 1: 0.06, 2: 0.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert d is not None
+    n = seeds_needed(d)
+    assert n is not None and n > 3
+
+    def reaches(k: int) -> bool:
+        se = math.sqrt(d.seed_var / k)
+        return (student_t.ppf(0.975, k - 1) + student_t.ppf(0.8, k - 1)) * se <= abs(d.mean)
+
+    assert reaches(n) and not reaches(n - 1)
+    assert seeds_needed(d, effect=0.5) == 2 or reaches(2)
+    # problem noise the seeds do not shrink: a difference below it needs more problems
+    noisy = crossed_interval({"aime": problem_heavy()}, range(5))
+    assert seeds_needed(noisy, effect=0.5 * math.sqrt(noisy.fixed_var)) is None
