@@ -187,3 +187,33 @@ def test_a_flag_compare_would_ignore_is_refused_in_one_line(qwen2_llama_pair, tm
     assert result.exit_code == 2, result.output
     assert flags[0] in one_error_line(result.output) or flags[-2] in one_error_line(result.output)
     assert not (tmp_path / "cmp" / "runs").exists()
+
+
+def test_a_cell_stopped_by_a_full_disk_names_the_compare_rerun_which_continues_it(
+    qwen2_llama_pair, tmp_path, monkeypatch
+):
+    """The trainer's own remedy is `--resume`, which compare has not: a cell's message says to
+    rerun the compare, and that rerun continues the cell to the uninterrupted result."""
+    from graftrl.training.worker import PolicyWorker
+
+    args = setup(qwen2_llama_pair, tmp_path)
+    save = PolicyWorker.save
+    saves: list[str] = []
+
+    def full_at_the_second_checkpoint(self, target):
+        saves.append(target)
+        if len(saves) <= 2:  # the two policies of checkpoint 1
+            return save(self, target)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PolicyWorker, "save", full_at_the_second_checkpoint)
+    stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code == 2, stopped.output
+    errors = [line for line in stopped.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and stopped.output.rstrip().endswith(errors[0]), stopped.output
+    line = errors[0]
+    assert "no space left" in line and "step_000001 is intact" in line
+    assert "rerun the same `graftrl compare`" in line and "--resume" not in line
+    monkeypatch.setattr(PolicyWorker, "save", save)
+    assert "grpo seed 0: continuing from its last checkpoint" in run(args)
+    assert outcome(tmp_path / "cmp") == fresh(args, tmp_path)

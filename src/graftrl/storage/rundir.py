@@ -166,6 +166,14 @@ class RunDir(Folder):
         it starts (``reporting.cell_inputs``)."""
         return self.root / "cell.json"
 
+    def resume_remedy(self) -> str:
+        """How an error message tells a user to continue this run from its last checkpoint: a
+        `graftrl compare` cell (it records ``cell.json``) by rerunning its compare, which has no
+        ``--resume``; any other run with ``--resume``."""
+        if self.cell_inputs.is_file():
+            return "rerun the same `graftrl compare` (it continues the cell from its last checkpoint)"
+        return "--resume"
+
     def holds_run(self) -> bool:
         """A run has logged at least one step here (``graftrl train`` refuses it without --resume)."""
         return self.metrics.exists()

@@ -126,7 +126,7 @@ class TrainerCheckpoints:
                 + "; ".join(f"{name} ({', '.join(found)})" for name, found in bad.items())
                 + "; checkpoint not written"
                 + (f", the last one is {kept[-1]}" if kept else "")
-                + ": lower optim.lr or tighten optim.grad_clip, then --resume"
+                + f": lower optim.lr or tighten optim.grad_clip, then {self.files.resume_remedy()}"
             )
         completed = step + 1
         final = self.files.checkpoint(completed)
@@ -167,7 +167,7 @@ class TrainerCheckpoints:
             f"{staging.name.removesuffix(STAGING_SUFFIX)}: a checkpoint needs {needed}, "
             f"{free / 2**20:.1f} MiB are free; the partial folder was removed"
             + (f" and {previous.name} is intact" if previous else "")
-            + ": free space (or lower checkpoint.keep_last), then --resume"
+            + f": free space (or lower checkpoint.keep_last), then {self.files.resume_remedy()}"
         ) from None
 
     def latest(self) -> Path | None:
