@@ -101,8 +101,8 @@ def test_a_config_change_names_the_keys_and_a_cell_without_a_record_starts_over(
     assert (
         "grpo seed 0: config key optim.lr changed since it was trained: retraining it from step 0" in output
     )
-    # a cell folder that does not say what it was trained from (its record lost) is never continued
-    (out / "runs" / CELL / "cell.json").unlink()
+    # a cell folder that does not say what it was trained from (its record damaged) is never continued
+    (out / "runs" / CELL / "cell.json").write_bytes(b"\xff{ damaged")
     (out / "runs" / CELL / "done.json").unlink()
     output = run([*args, "--set", "optim.lr=0.02"])
     assert "grpo seed 0: " in output and "does not record what it was trained from" in output

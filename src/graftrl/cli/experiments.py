@@ -134,7 +134,8 @@ def compare(
         bool,
         typer.Option(
             "--report-only",
-            help="Train nothing: write the report from the cells finished so far (here or in --reuse folders).",
+            help="Train nothing: write the report from the cells finished so far (here or in --reuse folders) "
+            "and name the others; refused when none has finished.",
         ),
     ] = False,
 ) -> None:
