@@ -217,3 +217,25 @@ def test_a_cell_stopped_by_a_full_disk_names_the_compare_rerun_which_continues_i
     monkeypatch.setattr(PolicyWorker, "save", save)
     assert "grpo seed 0: continuing from its last checkpoint" in run(args)
     assert outcome(tmp_path / "cmp") == fresh(args, tmp_path)
+
+
+def test_a_cell_whose_checkpoints_are_all_damaged_is_refused_with_a_compare_remedy(
+    qwen2_llama_pair, tmp_path
+):
+    from conftest import flip_byte
+
+    args = setup(qwen2_llama_pair, tmp_path)
+    out = tmp_path / "cmp"
+    run(args)
+    cell = out / "runs" / CELL
+    (cell / "done.json").unlink()  # interrupted after its last checkpoint
+    for checkpoint in (cell / "checkpoints").iterdir():
+        flip_byte(next(checkpoint.glob("qwen/*.safetensors")))
+    stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code == 2, stopped.output
+    line = one_error_line(stopped.output.split("grpo seed 0: continuing from its last checkpoint\n")[-1])
+    assert "no intact checkpoint" in line and "--resume" not in line and "--out" not in line
+    assert f"delete {cell} and rerun the same `graftrl compare`" in line
+    shutil.rmtree(cell)  # the remedy
+    assert "grpo seed 0: 2 steps" in run(args)
+    assert outcome(out) == fresh(args, tmp_path)

@@ -166,11 +166,14 @@ class RunDir(Folder):
         it starts (``reporting.cell_inputs``)."""
         return self.root / "cell.json"
 
+    def is_compare_cell(self) -> bool:
+        """A `graftrl compare` cell (it records ``cell.json``): continued or retrained by rerunning
+        its compare, which has no ``--resume`` or ``--force`` (error messages say so)."""
+        return self.cell_inputs.is_file()
+
     def resume_remedy(self) -> str:
-        """How an error message tells a user to continue this run from its last checkpoint: a
-        `graftrl compare` cell (it records ``cell.json``) by rerunning its compare, which has no
-        ``--resume``; any other run with ``--resume``."""
-        if self.cell_inputs.is_file():
+        """How an error message tells a user to continue this run from its last checkpoint."""
+        if self.is_compare_cell():
             return "rerun the same `graftrl compare` (it continues the cell from its last checkpoint)"
         return "--resume"
 

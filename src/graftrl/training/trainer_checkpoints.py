@@ -222,9 +222,17 @@ class TrainerCheckpoints:
             chosen, resumed = folder, self._load(folder, force)
             break
         if chosen is None and skipped:
+            what, start_over = (
+                (
+                    "continuing the compare cell",
+                    f"delete {self.files.root} and rerun the same `graftrl compare`",
+                )
+                if self.files.is_compare_cell()
+                else ("--resume", "start over in another --out")
+            )
             raise CheckpointError(
-                f"--resume: no intact checkpoint under {self.root} ({'; '.join(skipped)}); "
-                "restore one from a backup, or start over in another --out"
+                f"{what}: no intact checkpoint under {self.root} ({'; '.join(skipped)}); "
+                f"restore one from a backup, or {start_over}"
             )
         for line in skipped:
             _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
