@@ -237,9 +237,9 @@ class _CellClock:
 
 def _continuable(run_dir: Path, inputs: CellInputs, label: str, console: Console) -> bool:
     """Whether the cell folder ``run_dir`` (not finished under this digest) continues: only when
-    its record says it was trained from ``inputs``' training inputs and it has a checkpoint. A
-    finished one then only changed its evaluation, and is re-evaluated. Otherwise it starts over,
-    and a folder with something to lose says why in one line."""
+    its record says it was trained from ``inputs``' training inputs and it has a checkpoint (a
+    finished one is then re-evaluated: its evaluation changed, or its marker is damaged).
+    Otherwise it starts over, and a folder with something to lose says why in one line."""
     files = RunDir(run_dir)
     checkpoints = list_checkpoints(files.checkpoints)
     finished = files.done.exists()
@@ -261,12 +261,12 @@ def _continuable(run_dir: Path, inputs: CellInputs, label: str, console: Console
     if not checkpoints:  # killed before its first checkpoint, or copied by --reuse without weights
         if finished:
             console.print(
-                f"{label}: its evaluation changed but {run_dir} keeps no checkpoint to re-evaluate "
+                f"{label}: {run_dir} keeps no checkpoint to evaluate again "
                 "(a cell copied by --reuse leaves its weights behind): retraining it from step 0",
                 soft_wrap=True,
             )
         return False
-    if finished:
+    if finished and recorded.evaluation != inputs.evaluation:
         console.print(
             f"{label}: its evaluation changed, its training did not: re-evaluating it", soft_wrap=True
         )
