@@ -50,9 +50,9 @@ def outcome(out: Path, cell: str = CELL) -> dict:
     }
 
 
-def fresh(args: list[str], root: Path) -> dict:
+def fresh(args: list[str], root: Path, name: str = "control") -> dict:
     """The same compare into a new folder: the cell as it is when trained from the start."""
-    out = root / "control"
+    out = root / name
     run([*args[:-1], str(out)])
     return outcome(out)
 
@@ -127,6 +127,14 @@ def test_a_benchmark_only_change_re_evaluates_the_cell_without_retraining(qwen2_
     assert (cell / "metrics.jsonl").read_bytes() == metrics  # no step trained again
     assert (cell / "checkpoints" / "step_000002" / "manifest.json").read_bytes() == manifest
     assert outcome(out) == fresh(args, tmp_path)
+
+    # a copy made by --reuse keeps no weights to evaluate again: it retrains, saying so
+    copy = [*args[:-1], str(tmp_path / "copy")]
+    assert "the same cell finished in" in run([*copy, "--reuse", str(out)])
+    write_sums(tmp_path / "bench.jsonl", 4, 9, "b")
+    output = run(copy)
+    assert "grpo seed 0: " in output and "keeps no checkpoint to evaluate again" in output
+    assert outcome(tmp_path / "copy") == fresh(args, tmp_path, "control-2")
 
 
 def test_an_interrupted_matrix_moved_with_its_models_and_data_continues(qwen2_llama_pair, tmp_path):
