@@ -48,9 +48,9 @@ def trained(monkeypatch) -> list[str]:
     names: list[str] = []
     original_train = Trainer.train
 
-    def counting_train(self, resume=False):
+    def counting_train(self, *args, **kwargs):
         names.append(self.run_dir.name)
-        return original_train(self, resume)
+        return original_train(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "train", counting_train)
     return names

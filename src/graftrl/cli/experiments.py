@@ -12,6 +12,7 @@ import typer
 
 from graftrl.cli.common import (
     JOBS_HELP,
+    TASK_HELP,
     CacheOption,
     JobsOption,
     QuickOption,
@@ -136,7 +137,7 @@ def compare(
         ),
     ] = None,
     cache: CacheOption = None,
-    task: TaskOption = DEFAULT_TASK,
+    task: Annotated[str | None, typer.Option(help=TASK_HELP + f" Default {DEFAULT_TASK}.")] = None,
     launcher: Annotated[
         str,
         typer.Option(
@@ -169,7 +170,8 @@ def compare(
         bool,
         typer.Option(
             "--report-only",
-            help="Train nothing: write the report from the cells finished so far (here or in --reuse folders).",
+            help="Train nothing: write the report from the cells finished so far (here or in --reuse folders) "
+            "and name the others; refused when none has finished.",
         ),
     ] = False,
 ) -> None:
@@ -182,7 +184,7 @@ def compare(
     from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
     from graftrl.reporting.paired_decisions import Decisions
 
-    check_task(task)
+    check_task(task or DEFAULT_TASK)
     try:
         decisions = Decisions(correction, mde, seed_intervals)
     except ValueError as error:
@@ -200,6 +202,10 @@ def compare(
     seed_count = (max_seeds or 10) if auto else int(seeds)
     if preset is not None and matrix is not None:
         raise CompareError("give --preset or --matrix, not both")
+    _refuse_ignored_flags(
+        base=base, quick=quick, cache=cache, task=task, launcher=launcher, jobs=jobs, tries=tries,
+        list_cells=list_cells, only_cell=only_cell, report_only=report_only,
+    )  # fmt: skip
     spec = load_matrix(matrix) if matrix is not None else (preset or "table1")
     name = matrix.stem if matrix is not None else (preset or "table1")
     if base is None and (set_ or bench or eval_samples):
@@ -229,7 +235,7 @@ def compare(
         cache_dir=cache,
         console=Console(stderr=True) if list_cells else console,  # stdout: the cell names alone
         task=compare_task,
-        embedded=task,
+        embedded=task or DEFAULT_TASK,
         reuse=reuse or [],
         report_only=report_only,
         launcher=run_launcher,
@@ -240,6 +246,59 @@ def compare(
     )
     if list_cells:  # --seeds auto: the cells of the round under way
         console.print("\n".join(listed["cells"]))
+
+
+def _refuse_ignored_flags(
+    *,
+    base: Path | None,
+    quick: bool,
+    cache: Path | None,
+    task: str | None,
+    launcher: str,
+    jobs: int,
+    tries: int | None,
+    list_cells: bool,
+    only_cell: str | None,
+    report_only: bool,
+) -> None:
+    """A flag that this compare would not use is refused in one line, not dropped in silence."""
+    from graftrl.reporting.matrix import CompareError
+
+    embedded_only = [
+        flag
+        for flag, given in (("--quick", quick), ("--cache", cache is not None), ("--task", task is not None))
+        if given
+    ]
+    if base is not None and embedded_only:
+        raise CompareError(
+            f"{', '.join(embedded_only)}: size, cache or pick the embedded task, and --base CONFIG replaces it; "
+            "drop them (set the base's sizes with --set KEY=VALUE or --steps)"
+        )
+    if list_cells and (only_cell is not None or report_only):
+        raise CompareError(
+            "--list-cells prints the cell names and runs nothing: drop --only-cell / --report-only"
+        )
+    running = [
+        flag
+        for flag, given in (
+            ("--launcher", launcher != "local"),
+            ("--jobs", jobs != 1),
+            ("--tries", tries is not None),
+        )
+        if given
+    ]
+    action = "--report-only trains no cell" if report_only else "--only-cell trains its one cell here"
+    if running and (report_only or only_cell is not None):
+        raise CompareError(f"{', '.join(running)}: say how cells are launched, and {action}: drop them")
+    if tries is not None and launcher != "ray":
+        raise CompareError(
+            "--tries: attempts per cell on Ray, it goes with --launcher ray (a local cell that dies "
+            "continues from its last checkpoint when the command is rerun)"
+        )
+    if jobs != 1 and launcher == "ray":
+        raise CompareError(
+            "--jobs: local cells side by side; --launcher ray runs as many as the cluster fits: drop --jobs"
+        )
 
 
 @app.command()

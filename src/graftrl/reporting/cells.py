@@ -1,12 +1,16 @@
 """The cells of `graftrl compare`: one (variant, seed) run each, trained and evaluated, or reused.
 
-Every cell trains in ``OUT/runs/<variant>-seed<seed>/`` and, when done, writes ``done.json`` there
-with its result rows and a digest of everything that determines it (its config with the files by
-content, and the evaluation). A rerun skips cells whose marker matches; a cell that was
-interrupted continues from its last checkpoint (the trainer's exact resume) when the checkpoint
-is this cell's (same digest), and starts over otherwise; a finished cell with the same digest in
-another folder (``--reuse``) is copied instead of trained. Who runs the cells (one after the
-other, side by side, on a Ray cluster) is ``launchers``'.
+Every cell trains in ``OUT/runs/<variant>-seed<seed>/``; when it starts it records what it is
+trained from (``cell.json``, ``cell_inputs``: config, data and starting weights by content, and
+the evaluation apart), and when done it writes ``done.json`` there with its result rows and a
+digest of everything that determines it. A rerun skips cells whose marker matches. Otherwise the
+record decides: a cell recorded with the same training inputs continues from its last checkpoint
+(the trainer's exact resume; a finished one whose evaluation alone changed is re-evaluated, not
+retrained); a cell recorded with other inputs, or with no record, is discarded and retrained from
+step 0, with one line naming what changed. Paths play no part: a folder moved with its content
+unchanged continues. A finished cell with the same digest in another folder (``--reuse``) is
+copied instead of trained. Who runs the cells (one after the other, side by side, on a Ray
+cluster) is ``launchers``'.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from typing import Any
 
 from rich.console import Console
 
-from graftrl.config import ConfigError, apply_overrides, config_from_dict, load_config
+from graftrl.config import ConfigError, apply_overrides, config_from_dict
+from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START
+from graftrl.reporting.cell_inputs import WEIGHTS, CellInputs, changes, read_record
 from graftrl.reporting.compare_task import CompareTask, evaluate_cell
 from graftrl.reporting.matrix import CompareError, Variant
 from graftrl.reporting.problem_results import PER_PROBLEM, problem_results
@@ -114,6 +120,31 @@ def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
 def _cell_digest(task: CompareTask, config: Any) -> str:
     """What a cell's done marker must match: its config (files by content) and the evaluation."""
     return _digest(CELL_VERSION, _cell_key(task, config), task.evaluation.key(config))
+
+
+def _store_by_content(path: str) -> str:
+    """A stored peer's store by its fingerprint, else as written (a store that does not read)."""
+    from graftrl.storage.store import TrajectoryStore
+
+    try:
+        return TrajectoryStore(path).fingerprint()
+    except (OSError, UserError):
+        return path
+
+
+def _cell_inputs(task: CompareTask, config: Any) -> CellInputs:
+    """The cell's inputs by content with each file apart, so that a change can be named: what
+    trains it (``_cell_key``, split) and how it is evaluated."""
+    key = copy.deepcopy(_cell_key(task, config))
+    training: dict[str, Any] = {"cell version": CELL_VERSION, "data.train": key["data"].pop("train")}
+    for policy in key["policies"]:
+        training[WEIGHTS + policy["name"]] = policy.pop("path")
+    if "files" in key.get("validation", {}):
+        training["validation.files"] = key["validation"].pop("files")
+    for peer in key.get("peers", []):
+        training[f"peers.{peer['name']}"] = _store_by_content(peer.pop("path"))
+    training["config"] = key
+    return CellInputs(training, _digest(task.evaluation.key(config)))
 
 
 def _read_done(path: Path, digest: str) -> dict[str, Any] | None:
@@ -207,15 +238,42 @@ class _CellClock:
             self.on_step(step + 1, self.steps)
 
 
-def _resumable(task: CompareTask, run_dir: Path, digest: str) -> bool:
-    """An unfinished run folder of this very cell with a checkpoint to continue from."""
+def _continuable(run_dir: Path, inputs: CellInputs, label: str, console: Console) -> bool:
+    """Whether the cell folder ``run_dir`` (not finished under this digest) continues: only when
+    its record says it was trained from ``inputs``' training inputs and it has a checkpoint (a
+    finished one is then re-evaluated: its evaluation changed, or its marker is damaged).
+    Otherwise it starts over, and a folder with something to lose says why in one line."""
     files = RunDir(run_dir)
-    if not list_checkpoints(files.checkpoints):
+    checkpoints = list_checkpoints(files.checkpoints)
+    finished = files.done.exists()
+    recorded = read_record(files.cell_inputs)
+    if recorded is None:
+        if checkpoints or finished:
+            console.print(
+                f"{label}: {run_dir} does not record what it was trained from (cell.json missing or "
+                "unreadable; written by graftrl since cells record their inputs): retraining it from step 0",
+                soft_wrap=True,
+            )
         return False
-    try:
-        return _cell_digest(task, load_config(files.config)) == digest
-    except (ConfigError, OSError, ValueError):
+    if recorded.training_digest != inputs.training_digest:
+        changed = "; ".join(changes(recorded, inputs))
+        console.print(
+            f"{label}: {changed} changed since it was trained: retraining it from step 0", soft_wrap=True
+        )
         return False
+    if not checkpoints:  # killed before its first checkpoint, or copied by --reuse without weights
+        if finished:
+            console.print(
+                f"{label}: {run_dir} keeps no checkpoint to evaluate again "
+                "(a cell copied by --reuse leaves its weights behind): retraining it from step 0",
+                soft_wrap=True,
+            )
+        return False
+    if finished and recorded.evaluation != inputs.evaluation:
+        console.print(
+            f"{label}: its evaluation changed, its training did not: re-evaluating it", soft_wrap=True
+        )
+    return True
 
 
 def run_cell(
@@ -248,11 +306,14 @@ def run_cell(
         config = config.model_copy(update={"logging": config.logging.model_copy(update={"progress": False})})
     if done is not None:
         return done, False
-    continuing = resume and run_dir.exists() and _resumable(task, run_dir, digest)
-    if run_dir.exists() and not continuing:  # no checkpoint of this cell: start it over
-        if resume:
-            console.print(f"{variant.name} seed {seed}: discarding the unfinished run in {run_dir}")
+    inputs = _cell_inputs(task, config)
+    label = f"{variant.name} seed {seed}"
+    continuing = resume and run_dir.exists() and _continuable(run_dir, inputs, label, console)
+    if run_dir.exists() and not continuing:
         shutil.rmtree(run_dir)
+    if resume:  # before the first step: a checkpoint is only ever continued under this record
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(RunDir(run_dir).cell_inputs, inputs.to_json())
     method = "" if variant.method == variant.name else f" ({variant.method})"
     how = "continuing from its last checkpoint" if continuing else f"{config.train.steps} steps"
     console.print(f"[bold]{variant.name}[/bold]{method} seed {seed}: {how}")
@@ -261,7 +322,9 @@ def run_cell(
     trainer = Trainer(
         config, run_dir, verifier=verifier, step_callback=lambda step, _: clock.step(trainer, step)
     )
-    trainer.train(resume=continuing)
+    # forced: the record showed the same content, which the trainer's own check would refuse when
+    # a folder moved (it compares paths) and compare has no --force to offer
+    trainer.train(resume=continuing, force=continuing)
     wall, cpu = clock.totals(trainer.start_step)
     policies, checkpoint_steps = _trained_policies(trainer, config, run_dir)
     scores = evaluate_cell(policies, task.evaluation, config, verifier, seed)

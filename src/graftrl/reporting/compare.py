@@ -226,18 +226,21 @@ def run_compare(
             run.rows[:0] = done["rows"]  # first, whenever it is evaluated
 
     failed: list[str] = []
+    missing: list[str] = []
     with Verifiers() as verifiers:
-
         def execute(todo: Sequence[tuple[int, Variant]]) -> dict[tuple[int, str], dict[str, Any]]:
             todo = [(s, v) for s, v in todo if (s, v.name) not in finished]
             if report_only or list_round:
+                found = [
+                    (seed, variant, done)
+                    for seed, variant in todo
+                    if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None
+                ]
                 if not list_round:
+                    missing.extend(_report_only_check(found, todo, out_dir, bool(reuse), bool(finished)))
                     record_warm_start(warm_start_cell(task, out_dir, verifiers, console, resume))
-                for seed, variant in todo:
-                    if (
-                        done := finished_cell(task, variant, seed, steps, out_dir, console, donors)
-                    ) is not None:
-                        record(seed, variant, done, False)
+                for seed, variant, done in found:
+                    record(seed, variant, done, False)
             else:
                 batch = CellBatch(task, steps, out_dir, console, resume, donors, record, record_warm_start)
                 failed.extend(launch(launcher, batch, todo, verifiers))
@@ -257,12 +260,41 @@ def run_compare(
         if (seed, variant.name) in finished:
             run.cells[variant.name].append(finished[(seed, variant.name)])
     final = report.finish(run)
+    if report_only:
+        console.print(
+            f"--report-only: not finished: {', '.join(missing)} (missing from the report; "
+            "run the same command without --report-only, or --only-cell NAME, then --report-only again)"
+            if missing
+            else f"--report-only: all {len(cells)} cells are finished",
+            soft_wrap=True,
+        )
     if failed:
         raise CompareError(
             f"cell(s) {', '.join(failed)} died on every try (--tries {launcher.tries}); the report holds "
             "the others: rerun the command to continue them from their last checkpoints"
         )
     return final
+
+
+def _report_only_check(
+    found: Sequence[tuple[int, Variant, dict[str, Any]]],
+    cells: Sequence[tuple[int, Variant]],
+    out_dir: Path,
+    reused: bool,
+    earlier: bool = False,
+) -> list[str]:
+    """``--report-only``: the cells not finished, by name; refused (nothing written) when no cell
+    has finished (``earlier``: an earlier round of ``--seeds auto`` had): an empty report would only
+    hide that."""
+    have = {(seed, variant.name) for seed, variant, _ in found}
+    missing = [cell_name(v.name, s) for s, v in cells if (s, v.name) not in have]
+    if not found and not earlier:
+        where = f"{out_dir}" + (" or the --reuse folders" if reused else "")
+        raise CompareError(
+            f"--report-only: no cell has finished in {where} yet ({', '.join(missing)}); train them "
+            "first: the same command without --report-only, or --only-cell NAME for each"
+        )
+    return missing
 
 
 def _one_cell(

@@ -22,6 +22,7 @@ for a path instead of naming a file. Layout of ``graftrl train --out RUN``::
       run.lock                         the OS lock of the process training into RUN
       errors.log                       full reports of policy workers (Ray actors, ranks) that died
       done.json                        `graftrl compare`: the cell finished (config digest, scores)
+      cell.json                        `graftrl compare`: what the cell was trained from, by content
 
 ``graftrl compare --out OUT`` (and ``graftrl demo``) write ``OUT/data/{train,heldout}.jsonl``,
 ``OUT/runs/<variant>-seed<seed>/`` (a run folder each), ``results.json``, ``results.csv`` and
@@ -163,6 +164,23 @@ class RunDir(Folder):
     def done(self) -> Path:
         """``graftrl compare``'s record that this (variant, seed) cell finished, with its scores."""
         return self.root / "done.json"
+
+    @property
+    def cell_inputs(self) -> Path:
+        """``graftrl compare``'s record of what a cell was trained from, by content, written when
+        it starts (``reporting.cell_inputs``)."""
+        return self.root / "cell.json"
+
+    def is_compare_cell(self) -> bool:
+        """A `graftrl compare` cell (it records ``cell.json``): continued or retrained by rerunning
+        its compare, which has no ``--resume`` or ``--force`` (error messages say so)."""
+        return self.cell_inputs.is_file()
+
+    def resume_remedy(self) -> str:
+        """How an error message tells a user to continue this run from its last checkpoint."""
+        if self.is_compare_cell():
+            return "rerun the same `graftrl compare` (it continues the cell from its last checkpoint)"
+        return "--resume"
 
     def holds_run(self) -> bool:
         """A run has logged at least one step here (``graftrl train`` refuses it without --resume)."""

@@ -66,9 +66,12 @@ def worker_failure(
     except OSError as error:  # an unwritable run folder must not hide the failure itself
         where = f"its report could not be written to {log} ({error.strerror})"
     config = files.config if files.config.is_file() else Path("CONFIG")
+    remedy = files.resume_remedy()
+    if remedy == "--resume":
+        remedy = f"resume with `graftrl train {config} --out {files.root} --resume`"
     return kind(
         f"{who} failed during `{during}`: {cause}. The run stopped; {where}. The checkpoints written so "
-        f"far are intact: resume with `graftrl train {config} --out {files.root} --resume`"
+        f"far are intact: {remedy}"
     )
 
 

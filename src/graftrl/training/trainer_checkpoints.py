@@ -126,7 +126,7 @@ class TrainerCheckpoints:
                 + "; ".join(f"{name} ({', '.join(found)})" for name, found in bad.items())
                 + "; checkpoint not written"
                 + (f", the last one is {kept[-1]}" if kept else "")
-                + ": lower optim.lr or tighten optim.grad_clip, then --resume"
+                + f": lower optim.lr or tighten optim.grad_clip, then {self.files.resume_remedy()}"
             )
         completed = step + 1
         final = self.files.checkpoint(completed)
@@ -167,7 +167,7 @@ class TrainerCheckpoints:
             f"{staging.name.removesuffix(STAGING_SUFFIX)}: a checkpoint needs {needed}, "
             f"{free / 2**20:.1f} MiB are free; the partial folder was removed"
             + (f" and {previous.name} is intact" if previous else "")
-            + ": free space (or lower checkpoint.keep_last), then --resume"
+            + f": free space (or lower checkpoint.keep_last), then {self.files.resume_remedy()}"
         ) from None
 
     def latest(self) -> Path | None:
@@ -222,9 +222,17 @@ class TrainerCheckpoints:
             chosen, resumed = folder, self._load(folder, force)
             break
         if chosen is None and skipped:
+            what, start_over = (
+                (
+                    "continuing the compare cell",
+                    f"delete {self.files.root} and rerun the same `graftrl compare`",
+                )
+                if self.files.is_compare_cell()
+                else ("--resume", "start over in another --out")
+            )
             raise CheckpointError(
-                f"--resume: no intact checkpoint under {self.root} ({'; '.join(skipped)}); "
-                "restore one from a backup, or start over in another --out"
+                f"{what}: no intact checkpoint under {self.root} ({'; '.join(skipped)}); "
+                f"restore one from a backup, or {start_over}"
             )
         for line in skipped:
             _warn(f"checkpoint {line}; falling back to {chosen.name if chosen else '-'}")
