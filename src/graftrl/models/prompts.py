@@ -48,11 +48,7 @@ def check_prompt_lengths(
     """
     if context is None:
         return
-    if max_new_tokens >= context:
-        raise ModelError(
-            f"{limit} ({max_new_tokens}) leaves no room for a prompt in policy {name!r}, whose context "
-            f"is {context} tokens (max_position_embeddings): lower {limit}"
-        )
+    check_response_budget(name, context, max_new_tokens, limit)
     budget = context - max_new_tokens
     # A prompt far longer than the budget is measured on a prefix: tokenizing megabytes to learn
     # that they do not fit would itself take long (a token rarely spans more than 64 characters).
@@ -76,6 +72,17 @@ def check_prompt_lengths(
             f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {name!r} ({context} "
             f"tokens) with {limit} {max_new_tokens} (prompt {first_id!r} is {first_length} "
             f"tokens; ids {ids}): remove or shorten them, or lower {limit}"
+        )
+
+
+def check_response_budget(
+    name: str, context: int | None, max_new_tokens: int, limit: str = "rollout.max_new_tokens"
+) -> None:
+    """Refuse (one line) a response budget that leaves no room for a prompt in the context."""
+    if context is not None and max_new_tokens >= context:
+        raise ModelError(
+            f"{limit} ({max_new_tokens}) leaves no room for a prompt in policy {name!r}, whose context "
+            f"is {context} tokens (max_position_embeddings): lower {limit}"
         )
 
 
