@@ -150,3 +150,77 @@ def test_an_unused_chat_template_is_warned_about_once(user_pair, tmp_path, capsy
     raw["policies"][1]["chat_template"] = True
     check_chat_templates(load_config(write_config(tmp_path, raw)))
     assert not capsys.readouterr().err
+
+
+# ----- relative paths resolve against the config file's folder ---------------------------------
+
+
+def test_relative_paths_resolve_against_the_config_files_folder(user_pair, tmp_path, monkeypatch):
+    """Every path field of a config in another folder names that folder's files, whatever the
+    current directory: policies, data, validation files (mapping and specs), stored peers, store."""
+    folder = tmp_path / "project"
+    (folder / "data" / "eval").mkdir(parents=True)
+    (folder / "data" / "train.jsonl").write_text((FIXTURES / "math_small.jsonl").read_text())
+    (folder / "data" / "eval" / "small.jsonl").write_text((FIXTURES / "math_small.jsonl").read_text())
+    (folder / "peer-store").mkdir()
+    raw = pair_config(user_pair, method="graft")
+    for policy in raw["policies"]:
+        policy["path"] = f"models/{policy['name']}"
+        (folder / "models").mkdir(exist_ok=True)
+        (folder / "models" / policy["name"]).symlink_to(user_pair[policy["name"]])
+    raw["data"]["train"] = "data/train.jsonl"
+    raw["validation"] = {"files": {"small": "data/eval/small.jsonl"}}
+    raw["peers"] = [{"name": "stored", "path": "peer-store"}]
+    raw["store"] = {"record": True, "path": "recorded"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_config(write_config(folder, raw))
+    assert [p.path for p in config.policies] == [str(folder / "models" / n) for n in ("gemma2", "neox")]
+    assert config.data.train == str(folder / "data" / "train.jsonl")
+    assert config.validation.files == {"small": str(folder / "data" / "eval" / "small.jsonl")}
+    assert config.peers[0].path == str(folder / "peer-store") and config.store.path == str(
+        folder / "recorded"
+    )
+    raw["validation"] = {"files": ["small=data/eval/small.jsonl", "data/eval/small.jsonl", "MATH500"]}
+    config = load_config(write_config(folder, raw))
+    here = str(folder / "data" / "eval" / "small.jsonl")
+    assert config.validation.files == [f"small={here}", here, "MATH500"]
+    # a --set override is the command line's: the current directory's
+    assert load_config(folder / "pair.yaml", ["data.train=mine.jsonl"]).data.train == "mine.jsonl"
+
+
+def test_a_missing_relative_path_is_named_as_resolved(user_pair, tmp_path, monkeypatch):
+    """The error names the path looked for (the config's folder's), not a bare relative name."""
+    folder = tmp_path / "project"
+    raw = pair_config(user_pair)
+    raw["data"]["train"] = "data/missing.jsonl"
+    path = write_config(folder, raw)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["train", str(path.relative_to(tmp_path)), "--out", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{folder / 'data' / 'missing.jsonl'}: problem file not found" in " ".join(result.output.split())
+
+
+def test_configs_read_from_the_current_directory_before_still_resolve(tmp_path, monkeypatch):
+    """Backward compatible: a path that exists from the current directory (and not from the
+    config's folder) is read as before, as the committed experiments' run configs are."""
+    from conftest import CONFIGS
+
+    repo = CONFIGS.parent
+    monkeypatch.chdir(repo)
+    runs = sorted((repo / "experiments").glob("worked/*/*/runs/*/config.yaml"))[:3]
+    assert runs
+    for run in runs:
+        config = load_config(run.relative_to(repo))
+        assert not Path(config.data.train).is_absolute() and Path(config.data.train).is_file()
+    legacy = tmp_path / "sub"
+    raw = {
+        "method": "grpo",
+        "policies": [{"name": "a", "path": "org/model"}],
+        "data": {"train": str(FIXTURES.relative_to(repo) / "math_small.jsonl")},
+    }
+    config = load_config(write_config(legacy, raw))
+    assert config.data.train == raw["data"]["train"] and config.policies[0].path == "org/model"  # a hub id

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from graftrl.errors import ModelError
+from graftrl.files import hub_id_like
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
 """Float attributes of a module whose names end so are dropout probabilities read at forward time
@@ -44,7 +45,7 @@ def check_model_folder(name: str, path: str) -> None:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
         "TRANSFORMERS_OFFLINE", ""
     ) not in ("", "0")
-    looks_like_path = path.startswith(("/", ".", "~")) or path.count("/") != 1 or folder.exists()
+    looks_like_path = not hub_id_like(path) or folder.exists()
     if offline or looks_like_path:
         raise ModelError(
             f"policy {name!r}: model folder {path} does not exist; fix policies[].path (a local folder "
