@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graftrl.reporting.analyze import EXCHANGE_KEYS, RunAnalysis, validation_metrics
+from graftrl.reporting.analyze import RunAnalysis, validation_metrics
+from graftrl.reporting.exchange import EXCHANGE_KEYS
 from graftrl.reporting.plots import plot_run_analysis
 
 REPORT_NAME = "analysis.md"
