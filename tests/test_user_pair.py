@@ -224,3 +224,21 @@ def test_configs_read_from_the_current_directory_before_still_resolve(tmp_path, 
     }
     config = load_config(write_config(legacy, raw))
     assert config.data.train == raw["data"]["train"] and config.policies[0].path == "org/model"  # a hub id
+
+
+def test_eval_warns_of_an_unused_chat_template_before_any_model_loads(user_pair, capsys):
+    from graftrl.evaluation.benchmarks import load_benchmarks
+    from graftrl.evaluation.evaluate import EvalProtocol, check_prompts
+    from graftrl.evaluation.targets import ModelTarget
+
+    benchmarks = load_benchmarks([f"small={FIXTURES / 'math_small.jsonl'}"])
+    target = ModelTarget("neox-eval", str(user_pair["neox"]), policy="neox-eval")
+    check_prompts([target], benchmarks, EvalProtocol(max_new_tokens=8))
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: policy 'neox-eval': the tokenizer of" in err and "pass --chat-template if" in err
+    check_prompts(
+        [ModelTarget("neox-chat", str(user_pair["neox"]), "neox-chat", chat_template=True)],
+        benchmarks,
+        EvalProtocol(max_new_tokens=8),
+    )
+    assert not capsys.readouterr().err

@@ -37,18 +37,20 @@ def check_chat_template(
     prompted with a bare template can score far lower: 0.8% against 56% on a ChatML NeoX)."""
     where = getattr(tokenizer, "name_or_path", "") or "its folder"
     has_template = bool(getattr(tokenizer, "chat_template", None))
+    flag = field.startswith("--")  # a command's flag, else a config field
+    off = f"pass --no-{field[2:]}" if flag else f"set {field} to false"
+    on = f"pass {field}" if flag else f"set {field} to true"
     if chat_template and not has_template:
         raise ModelError(
             f"policy {name!r}: {field} is true, but the tokenizer of {where} has no chat template; "
-            f"set {field} to false (prompts then use the policy's `template`), or save a chat_template "
+            f"{off} (prompts then use the policy's `template`), or save a chat_template "
             "with the tokenizer (tokenizer.chat_template = ...; save_pretrained)"
         )
     if not chat_template and has_template and warn is not None and (name, where) not in _WARNED:
         _WARNED.add((name, where))
         warn(
             f"policy {name!r}: the tokenizer of {where} has a chat template that goes unused ({field} "
-            f"is false, so prompts use the policy's `template`); set {field} to true if the model "
-            "was tuned on chats"
+            f"is false, so prompts use the policy's `template`); {on} if the model was tuned on chats"
         )
 
 
