@@ -222,7 +222,7 @@ def test_metrics_only_run_with_a_torn_last_line(tmp_path):
     ]
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "mod'
     (tmp_path / "metrics.jsonl").write_text(text)
-    (tmp_path / "config.yaml").write_text("policies:\n  - {name: solo, path: x, accelerators: 4}\n")
+    (tmp_path / "config.yaml").write_text("policies:\n  - {name: solo, path: x, parallel: {data: 4}}\n")
     result = analyze_run(tmp_path)
     assert result.compute.hours("solo") == pytest.approx(
         4 * 3 * 3.5 / 3600

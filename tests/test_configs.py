@@ -61,7 +61,9 @@ def test_graft_and_grpo_configs_have_the_papers_settings(path):
         4096,
     )
     assert config.data.prompt_suffix == PAPER_PROMPT_SUFFIX
-    assert config.data.train == "data/math_train.jsonl"
+    assert config.data.train == str(
+        CONFIGS.parent / "data" / "math_train.jsonl"
+    )  # the clone's, from anywhere
     assert all(p.dtype == "bfloat16" and p.path.startswith("/models/") for p in config.policies)
     validation = config.validation
     assert list(validation.files) == BENCHMARKS and validation.every == 5

@@ -433,3 +433,27 @@ def test_hacpo_trains_and_resumes_with_the_tracker(tiny_checkpoints, tmp_path, o
     full_weights, resumed_weights = weights_of(full), weights_of(resumed)
     for key, value in full_weights.items():
         assert torch.equal(value, resumed_weights[key]), key
+
+
+def test_method_hacpo_trains_with_its_recipe_unless_the_config_says_otherwise(tiny_task):
+    """`method: hacpo` trained with kl_coef 0 and GRPO's minibatch while compare's table1 HACPO used
+    1e-3 and half the batch: the recipe is now the method's default (one place, ``HACPO.recipe``),
+    which the preset's cell takes too; fields the config sets win."""
+    from graftrl.methods.hacpo import KL_COEF
+    from graftrl.reporting.cells import cell_config
+    from graftrl.reporting.matrix import preset_matrix
+
+    raw = {**tiny_task.base_config, "method": "hacpo"}
+    raw["train"] = {k: v for k, v in raw["train"].items() if k not in ("kl_coef", "minibatch_prompts")}
+    raw["train"]["batch_prompts"] = 8
+    config = config_from_dict(raw)
+    assert (config.train.kl_coef, config.train.minibatch_prompts) == (KL_COEF, 4)
+    assert build_method("hacpo", config).train.kl_coef == KL_COEF
+    grpo = {**raw, "method": "grpo", "train": {**raw["train"], "minibatch_prompts": 4}}
+    assert config_from_dict(grpo).train.kl_coef == 0.0  # GRPO's defaults stay
+    mine = config_from_dict({**raw, "train": {**raw["train"], "kl_coef": 0.0, "minibatch_prompts": 8}})
+    assert (mine.train.kl_coef, mine.train.minibatch_prompts) == (0.0, 8)
+    hacpo = next(v for v in preset_matrix("table1").variants if v.method == "hacpo")
+    task = type(tiny_task)(**{**vars(tiny_task), "base_config": raw})
+    cell = cell_config(task, hacpo, seed=0, steps=None)
+    assert (cell.train.kl_coef, cell.train.minibatch_prompts) == (KL_COEF, 4)

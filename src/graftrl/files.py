@@ -86,3 +86,9 @@ def is_disk_full(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     return "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+
+
+def hub_id_like(text: str) -> bool:
+    """``org/name`` as a Hugging Face hub id is written (not a path: no leading ``/``, ``.`` or
+    ``~``, one slash); a folder of that name, where one exists, is still a folder."""
+    return not text.startswith(("/", ".", "~")) and text.count("/") == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from graftrl.cli.common import app, console
@@ -75,7 +76,7 @@ def estimate_memory_command(
             gpu_memory = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 141.0
         estimates, total = estimate_config(cfg, gpu_memory * GIB, prompt_tokens, ranks=ranks)
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)  # one line
         raise typer.Exit(2) from None
     console.print(memory_table(estimates, total, gpu_memory * GIB))
     for peer in (p for p in cfg.peers if p.served):

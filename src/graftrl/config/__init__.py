@@ -13,6 +13,7 @@ from graftrl.config.loading import (
     load_config,
     minibatch_note,
     parse_override,
+    read_config_file,
 )
 from graftrl.config.reference import config_reference, config_reference_markdown
 from graftrl.config.schema import (
@@ -64,4 +65,5 @@ __all__ = [
     "load_config",
     "minibatch_note",
     "parse_override",
+    "read_config_file",
 ]

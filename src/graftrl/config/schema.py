@@ -182,7 +182,8 @@ class TrainConfig(_Section):
     minibatch_prompts: int = Field(default=32, ge=1)
     """Prompt groups per optimizer step (4 steps per rollout batch at the defaults). When it does not
     divide `batch_prompts`, the last optimizer step of each epoch takes the remainder (fewer groups,
-    its own token mean); `graftrl train` prints a note saying so."""
+    its own token mean); `graftrl train` prints a note saying so. Unset, `method: hacpo` takes its
+    recipe's half of `batch_prompts` (its section says so)."""
     update_epochs: int = Field(default=1, ge=1)
     """Passes over each rollout batch."""
     micro_batch_size: int = Field(default=64, ge=1)
@@ -211,7 +212,8 @@ class TrainConfig(_Section):
     """Unbiased (n - 1) group std in eq. 1, as verl; False uses the population std."""
     kl_coef: float = Field(default=0.0, ge=0)
     """KL penalty (k3 estimator, own responses) to a frozen copy of each initial policy; 0 = off,
-    no reference model is kept. HACPO uses 1e-3."""
+    no reference model is kept. Unset, `method: hacpo` takes its recipe's value (its section says
+    which)."""
     clip_ratio_c: float | None = Field(default=None, gt=1)
     """Dual-clip bound for negative advantages (Ye et al. 2020): a token with a < 0 contributes at
     most -c * a to the loss, however large its ratio. None = off, graftrl's default and the
@@ -424,6 +426,24 @@ class RunConfig(_Section):
     docs/served-peer.md). Transfer from them is one-way, so GRAFT selects every candidate (no balancing)."""
     store: StoreConfig = StoreConfig()
     """Trajectory recording."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_recipe(cls, data: Any) -> Any:
+        """The ``train`` fields the config leaves unset take the method's recipe (``Method.recipe``:
+        HACPO's KL and minibatch), so the run config says what trains and no preset repeats it."""
+        if not isinstance(data, dict):
+            return data
+        method, train = data.get("method", DEFAULT_METHOD), data.get("train", {})
+        if not isinstance(method, str) or method not in METHODS or not isinstance(train, dict):
+            return data  # the field validators name what is wrong
+        batch = train.get("batch_prompts", TrainConfig.model_fields["batch_prompts"].default)
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            return data
+        policies = data.get("policies")
+        recipe = METHODS[method].recipe(batch, len(policies) if isinstance(policies, list) else 1)
+        unset = {key: value for key, value in recipe.items() if key not in train}
+        return {**data, "train": {**train, **unset}} if unset else data
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

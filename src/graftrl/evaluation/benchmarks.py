@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graftrl.storage.data import DataError, MathProblem, load_problems
+from graftrl.storage.data import PROBLEM_SUFFIXES, DataError, MathProblem, load_problems
 
 __all__ = [
     "BUILTIN_BENCHMARKS",
@@ -55,7 +55,6 @@ __all__ = [
     "write_problems",
 ]
 
-_LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 _TRUTHY = {"1", "true", "yes", "on"}
 
 
@@ -133,7 +132,7 @@ class Benchmark:
 
 
 def _looks_local(text: str) -> bool:
-    return text.lower().endswith(_LOCAL_SUFFIXES) or Path(text).is_file()
+    return text.lower().endswith(PROBLEM_SUFFIXES) or Path(text).is_file()
 
 
 def _hub_from_text(text: str) -> HubDataset | None:

@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from graftrl.console import progress_bar
+from graftrl.console import progress_bar, warn
 from graftrl.evaluation import stats
 from graftrl.evaluation.eval_report import markdown_table, plot_report, verification_summary, write_report
 from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
 from graftrl.models.model_loading import load_tokenizer, model_context
 from graftrl.models.policy import Policy
-from graftrl.models.prompts import check_prompts_fit
+from graftrl.models.prompts import check_chat_template, check_prompts_fit
 from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
@@ -362,6 +362,7 @@ def check_prompts(targets: Sequence[ModelTarget], benchmarks: Sequence[Any], pro
     problem would otherwise ask for gigabytes of attention)."""
     for target in targets:
         tokenizer = load_tokenizer(target.policy, target.path)
+        check_chat_template(target.policy, tokenizer, target.chat_template, "--chat-template", warn)
         context = model_context(target.policy, target.path)
         for benchmark in benchmarks:
             check_prompts_fit(

@@ -282,6 +282,14 @@ class Method:
 
     # ----- configuration --------------------------------------------------------------------
     @classmethod
+    def recipe(cls, batch_prompts: int, policies: int) -> dict[str, Any]:
+        """``train`` fields this method's published recipe sets where a run config leaves them
+        unset (the section's own defaults are GRPO's, the paper's Table 3): name -> value, for a
+        batch of ``batch_prompts`` prompts and ``policies`` co-trained policies. Empty by default;
+        the config applies it when validated, so a preset needs no copy of it."""
+        return {}
+
+    @classmethod
     def options_of(cls, config: Any) -> Any:
         """This method's section of a run config (None without a section)."""
         return getattr(config, cls.section_key) if cls.section is not None else None

@@ -29,7 +29,8 @@ Zhang et al. 2026 (arXiv 2603.02604), as algorithm.md §3 states it and the revi
   eq. 10, section 3.2) *is* omega^(j,k) = P_hat^(j) / P_hat^(k) on the peer term; there is no
   further coefficient beyond it.
 - **KL** to the frozen initial policy with the k3 estimator on own responses only: the
-  trainer's ``train.kl_coef`` (HACPO: 1e-3) gives ``ref_logp``; this loss adds it.
+  trainer's ``train.kl_coef`` (the recipe's ``KL_COEF`` unless the config sets it, ``recipe``)
+  gives ``ref_logp``; this loss adds it.
 - **Aggregation** (``hacpo.loss_agg``). "seq-mean" (default): the review writes both terms as
   sequence means (eqs. 47-53, 1/G sum_i); HACPO runs on verl's GSPO, whose loss is a sequence
   mean over the minibatch's rows. So the loss of a minibatch is
@@ -88,9 +89,18 @@ from graftrl.methods.base import (
 )
 from graftrl.methods.loss_metrics import CLIPPING, KL, OWN_S, PEER_S, LossMetric, PlanKey
 
+KL_COEF = 1e-3
+"""The recipe's ``train.kl_coef`` (algorithm.md §3): what ``method: hacpo`` trains with unless the
+config sets it (``HACPO.recipe``)."""
+MINIBATCH_SHARE = 2
+"""The recipe's minibatch is 1 / this of the prompt batch (verl's 64 of 128 prompts): what
+``train.minibatch_prompts`` is for ``method: hacpo`` unless the config sets it."""
+
 
 class HacpoConfig(ConfigSection):
-    """HACPO settings (ignored by other methods)."""
+    """HACPO settings (ignored by other methods). Unless the config sets them, `method: hacpo` also
+    takes its recipe's `train.kl_coef` (1e-3) and `train.minibatch_prompts` (half of
+    `train.batch_prompts`, a multiple of the policies), not the section defaults."""
 
     window: int = Field(default=5, ge=1)
     """Steps in the sliding window of per-step mean rewards that estimates each agent's capability."""
@@ -176,6 +186,13 @@ class HACPO(WholePromptMinibatches, Method):
         super().__init__(options, train=train, **fields)
         self.history: dict[str, list[float]] = {} if history is None else history
         """Per agent, its per-step mean rewards of the last ``window`` steps (oldest first)."""
+
+    @classmethod
+    def recipe(cls, batch_prompts: int, policies: int) -> dict[str, Any]:
+        """KL 1e-3 and a minibatch of half the prompt batch (rounded down to a multiple of the
+        agents, at least one prompt each): the official recipe (``KL_COEF``, ``MINIBATCH_SHARE``)."""
+        share = batch_prompts // MINIBATCH_SHARE
+        return {"kl_coef": KL_COEF, "minibatch_prompts": max(policies, share - share % max(policies, 1))}
 
     @classmethod
     def check(cls, config: Any) -> None:

@@ -72,6 +72,11 @@ class ModelShape:
     """KV heads x head dim: a token's keys (or values) per layer."""
     heads: int = 0
     """Query heads (eager attention's probabilities are rows x heads x length²)."""
+    attention: str | None = None
+    """The attention kernel the model loads with (``config._attn_implementation`` of the build):
+    transformers' default for the model unless the policy names one (Gemma 2: eager)."""
+    context: int | None = None
+    """Positions the model attends over (``max_position_embeddings``), None when unknown."""
 
     @property
     def layer_parameters(self) -> int:
@@ -79,11 +84,15 @@ class ModelShape:
         return max(0, self.parameters - 2 * self.vocab * self.hidden) // max(self.layers, 1)
 
 
-def model_shape(path: str) -> ModelShape:
+def model_shape(path: str, attn_implementation: str | None = None, name: str = "?") -> ModelShape:
     """A model's shape from its config.json: parameters counted on a meta-device build (no weights,
-    no memory), so the count is exact for any AutoModelForCausalLM, tied embeddings counted once."""
+    no memory), so the count is exact for any AutoModelForCausalLM, tied embeddings counted once.
+    The build takes ``attn_implementation`` as loading does (``attention_kwargs``), so ``attention``
+    is the kernel the run would train with."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from graftrl.models.model_loading import attention_error, attention_kwargs, context_of
 
     try:
         config = AutoConfig.from_pretrained(path)
@@ -92,8 +101,15 @@ def model_shape(path: str) -> ModelShape:
             f"memory estimate: cannot read the model config at {path!r} ({str(error).splitlines()[0]}); "
             "point policies[].path to a model folder with a config.json"
         ) from None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, **attention_kwargs(attn_implementation))
+    except ImportError:  # a kernel this machine lacks (flash-attn): estimated as named, for another
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        model.config._attn_implementation = attn_implementation
+    except ValueError as error:  # a kernel the model does not have: loading refuses it too
+        raise MemoryEstimateError(str(attention_error(name, attn_implementation, error))) from None
     text = config.get_text_config()
     hidden = int(text.hidden_size)
     intermediate = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
@@ -108,6 +124,8 @@ def model_shape(path: str) -> ModelShape:
         vocab=int(text.vocab_size),
         kv_width=int(kv_heads) * int(head_dim),
         heads=heads,
+        attention=getattr(model.config, "_attn_implementation", None) or attn_implementation,
+        context=context_of(text),
     )
 
 
@@ -180,7 +198,7 @@ def estimate_policy(
         activations = tokens * (shape.layers * shape.hidden * 4 + per_token_layer * compute_bytes)
     else:
         activations = tokens * shape.layers * per_token_layer * compute_bytes
-    if getattr(spec, "attn_implementation", None) == "eager":  # the attention matrix is saved
+    if attention_of(spec, shape) == "eager":  # the attention matrix is saved
         prob_bytes = EAGER_PROB_BYTES + (compute_bytes if compute_bytes < 4 else 0)
         layers_saved = 1 if train.gradient_checkpointing else shape.layers
         activations += rows * shape.heads * sequence**2 * prob_bytes * layers_saved
@@ -201,6 +219,28 @@ def estimate_policy(
     return PolicyEstimate(
         spec.name, n, p, model_states, compute_copy, activations, logits, vllm, sleeps, generation
     )
+
+
+def attention_of(spec: PolicyConfig, shape: ModelShape) -> str | None:
+    """The kernel a policy trains with: its ``attn_implementation``, else the one its model loads
+    with by default (``ModelShape.attention``)."""
+    return getattr(spec, "attn_implementation", None) or shape.attention
+
+
+def admitted_prompt_tokens(
+    spec: PolicyConfig, shape: ModelShape, max_new_tokens: int, prompt_tokens: int
+) -> int:
+    """The assumed prompt length as training would admit it: train's context check
+    (``models.prompts.check_response_budget``) refuses a response budget the model cannot hold, and
+    refuses prompts longer than the context leaves, so no row is longer than the context."""
+    from graftrl.errors import ModelError
+    from graftrl.models.prompts import check_response_budget
+
+    try:
+        check_response_budget(spec.name, shape.context, max_new_tokens)
+    except ModelError as error:
+        raise MemoryEstimateError(str(error)) from None
+    return prompt_tokens if shape.context is None else min(prompt_tokens, shape.context - max_new_tokens)
 
 
 def colocated(config: Config) -> bool:
@@ -235,14 +275,15 @@ def estimate_config(
     ranks: int | None = None,
 ) -> tuple[list[PolicyEstimate], float]:
     """Every policy's estimate and the per-GPU peak; shapes read from config.json unless given;
-    ``ranks`` replaces every policy's data-parallel size (a what-if)."""
+    ``ranks`` replaces every policy's data-parallel size (a what-if). Rows are at most the model's
+    context, and a response budget it cannot hold is refused, as training does
+    (``admitted_prompt_tokens``)."""
     estimates = []
     for spec in config.policies:
-        shape = (shapes or {}).get(spec.name) or model_shape(spec.path)
+        shape = (shapes or {}).get(spec.name) or model_shape(spec.path, spec.attn_implementation, spec.name)
+        prompt = admitted_prompt_tokens(spec, shape, config.rollout.max_new_tokens, prompt_tokens)
         estimates.append(
-            estimate_policy(
-                config, spec, shape, device_bytes=device_bytes, prompt_tokens=prompt_tokens, ranks=ranks
-            )
+            estimate_policy(config, spec, shape, device_bytes=device_bytes, prompt_tokens=prompt, ranks=ranks)
         )
     return estimates, per_gpu_total(config, estimates)
 

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from graftrl.errors import ModelError
+from graftrl.files import hub_id_like
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
 """Float attributes of a module whose names end so are dropout probabilities read at forward time
@@ -44,7 +45,7 @@ def check_model_folder(name: str, path: str) -> None:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
         "TRANSFORMERS_OFFLINE", ""
     ) not in ("", "0")
-    looks_like_path = path.startswith(("/", ".", "~")) or path.count("/") != 1 or folder.exists()
+    looks_like_path = not hub_id_like(path) or folder.exists()
     if offline or looks_like_path:
         raise ModelError(
             f"policy {name!r}: model folder {path} does not exist; fix policies[].path (a local folder "
@@ -140,11 +141,27 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def attention_kwargs(attn_implementation: str | None) -> dict[str, str]:
+    """What loading passes to transformers for ``policies[].attn_implementation``: the same for a
+    real load and the memory estimate's meta-device build, so both resolve the same kernel (None:
+    the model's own default, e.g. eager for Gemma 2)."""
+    return {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+
+
+def attention_error(name: str, attn_implementation: str | None, error: BaseException) -> ModelError:
+    """A kernel transformers refuses for this model or machine, as one line naming the field."""
+    return ModelError(
+        f"policy {name!r}: attn_implementation {attn_implementation!r} does not load here "
+        f"({first_line(error)}); set policies[].attn_implementation to one this model and "
+        "machine support (`sdpa`, `eager`), or leave it unset for transformers' default"
+    )
+
+
 def load_causal_lm(
     name: str, path: str, param_dtype: torch.dtype, attn_implementation: str | None = None
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained``; what fails to load is a ModelError naming the field."""
-    attention = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    attention = attention_kwargs(attn_implementation)
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype, **attention)
     except Exception as error:  # safetensors, tokenizers and torch raise their own types
@@ -152,11 +169,7 @@ def load_causal_lm(
             raise
         # transformers refuses an unknown or unavailable kernel with a ValueError / ImportError
         if attention and (isinstance(error, ImportError) or "attn" in str(error)):
-            raise ModelError(
-                f"policy {name!r}: attn_implementation {attn_implementation!r} does not load here "
-                f"({first_line(error)}); set policies[].attn_implementation to one this model and "
-                "machine support (`sdpa`, `eager`), or leave it unset for transformers' default"
-            ) from None
+            raise attention_error(name, attn_implementation, error) from None
         if isinstance(error, ImportError):
             raise
         raise load_failure(name, path, "a causal LM (config.json + *.safetensors)", error) from None

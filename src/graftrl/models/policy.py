@@ -26,7 +26,13 @@ from graftrl.models.model_loading import (
     resolve_device,
     zero_dropout,
 )
-from graftrl.models.prompts import check_prompt_lengths, encode_formatted, format_prompt, quiet_length_warning
+from graftrl.models.prompts import (
+    check_chat_template,
+    check_prompt_lengths,
+    encode_formatted,
+    format_prompt,
+    quiet_length_warning,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -144,6 +150,7 @@ class Policy:
         (``zero_dropout``), so the trainer's log-probs are the sampler's.
         """
         tokenizer = load_tokenizer(name, path)
+        check_chat_template(name, tokenizer, kwargs.get("chat_template", False))  # before the weights
         model = load_causal_lm(name, path, _DTYPES[param_dtype], attn_implementation)
         if disable_dropout:
             zero_dropout(model)

@@ -1,6 +1,6 @@
 """Reporting: runs turned into numbers, tables and figures.
 
-Computation: one run's diagnostics (``analyze``, with ``complementarity``), diagnostics across runs (``diagnostics``,
+Computation: one run's diagnostics (``analyze``, with ``complementarity`` and ``exchange``), diagnostics across runs (``diagnostics``,
 ``contrast``), the weights transferred responses were trained with (``weights``), method
 comparisons over paired seeds (``compare``: the run; ``matrix``: variants and presets;
 ``compare_task``: the embedded task; ``cells``: training, evaluation and reuse of each cell; ``cell_inputs``: what a cell was trained from) with

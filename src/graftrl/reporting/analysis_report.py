@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.reporting.analyze import RunAnalysis, validation_metrics
+from graftrl.reporting.exchange import EXCHANGE_KEYS
 from graftrl.reporting.plots import plot_run_analysis
 
 REPORT_NAME = "analysis.md"
+EXCHANGE_METRICS = ", ".join(f"`{keys.selected}<source>`" for keys in EXCHANGE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,13 @@ def complementarity_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[s
 def exchange_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
     out = ["", "## Exchange volume", ""]
     if not a.exchange:
-        return [*out, "No exchange in this run (no `selected/<source>` metrics)."]
-    out.append("Totals over the run, per direction (source -> receiver).")
+        return [*out, f"No exchange in this run (none of the {EXCHANGE_METRICS} metrics)."]
+    out.append(
+        "Totals over the run, per direction (source -> receiver). Candidates and selected prompts as the "
+        "method plans them: GRAFT and LUFFY's candidates (all-fail prompts where the source is mixed) "
+        "and selected prompts; SGT's eligible prompts and those whose one correct source response "
+        "trains with the NLL term; pooling's and HACPO's every prompt of the batch."
+    )
     body = []
     for ex in a.exchange:
         transferred = None if None in ex.transferred else sum(t for t in ex.transferred if t is not None)
@@ -275,14 +282,12 @@ def reward_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         "mean all-pass",
         "mean length (tokens)",
     ]
-    return [
-        *out,
-        "",
-        _table(headers, body),
-        "",
-        _image(plots, "reward", "reward"),
-        _image(plots, "response_length", "response length"),
-    ]
+    out += ["", _table(headers, body), "", _image(plots, "reward", "reward")]
+    out.append(_image(plots, "response_length", "response length"))
+    if "family_reward" in plots:  # problems with a `family` field
+        out += ["", "Training reward per problem family (`family_reward/<family>`, 5-step mean):", ""]
+        out.append(_image(plots, "family_reward", "reward per family"))
+    return out
 
 
 def validation_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
@@ -316,8 +321,9 @@ def compute_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         "## Compute (paper Appendix D)",
         "",
         "Accelerator-hours = accelerators x summed per-step wall-clock (`time_step`: rollout + reward + "
-        "peer log-prob + update), so validation and checkpointing are excluded. One accelerator per "
-        "policy unless its config entry sets `accelerators`.",
+        "peer log-prob + update), so validation and checkpointing are excluded. A policy's accelerators "
+        "are its config's `resources.num_gpus` under `backend: ray` (a fraction shares a GPU), else its "
+        "`parallel.data` ranks (1 by default).",
     ]
     body = []
     for model in a.models:

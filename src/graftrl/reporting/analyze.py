@@ -13,10 +13,12 @@ Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
   succeeds at least once (metrics key ``complementarity/S`` of R). Steps where R has no all-fail
   prompt (``all_fail_frac == 0``) are undefined and left out of the mean. With a store, the value
   is recomputed from the stored rewards and compared step by step.
-- exchange per direction S -> R: candidates and selected prompts from R's metrics
-  (``candidates/S``, ``selected/S``); transferred responses and the admitted ones (w > 0: they
-  entered the loss) from compatibility.jsonl (fallback: R's ``peer_responses`` /
-  ``peer_admitted`` when R has one source).
+- exchange per direction S -> R, for every method that trains on peer rows, from the plan keys
+  each logs (``EXCHANGE_KEYS``): candidates and selected prompts (GRAFT, LUFFY: ``candidates/S``,
+  ``selected/S``; SGT: ``eligible/S`` and ``nll_responses/S``, the prompts whose one correct S
+  response trains with the NLL term; pooling: ``pooled/S``; HACPO: ``omega/S``, every prompt of
+  the batch); transferred responses and the admitted ones (w > 0: they entered the loss) from
+  compatibility.jsonl (fallback: R's ``peer_responses`` / ``peer_admitted`` when R has one source).
 - w: the weight each transferred response was trained with, as compatibility.jsonl logs it; a
   log written before it did is recomputed with the run's rule from config.yaml (``weights``:
   eq. 8 with ``graft.delta``, default 0.8; w = 1 without the gate), with a note.
@@ -25,8 +27,10 @@ Definitions used (algorithm.md §5, paper Figure 1, Table 9, Appendix D):
   those with ``clip_frac_peer == 0``.
 - compute: accelerator-hours = accelerators x summed per-step wall-clock ``time_step`` / 3600.
   ``time_step`` is the sum of the step's rollout, reward, peer log-prob and update phases, so it
-  excludes validation and checkpointing. One accelerator per policy unless the policy's config
-  entry sets ``accelerators`` (or ``num_gpus``). Per model and total (the sum over models).
+  excludes validation and checkpointing. A policy's accelerators come from its config entry
+  (``accelerators_of``): ``resources.num_gpus`` under ``backend: ray`` (its actors' GPUs, a
+  fraction when it shares one), else ``parallel.data`` (its FSDP ranks, one device each; 1 by
+  default). Per model and total (the sum over models).
 """
 
 from __future__ import annotations
@@ -45,9 +49,10 @@ from graftrl.console import warn
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
+from graftrl.reporting.exchange import Exchange, exchange_by_direction
 from graftrl.reporting.run_logs import read_log
 from graftrl.reporting.served import ServedCost, served_costs
-from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights, recomputed_note
+from graftrl.reporting.weights import WeightRule, logs_weights, recomputed_note
 from graftrl.storage.checkpoint import newest_usable, required_files
 from graftrl.storage.rundir import RunDir
 
@@ -61,30 +66,6 @@ class AnalysisError(UserError):
 # ------------------------------------------------------------------------------------------
 # Results
 # ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Exchange:
-    source: str
-    receiver: str
-    steps: list[int]
-    candidates: list[float]
-    selected: list[float]
-    transferred: list[int | None]
-    admitted: list[int | None]
-    s: list[float]
-    """Every compatibility score of the direction (from compatibility.jsonl)."""
-    w: list[float] | None
-    """The weight each of them was trained with (None: a log without weights whose rule cannot be
-    recomputed, random admission)."""
-
-    @property
-    def admission_rate(self) -> float | None:
-        pairs = [(t, a) for t, a in zip(self.transferred, self.admitted, strict=True) if t is not None]
-        total = sum(t for t, _ in pairs)
-        if not total or any(a is None for _, a in pairs):
-            return None
-        return sum(a for _, a in pairs if a is not None) / total
 
 
 @dataclass
@@ -107,7 +88,7 @@ class Clipping:
 
 @dataclass
 class Compute:
-    accelerators: dict[str, int]
+    accelerators: dict[str, float]
     seconds: dict[str, float]
     """Model -> summed per-step wall-clock (time_step)."""
     steps: dict[str, int]
@@ -205,15 +186,34 @@ def _latest_rows(rows: Sequence[dict[str, Any]], key: str, path: Path) -> list[d
     return [latest[k] for k in sorted(latest)]
 
 
-def _accelerators(config: Mapping[str, Any], models: Sequence[str]) -> dict[str, int]:
-    counts = {model: 1 for model in models}
+def accelerators_of(config: Mapping[str, Any], models: Sequence[str]) -> dict[str, float]:
+    """Model -> accelerators its trainer held, from the run config's real fields: under ``backend:
+    ray`` its ``resources.num_gpus`` (the total over its rank actors; a fraction shares a GPU),
+    else (or with no GPUs reserved) its ``parallel.data`` ranks; 1 when the config says nothing."""
+    counts: dict[str, float] = {model: 1.0 for model in models}
+    ray = config.get("backend") == "ray"
     for spec in config.get("policies") or []:
-        if isinstance(spec, dict) and spec.get("name") in counts:
-            for key in ("accelerators", "num_accelerators", "num_gpus", "gpus"):
-                if isinstance(spec.get(key), int) and spec[key] >= 1:
-                    counts[spec["name"]] = spec[key]
-                    break
+        if not isinstance(spec, dict) or spec.get("name") not in counts:
+            continue
+        resources = spec.get("resources") if isinstance(spec.get("resources"), dict) else {}
+        parallel = spec.get("parallel") if isinstance(spec.get("parallel"), dict) else {}
+        gpus, ranks = resources.get("num_gpus"), parallel.get("data")
+        if ray and isinstance(gpus, int | float) and not isinstance(gpus, bool) and gpus > 0:
+            counts[spec["name"]] = float(gpus)
+        elif isinstance(ranks, int) and not isinstance(ranks, bool) and ranks >= 1:
+            counts[spec["name"]] = float(ranks)
     return counts
+
+
+def _batch_prompts(config: Mapping[str, Any]) -> int:
+    """The run's ``train.batch_prompts`` (the schema's default when config.yaml lacks it)."""
+    from graftrl.config.schema import TrainConfig
+
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    value = train.get("batch_prompts")
+    return (
+        value if isinstance(value, int) and value > 0 else TrainConfig.model_fields["batch_prompts"].default
+    )
 
 
 def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
@@ -251,55 +251,6 @@ def _best_last_steps(best: Any, models: Sequence[str]) -> dict[str, int] | None:
 # ------------------------------------------------------------------------------------------
 
 
-def _exchange(
-    rows: Sequence[dict[str, Any]], compat: Sequence[dict[str, Any]], rule: WeightRule
-) -> list[Exchange]:
-    compat_at = {
-        (int(c["step"]), c["receiver"]): c
-        for c in compat
-        if isinstance(c.get("s"), list)
-        and isinstance(c.get("source"), list)
-        and len(c["s"]) == len(c["source"])
-    }
-    directions: dict[tuple[str, str], Exchange] = {}
-    for row in rows:
-        receiver = row["model"]
-        sources = [k.split("/", 1)[1] for k in row if k.startswith("selected/")]
-        for source in sources:
-            ex = directions.setdefault(
-                (source, receiver), Exchange(source, receiver, [], [], [], [], [], [], [])
-            )
-            admitted_logged = row.get("peer_admitted") if len(sources) == 1 else None
-            step = int(row["step"])
-            ex.steps.append(step)
-            ex.candidates.append(float(row.get(f"candidates/{source}") or 0.0))
-            ex.selected.append(float(row.get(f"selected/{source}") or 0.0))
-            entry = compat_at.get((step, receiver))
-            if entry is not None:
-                mine = [i for i, src in enumerate(entry["source"]) if src == source]
-                ex.s += [float(entry["s"][i]) for i in mine]
-                weights = applied_weights(entry, rule)
-                ex.transferred.append(len(mine))
-                if weights is None:  # unknown: the receiver's own count, when it has one source
-                    ex.w = None
-                    ex.admitted.append(None if admitted_logged is None else int(admitted_logged))
-                    continue
-                w = [weights[i] for i in mine]
-                if ex.w is not None:
-                    ex.w += w
-                ex.admitted.append(sum(x > 0 for x in w))
-            elif len(sources) == 1 and "peer_responses" in row:
-                transferred = int(row.get("peer_responses") or 0)
-                admitted = row.get("peer_admitted")
-                ex.transferred.append(transferred)
-                # the trainer logs peer_admitted only on steps with grafted responses
-                ex.admitted.append(int(admitted) if admitted is not None else (None if transferred else 0))
-            else:
-                ex.transferred.append(None)
-                ex.admitted.append(None)
-    return [directions[k] for k in sorted(directions)]
-
-
 def _clipping(rows: Sequence[dict[str, Any]], models: Sequence[str]) -> Clipping:
     own: dict[str, float] = {}
     peer: dict[str, float] = {}
@@ -328,7 +279,7 @@ def step_seconds(row: Mapping[str, Any]) -> float:
 def _compute(
     rows: Sequence[dict[str, Any]],
     models: Sequence[str],
-    accelerators: Mapping[str, int],
+    accelerators: Mapping[str, float],
     best_path: Path,
     notes: list[str],
 ) -> Compute:
@@ -432,9 +383,9 @@ def analyze_run(
         weight_rule=rule,
         weights_logged=all(logs_weights(c) for c in compat),
         complementarity=comps,
-        exchange=_exchange(rows, compat, rule),
+        exchange=exchange_by_direction(rows, compat, rule, _batch_prompts(config)),
         clipping=_clipping(rows, models),
-        compute=_compute(rows, models, _accelerators(config, models), files.best_index, notes),
+        compute=_compute(rows, models, accelerators_of(config, models), files.best_index, notes),
         validation=validation,
         store_report=store_report,
         store_ok=store_ok,

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 
-from graftrl.config import apply_overrides, config_from_dict, load_config
+from graftrl.config import apply_overrides, config_from_dict, load_config, read_config_file
 from graftrl.embedded.base import (  # noqa: F401 - re-exported: the embedded sizes, as before
     DEFAULT,
     HELDOUT,
@@ -148,7 +147,7 @@ def base_task(
     ``benches`` nor the config's ``validation.files``). ``eval_samples``: default the paper's 8.
     ``name``, ``settings``, ``content_key``: the embedded task's (``embedded_base_task``)."""
     config = load_config(path, list(overrides))  # errors name the file and the key
-    raw = apply_overrides(yaml.safe_load(path.read_text(encoding="utf-8")), list(overrides))
+    raw = apply_overrides(read_config_file(path), list(overrides))  # paths as the config resolves them
     if benches:
         specs = list(benches)
     elif config.validation.files:

@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from graftrl.embedded.base import DEFAULT
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START
 
@@ -84,21 +83,16 @@ def yaml_value(value: Any) -> str:
 PRESETS = ("table1", "table2", "demo", "mastery", "hint")
 
 
-def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts) -> Matrix:
-    """A built-in matrix; ``batch_prompts`` (the task's) sizes HACPO's minibatch (half the batch)."""
+def preset_matrix(name: str) -> Matrix:
+    """A built-in matrix."""
     if name == "table1":
         variants = [
             Variant("grpo-n8", "grpo"),
             Variant("grpo-n16", "grpo", {"rollout.n": 16}),
             Variant("grpo-n32", "grpo", {"rollout.n": 32}),
             Variant("sgt", "sgt"),
-            # HACPO's recipe (algorithm.md §3): KL 1e-3, minibatch half the prompt batch (64/128) x n
-            # rows of the pooled batch: 4 optimizer steps over own + peer groups (hacpo.minibatch: rows).
-            Variant(
-                "hacpo",
-                "hacpo",
-                {"train.kl_coef": 1e-3, "train.minibatch_prompts": max(1, batch_prompts // 2)},
-            ),
+            # HACPO's recipe (KL, minibatch of half the batch) is the method's default (HACPO.recipe).
+            Variant("hacpo", "hacpo"),
             Variant("graft", "graft"),
         ]
         return Matrix(variants, baseline="grpo-n8", reference="graft", source="preset table1")

@@ -260,6 +260,8 @@ def plot_run_analysis(analysis: RunAnalysis, out: Path) -> dict[str, Path]:
 
     plot_training_curves({label: rows}, path("reward"), key="reward_mean")
     plot_training_curves({label: rows}, path("response_length"), key="response_length")
+    if plot_family_curves({label: rows}, out / "family_reward.png"):  # data with families only
+        made["family_reward"] = out / "family_reward.png"
     if analysis.complementarity:
         plot_complementarity({label: rows}, path("complementarity"))
     if analysis.exchange:

@@ -30,6 +30,10 @@ __all__ = [
 PAPER_PROMPT_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
 
 
+PROBLEM_SUFFIXES = (".jsonl", ".json", ".parquet")
+"""The file types ``load_problems`` reads (a local benchmark or data file is named by them)."""
+
+
 class DataError(UserError):
     """A problem file is malformed; the message names the file, record and field to fix."""
 

@@ -72,6 +72,20 @@ class StepExchange:
     """Each receiver's rescues.jsonl rows (a method with a rescue round; else empty)."""
 
 
+def check_chat_templates(config: Config, policies: Sequence[Policy] | None = None) -> None:
+    """Each policy's ``chat_template`` against its tokenizer, before any weights load (the
+    tokenizers only): refused in one line when asked of a tokenizer without one, one warning line
+    when a tokenizer's template goes unused (``models.prompts.check_chat_template``)."""
+    from graftrl.console import warn
+    from graftrl.models.model_loading import load_tokenizer
+    from graftrl.models.prompts import check_chat_template
+
+    given = {p.name: p.tokenizer for p in policies or ()}
+    for spec in config.policies:
+        tokenizer = given[spec.name] if spec.name in given else load_tokenizer(spec.name, spec.path)
+        check_chat_template(spec.name, tokenizer, spec.chat_template, warn=warn)
+
+
 class Trainer:
     """Runs Algorithm 1 for a config and writes everything into ``run_dir``."""
 
@@ -117,6 +131,7 @@ class Trainer:
             # whatever the backend or rank count; the trainer's validator records the scores and
             # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
             self.validator = Validator(config, self.run_dir, verifier)
+        check_chat_templates(config, policies)
         if policies is None:  # before any weights load: a clear error when the run cannot fit
             from graftrl.models.memory import check_before_loading
 
