@@ -401,18 +401,27 @@ def test_sweep_takes_the_hint_preset_for_the_mastery_line_only(tmp_path, monkeyp
     assert overlap.exit_code == 2 and "--preset goes with --knob mastery" in overlap.output
 
 
-def test_the_hint_sits_in_the_user_turn_with_a_chat_template_and_in_the_template_without(tiny_checkpoints):
+def test_the_hint_sits_in_the_user_turn_with_a_chat_template_and_in_the_template_without(
+    tiny_checkpoints, tmp_path
+):
+    import shutil
+
+    from transformers import AutoTokenizer
+
     from graftrl.models.policy import Policy
 
     hinted = hinted_problem(DEFAULT_TEMPLATE, "3+4", hint_text(RESPONSE, "plan"))
     plain = Policy.from_pretrained("gpt2", tiny_checkpoints["gpt2"], template="Q: {problem}\nA: ")
     assert plain.tokenizer.chat_template is None  # no chat template: the policy's own template wraps it
     assert plain.format_prompt(hinted) == f"Q: {hinted}\nA: "
-    chat = Policy.from_pretrained("gpt2", tiny_checkpoints["gpt2"], chat_template=True)
-    chat.tokenizer.chat_template = (
+    chatty = shutil.copytree(tiny_checkpoints["gpt2"], tmp_path / "gpt2-chat")
+    tokenizer = AutoTokenizer.from_pretrained(chatty)
+    tokenizer.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
+    tokenizer.save_pretrained(chatty)
+    chat = Policy.from_pretrained("gpt2", chatty, chat_template=True)
     assert chat.format_prompt(hinted) == f"<|user|>{hinted}<|end|><|assistant|>"
     # the fit counts the chat template's tokens too
     count = lambda text: len(chat.encode_prompts([text])[0])  # noqa: E731
