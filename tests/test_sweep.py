@@ -56,9 +56,9 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
     written: list[int] = []
     original_write = sweep.write_sweep
 
-    def recording_write(out_dir, task, tasks, results, seeds_done, *args):
-        written.append(seeds_done)
-        return original_write(out_dir, task, tasks, results, seeds_done, *args)
+    def recording_write(done):
+        written.append(done.seeds_done)
+        return original_write(done)
 
     monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(sweep, "embedded_task", fake_embedded_task)

@@ -243,24 +243,15 @@ def sweep(
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
-    from graftrl.reporting.sweep import SweepError, run_sweep
+    from graftrl.reporting.sweep import SweepError, SweepSettings, run_sweep
 
     check_task(task)
-    line = {
-        "seeds": seeds,
-        "steps": steps,
-        "quick": quick,
-        "cache_dir": cache,
-        "console": console,
-        "task": task,
-        "jobs": jobs,
-        "reuse": reuse or [],
-    }
+    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
     if knob == "mastery":
         from graftrl.reporting.mastery import run_mastery
 
         thread_note()
-        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], **line)
+        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], line, console)
         return
     if knob != "overlap":
         raise SweepError(f"--knob: `overlap` or `mastery`, got {knob!r}")
@@ -271,4 +262,4 @@ def sweep(
             f"--overlaps: numbers separated by commas, e.g. 0,0.1,0.33,1; got {overlaps!r}"
         ) from None
     thread_note()
-    run_sweep(out, points, **line)
+    run_sweep(out, points, line, console)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graftrl.errors import ModelError
+from graftrl.errors import ModelError, is_out_of_memory
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
 """Float attributes of a module whose names end so are dropout probabilities read at forward time
@@ -160,11 +160,6 @@ def load_causal_lm(
         if isinstance(error, ImportError):
             raise
         raise load_failure(name, path, "a causal LM (config.json + *.safetensors)", error) from None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Host or device memory ran out (not the folder's fault: the CLI says so in its own line)."""
-    return isinstance(error, MemoryError | torch.OutOfMemoryError)
 
 
 def zero_dropout(model: torch.nn.Module) -> int:

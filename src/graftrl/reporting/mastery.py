@@ -19,7 +19,6 @@ advantage mass split and the clipping of peer tokens by sign. Outputs: ``results
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -35,12 +34,12 @@ from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES,
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.reporting.compare_report import PAIRED_NOTE
-from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.reporting.compare_task import CompareTask
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
-from graftrl.reporting.provenance import results_provenance, signature, written_by
+from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.run_logs import read_log, read_run_metrics
-from graftrl.reporting.sweep import run_points_seed_major
+from graftrl.reporting.sweep import SweepRound, SweepSettings, run_points
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
@@ -401,91 +400,64 @@ def _decision_lines(decision: Mapping[str, Any]) -> list[str]:
     return [*lines, "", f"Decision: {decision['status']}."]
 
 
-def write_mastery(
-    out_dir: Path,
-    task: str,
-    tasks: Mapping[str, CompareTask],
-    results: Mapping[str, dict[str, Any]],
-    seeds_done: int,
-    seeds: int,
-    steps: int | None,
-    started: float,
-) -> dict[str, Any]:
-    """results.json, report.md and mastery.png over the ``seeds_done`` seeds run at every point."""
+def write_mastery(done: SweepRound) -> dict[str, Any]:
+    """results.json, report.md and mastery.png over the seeds run at every point."""
     from graftrl.reporting.plots import plot_mastery
 
+    out_dir, tasks, results, seeds_done = done.out_dir, done.tasks, done.results, done.seeds_done
+    task = done.settings.task
     points = [p for p in tasks if p in results]
     summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
-    decision = demo_default(summaries, seeds_done, seeds)
+    decision = demo_default(summaries, seeds_done, done.settings.seeds)
     final = {
         "task": task,
         "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
         "points": points,
         "seeds": seeds_done,
-        "seeds_planned": seeds,
-        "steps": steps,
+        "seeds_planned": done.settings.seeds,
+        "steps": done.settings.steps,
         "settings": results[points[0]]["settings"],
         "summaries": summaries,
         "demo_default": decision,
         "mixes": {p: mastery_mixes(task, p) for p in points},
-        "total_wall_s": round(time.perf_counter() - started, 1),
+        "total_wall_s": round(time.perf_counter() - done.started, 1),
         "provenance": {
             **results_provenance({}),
             "models": {p: tasks[p].provenance.get("models", {}) for p in points},
         },
     }
-    out = ExperimentDir(out_dir)
-    out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(
-        report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
-    )
-    plot_mastery(summaries, out_dir / "mastery.png", footer=signature(final["provenance"]))
-    return final
+    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
+    return done.save(final, report, plot_mastery, summaries, "mastery.png")
 
 
 def run_mastery(
     out_dir: Path,
     points: Sequence[str] = MASTERY_POINTS,
-    seeds: int = 5,
-    steps: int | None = None,
-    quick: bool = False,
-    cache_dir: Path | None = None,
+    settings: SweepSettings = SweepSettings(),
     console: Console | None = None,
-    task: str = DEFAULT_TASK,
-    jobs: int = 1,
-    reuse: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Run (or continue) the mastery sweep; returns its results.json."""
-    console = console or Console()
     ordered = check_points(points)
-    if seeds < 1:
-        raise MasteryError(f"--seeds must be >= 1, got {seeds}")
-    started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # every point's models first: a warm-start that fails does so before any cell trains
-    tasks = {
-        p: embedded_task(
-            point_dir(out_dir, p),
-            cache_dir,
-            quick,
-            console,
-            task,
-            mixes=mastery_mixes(task, p),
-            warmstart=None if p == "default" or quick else MASTERY_WARMSTART,
-            pin_dir=point_dir(out_dir, p) / PINNED_MODELS,
-        )
-        for p in ordered
-    }
-    final = run_points_seed_major(
-        {p: (point_dir(out_dir, p), tasks[p], f"mastery {p}") for p in ordered},
+    task = settings.task
+    warmstart = {p: None if p == "default" or settings.quick else MASTERY_WARMSTART for p in ordered}
+    return run_points(
+        out_dir,
+        {
+            p: (
+                point_dir(out_dir, p),
+                f"mastery {p}",
+                {
+                    "mixes": mastery_mixes(task, p),
+                    "warmstart": warmstart[p],
+                    "pin_dir": point_dir(out_dir, p) / PINNED_MODELS,
+                },
+            )
+            for p in ordered
+        },
+        settings,
         PRESET,
-        seeds,
-        steps,
+        "mastery.png",
+        write_mastery,
         console,
-        jobs,
-        reuse,
-        lambda results, done: write_mastery(out_dir, task, tasks, results, done, seeds, steps, started),
+        MasteryError,
     )
-    console.print(ExperimentDir(out_dir).report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}/report.md, results.json and mastery.png")
-    return final
