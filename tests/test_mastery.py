@@ -8,8 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import graftrl.reporting.mastery as mastery
-import graftrl.reporting.sweep as sweep
+import graftrl.experiments.mastery as mastery
+import graftrl.experiments.sweep as sweep
 from graftrl.cli import app
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.warmstart import (

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import config_from_dict
-from graftrl.reporting.probe import recount, run_probe
+from graftrl.experiments.probe import run_probe
+from graftrl.reporting.probe_stats import recount
 from graftrl.storage.rundir import ProbeDir, read_jsonl, read_metrics
 from graftrl.training.trainer import Trainer
 
@@ -254,7 +255,7 @@ def test_the_ray_backend_probes_alike(qwen2_llama_pair, tmp_path):
 def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen2_llama_pair, tmp_path, monkeypatch):
     """Under GRAFT the candidate groups its plan moves as they stand are scored once (by the
     method's pass) and taken from there: the same rows as scoring every candidate group again."""
-    import graftrl.training.probe as probe_module
+    import graftrl.experiments.probe_steps as probe_module
 
     raw = pair_config(qwen2_llama_pair, batch_prompts=6)
     run_probe(config_from_dict(raw), tmp_path / "once", 12, verifier=TextRewards(), progress=False)

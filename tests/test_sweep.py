@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import graftrl.reporting.sweep as sweep
+import graftrl.experiments.sweep as sweep
 from graftrl.cli import app
 from graftrl.embedded.mixes import TASK_MIXES, overlap_mixes
 from graftrl.embedded.models import MODEL_SPECS

@@ -42,7 +42,7 @@ def demo(
     ] = None,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
-    from graftrl.reporting.demo import run_demo
+    from graftrl.experiments.demo import run_demo
 
     check_task(task)
     thread_note()
@@ -139,9 +139,9 @@ def compare(
 ) -> None:
     """Run a methods x seeds matrix on a base config (default: the embedded task); resumes a partly
     finished matrix, continuing interrupted cells from their last checkpoints."""
-    from graftrl.reporting.compare import cell_names, run_compare
-    from graftrl.reporting.launchers import Launcher
-    from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
+    from graftrl.experiments.compare import cell_names, run_compare
+    from graftrl.experiments.launchers import Launcher
+    from graftrl.experiments.matrix import CompareError, load_matrix, preset_matrix
 
     check_task(task)
     if preset is not None and matrix is not None:
@@ -160,7 +160,7 @@ def compare(
         run_launcher = replace(run_launcher, tries=tries)
     compare_task = None
     if base is not None:
-        from graftrl.reporting.compare_task import base_task
+        from graftrl.experiments.compare_task import base_task
 
         compare_task = base_task(base, set_ or [], bench or [], eval_samples)
     thread_note()
@@ -243,12 +243,12 @@ def sweep(
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
-    from graftrl.reporting.sweep import SweepError, SweepSettings, run_sweep
+    from graftrl.experiments.sweep import SweepError, SweepSettings, run_sweep
 
     check_task(task)
     line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
     if knob == "mastery":
-        from graftrl.reporting.mastery import run_mastery
+        from graftrl.experiments.mastery import run_mastery
 
         thread_note()
         run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], line, console)

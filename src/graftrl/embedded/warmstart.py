@@ -44,6 +44,7 @@ from graftrl.embedded.mixes import (
 from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
 from graftrl.embedded.shipped import (
     REBUILD_ENV,
+    REPORT_NAME,
     cache_record,
     cached_problem,
     install_shipped,
@@ -81,9 +82,6 @@ __all__ = [
     "sampled_accuracy",
     "warm_start",
 ]
-
-#: Name of the report file written next to the saved model.
-REPORT_NAME = "graftrl_warmstart.json"
 
 #: Bump when the warm-start procedure changes in a way that invalidates cached models.
 _VERSION = 1

@@ -10,5 +10,5 @@ host workers behind one typed interface, ``WorkerGroup`` (``backends``), periodi
 (``validation``), the loop with checkpoints and logs (``trainer``), the metrics keys it logs
 (``log_schema``: its own and each method's loss metrics) and the JSONL trajectory importer that
 scores foreign responses with the source model (``importer``). May import ``methods``,
-``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting.
+``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting or experiments.
 """

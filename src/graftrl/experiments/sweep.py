@@ -31,9 +31,9 @@ from graftrl.embedded.mixes import overlap_mixes
 from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
-from graftrl.reporting.compare import CompareReport, run_compare
-from graftrl.reporting.compare_report import PAIRED_NOTE
-from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.experiments.compare import CompareReport, run_compare
+from graftrl.experiments.compare_report import PAIRED_NOTE
+from graftrl.experiments.compare_task import CompareTask, embedded_task
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.run_logs import read_run_metrics

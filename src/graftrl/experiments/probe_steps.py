@@ -32,9 +32,9 @@ import torch
 
 from graftrl.config import Config
 from graftrl.core import transfer_candidates
-from graftrl.errors import UserError
 from graftrl.methods import ExchangePlan, GroupOutcomes, TrainGroup, build_method
 from graftrl.models.policy import Policy
+from graftrl.reporting.probe_stats import ProbeError
 from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.training.rows import CompatibilityScores
 from graftrl.training.trainer import StepExchange, Trainer
@@ -43,10 +43,6 @@ from graftrl.training.worker import PeerScores
 CANDIDATE_RULE = "graft"
 """The method whose compatibility score and weight (eq. 7-8, its ``graft:`` section) every
 candidate peer group is scored with."""
-
-
-class ProbeError(UserError):
-    """A probe that cannot run as asked (the option or file named, and the fix)."""
 
 
 def probe_config(config: Config) -> tuple[Config, list[str]]:

@@ -26,8 +26,8 @@ from rich.console import Console
 
 from graftrl.config import ConfigError, apply_overrides, config_from_dict, load_config
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.compare_task import CompareTask, evaluate_cell
-from graftrl.reporting.matrix import CompareError, Variant
+from graftrl.experiments.compare_task import CompareTask, evaluate_cell
+from graftrl.experiments.matrix import CompareError, Variant
 from graftrl.reporting.run_logs import read_run_metrics
 from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.rundir import ExperimentDir, RunDir, append_jsonl, read_jsonl

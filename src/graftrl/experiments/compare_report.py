@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.benchmark_tables import AVERAGE, base_header, benchmark_section
-from graftrl.reporting.cells import cell_config
-from graftrl.reporting.compare_task import CompareTask
+from graftrl.experiments.benchmark_tables import AVERAGE, base_header, benchmark_section
+from graftrl.experiments.cells import cell_config
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.matrix import Matrix, yaml_value
 from graftrl.reporting.diagnostics import (
     AdvantageMass,
     GateOutcome,
@@ -33,7 +34,6 @@ from graftrl.reporting.diagnostics import (
     logs_mass,
     summarize_exchange,
 )
-from graftrl.reporting.matrix import Matrix, yaml_value
 from graftrl.reporting.provenance import signature, written_by
 from graftrl.reporting.render import (
     advantage_markdown,

@@ -33,13 +33,13 @@ from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
 from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
-from graftrl.reporting.compare_report import PAIRED_NOTE
-from graftrl.reporting.compare_task import CompareTask
+from graftrl.experiments.compare_report import PAIRED_NOTE
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.sweep import SweepRound, SweepSettings, run_points
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.run_logs import read_log, read_run_metrics
-from graftrl.reporting.sweep import SweepRound, SweepSettings, run_points
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
