@@ -13,6 +13,10 @@ the dataset's ``answer`` column). Stores written here are read by ``graftrl trai
 and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and
 ``RecordingGRPOTrainer`` import TRL when first used (``bash scripts/setup_trl.sh``, or
 ``pip install -e '.[trl]'`` from a clone).
+
+Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
+(GRAFT on one generation batch), ``peers`` (which stored group serves a prompt), ``rewards``
+(``math_reward``), ``_compat`` (the TRL versions it runs on).
 """
 
 from __future__ import annotations
