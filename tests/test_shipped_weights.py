@@ -57,7 +57,7 @@ def test_prepare_installs_the_shipped_pair_without_training(tmp_path, monkeypatc
     def no_training(*args, **kwargs):
         raise AssertionError("the shipped pair should not be warm-started")
 
-    monkeypatch.setattr("graftrl.embedded.warmstart._warm_start_in_workers", no_training)
+    monkeypatch.setattr("graftrl.embedded.warmstart.warm_start_in_workers", no_training)
     monkeypatch.setattr("graftrl.embedded.warmstart.warm_start", no_training)
     doc = documented()
     paths = prepare_embedded_models(tmp_path, seed=doc["seed"], task=doc["task"])

@@ -2,7 +2,7 @@
 
 Owns the procedural arithmetic tasks (``task``), the tokenizers and tiny models (``models``), the
 warm-start recipes and the sweeps' knobs (``mixes``), the cached deterministic warm-start
-(``warmstart``), the default pair's shipped weights (``shipped``) and the task as a base config
+(``warmstart``; ``warmstart_workers``: the models' warm-starts side by side), the default pair's shipped weights (``shipped``) and the task as a base config
 (``base``). May import ``models``, ``storage`` and below; never training, reporting or
 experiments.
 """
