@@ -220,5 +220,5 @@ def test_the_checks_find_a_circle_and_an_upward_import():
     graph = {"graftrl.storage.a": {"graftrl.storage.b": 1}, "graftrl.storage.b": {"graftrl.storage.a": 2}}
     assert strongly_connected(graph) == [["graftrl.storage.a", "graftrl.storage.b"]]
     assert rank(package("graftrl.training.worker")) > rank(package("graftrl.storage.rundir"))
-    assert package("graftrl.integrations.trl.peers") == "graftrl.integrations"
+    assert package("graftrl.integrations.trl.trainer") == "graftrl.integrations"
     assert rank(package("graftrl.experiments.compare")) > rank(package("graftrl.reporting.plots"))

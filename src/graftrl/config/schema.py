@@ -20,6 +20,7 @@ from graftrl.core.contrast import MAX_PAIRS, MAX_TOKENS
 from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.methods import DEFAULT_METHOD, METHODS, ConfigSection
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX
+from graftrl.storage.peers import DEFAULT_PEER_MATCH, PeerMatch
 
 
 class _Section(BaseModel):
@@ -308,9 +309,11 @@ class PeerConfig(_Section):
     """Where the peer's trajectories come from: a trajectory store recorded by an earlier run."""
     path: str
     """Store folder (a run's `store/`, or one filled by `graftrl import-trajectories`)."""
-    match: Literal["step", "prompt_id"] = "step"
-    """Match each step's prompts to the store's groups of the same step and prompt id, or by
-    prompt id regardless of step (the latest stored group of that prompt)."""
+    match: PeerMatch = DEFAULT_PEER_MATCH
+    """Which stored group serves a prompt at step t: `step` (the group of that prompt id stored at
+    step t), `nearest` (stored at the step nearest t, the earlier on a tie) or `prompt_id` (the
+    latest stored group of that prompt, whatever its step); the rules of `graftrl.storage.peers`,
+    TRL's `graft_peer_match` alike."""
 
 
 class StoreConfig(_Section):

@@ -36,7 +36,7 @@ from graftrl.storage.data import MathProblem, PromptSampler, load_problems
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.rundir import RunDir, append_jsonl
-from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
+from graftrl.storage.store import TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
@@ -93,8 +93,10 @@ class Trainer:
         if config.store.record:
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
         self.stored_peers = {peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers}
-        for peer, store in self.stored_peers.values():  # before any model loads
-            check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+        self.peer_stores = {  # before any model loads; then the lookup each step replays with
+            name: check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+            for name, (peer, store) in self.stored_peers.items()
+        }
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
             from graftrl.training.validation import Validator
@@ -274,30 +276,10 @@ class Trainer:
         """
         out = {}
         n = self.n
-        for name, (peer, store) in self.stored_peers.items():
+        for name, (peer, _) in self.stored_peers.items():
             ids = [p.id for p in problems]
-            if peer.match == "step" and step not in store.steps():
-                held = store.steps()
-                raise StoreError(
-                    f"peers[{name}]: store {peer.path} has no step {step} (it holds steps "
-                    f"{held[0] if held else '-'}..{held[-1] if held else '-'}); train for at most as many "
-                    "steps as were recorded, or set `match: prompt_id` to match prompts regardless of step"
-                )
-            found = store.find_groups(ids, source=name, step=step if peer.match == "step" else None)
-            missing = [i for i in ids if i not in found]
-            if missing:
-                where = f"step {step}" if peer.match == "step" else "any step"
-                raise StoreError(
-                    f"peers[{name}]: store {peer.path} has no group of source {name!r} at {where} for "
-                    f"{len(missing)} of the step's {len(ids)} prompts (e.g. {missing[:3]}); record the peer "
-                    "with the same data, seed and batch size, or set `match: prompt_id`"
-                )
-            groups = [sorted(found[i], key=lambda row: row.index) for i in ids]
-            sizes = {len(g) for g in groups}
-            if sizes != {n}:
-                raise StoreError(
-                    f"peers[{name}]: stored groups hold {sorted(sizes)} responses; set rollout.n: {n} to match or re-record"
-                )
+            where = f"peers[{name}]: store {peer.path}"
+            groups = self.peer_stores[name].serve(ids, step, peer.match, where, n)
             texts = [row.response for group in groups for row in group]
             answers = [p.answer for p in problems for _ in range(n)]
             rewards = self.peer_verifier.score(texts, answers)

@@ -15,8 +15,8 @@ and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGR
 ``pip install -e '.[trl]'`` from a clone).
 
 Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
-(GRAFT on one generation batch), ``peers`` (which stored group serves a prompt), ``rewards``
-(``math_reward``), ``_compat`` (the TRL versions it runs on).
+(GRAFT on one generation batch), ``rewards`` (``math_reward``), ``_compat`` (the TRL versions it
+runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from typing import Any
 
 from graftrl.integrations.trl._compat import INSTALL_HINT, TRLIntegrationError, TRLUnavailableError
 from graftrl.integrations.trl.exchange import Exchange, graft_exchange, peer_last_order
-from graftrl.integrations.trl.peers import (
+from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
+from graftrl.integrations.trl.rewards import math_reward
+from graftrl.storage.peers import (
     PROMPT_ID_COLUMN,
     PeerStore,
     StoredPeer,
     prompt_hash,
     prompt_id_of,
 )
-from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
-from graftrl.integrations.trl.rewards import math_reward
 from graftrl.training.trajectories import peer_groups
 
 _NEED_TRL = ("GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer", "graft_method")

@@ -34,7 +34,11 @@ from pydantic import ValidationError
 from graftrl.core import clipped_token_mask
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
 from graftrl.integrations.trl.exchange import IS_PEER, Exchange, graft_exchange, peer_last_order
-from graftrl.integrations.trl.peers import (
+from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
+from graftrl.methods.graft import GRAFT, GraftConfig
+from graftrl.models.policy import Policy
+from graftrl.storage.peers import (
+    DEFAULT_PEER_MATCH,
     PEER_MATCHES,
     PROMPT_ID_COLUMN,
     PeerStore,
@@ -42,9 +46,6 @@ from graftrl.integrations.trl.peers import (
     dataset_prompt_ids,
     prompt_id_of,
 )
-from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
-from graftrl.methods.graft import GRAFT, GraftConfig
-from graftrl.models.policy import Policy
 from graftrl.training.trajectories import PeerGroups, peer_groups
 
 require_trl()
@@ -85,10 +86,11 @@ class GraftGRPOConfig(GRPOConfig):
         },
     )
     graft_peer_match: str = field(
-        default="nearest",
+        default=DEFAULT_PEER_MATCH,
         metadata={
-            "help": "Which stored group serves a prompt at generation batch t: 'step' (the group stored at t), "
-            "'nearest' (stored at the step nearest t) or 'prompt_id' (the latest stored)."
+            "help": "Which stored group serves a prompt at generation batch t (graftrl.storage.peers): 'step' "
+            "(the group stored at t; the default), 'nearest' (stored at the step nearest t) or 'prompt_id' "
+            "(the latest stored)."
         },
     )
     graft_prompt_id_column: str = field(
@@ -120,7 +122,7 @@ def graft_method(args: Any) -> GRAFT:
         raise TRLIntegrationError(
             f"{name}: {problem['msg']} (got {problem.get('input')!r}); see docs/trl.md"
         ) from None
-    match = getattr(args, "graft_peer_match", "nearest")
+    match = getattr(args, "graft_peer_match", DEFAULT_PEER_MATCH)
     if match not in PEER_MATCHES:
         raise TRLIntegrationError(f"graft_peer_match: must be one of {PEER_MATCHES}, got {match!r}")
     return GRAFT(options)  # train's defaults: eq. 1's eps and std, TRL's loss uses none of the rest
@@ -143,7 +145,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     def __init__(self, *args: Any, peer_stores: Sequence[StoredPeer | str | Path], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
-        self.graft_match = getattr(self.args, "graft_peer_match", "nearest")
+        self.graft_match = getattr(self.args, "graft_peer_match", DEFAULT_PEER_MATCH)
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
         if not peer_stores:
