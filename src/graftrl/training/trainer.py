@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
-from graftrl.methods import ExchangePlan, GroupOutcomes, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, Method, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
@@ -44,6 +44,7 @@ from graftrl.training.sampling import PolicyRollout
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
+from graftrl.training.worker import PeerScores
 
 __all__ = ["StepExchange", "Trainer", "step_seed"]
 
@@ -217,20 +218,14 @@ class Trainer:
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
         planned = self.exchange(step, self.sampler.batch(step))
-        problems, sampled, outcomes = planned.problems, planned.sampled, planned.outcomes
-        records, shared, plans = planned.records, planned.shared, planned.plans
+        sampled, outcomes, records, plans = planned.sampled, planned.outcomes, planned.records, planned.plans
         updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
         metrics: dict[str, dict[str, Any]] = {}
         for name, update in zip(self.names, updates, strict=True):
-            row = update.metrics
             if update.compatibility is not None:
                 scores = dataclasses.asdict(update.compatibility)
                 append_jsonl(self.files.compatibility, {k: v for k, v in scores.items() if v is not None})
-            row.update(self.outcome_metrics(name, outcomes, shared, problems))
-            row.update(sampled[name].info)
-            row.update(planned.stored_info)
-            row.update(plans[name].diagnostics)
-            row.update(sampled[name].timings)
+            row = self.metrics_row(name, planned, update.metrics)
             if self.resume_changed_inputs and step == self.start_step:
                 row["resume_changed_inputs"] = ", ".join(self.resume_changed_inputs)
             timings = {k: v for k, v in row.items() if k.startswith("time_") and k != "time_step"}
@@ -241,6 +236,33 @@ class Trainer:
             self.logger.log({"step": step, "model": name, "method": self.method.name, **row})
         self._log_samples(step, sampled, outcomes)
         return metrics
+
+    def score_peers(
+        self,
+        step: int,
+        planned: StepExchange,
+        plans: Mapping[str, ExchangePlan] | None = None,
+        scoring: Method | None = None,
+        contrast: bool = True,
+    ) -> dict[str, PeerScores]:
+        """The update's row building without the optimizer (``graftrl probe``): each receiver's
+        peer rows of ``plans`` (default: the step's own), scored as the update would score them,
+        or with ``scoring``'s rule; ``contrast``: measure each moved group's contrast."""
+        plans = planned.plans if plans is None else plans
+        scored = self.backend.score_peers(
+            step, [plans[name] for name in self.names], planned.records, self.method, scoring, contrast
+        )
+        return dict(zip(self.names, scored, strict=True))
+
+    def metrics_row(self, name: str, planned: StepExchange, row: dict[str, Any]) -> dict[str, Any]:
+        """Policy ``name``'s metrics.jsonl row at the step: ``row`` (its update's metrics, or a
+        scoring pass's) with the step's outcomes, sampling, stored peers, plan and phase timings."""
+        row.update(self.outcome_metrics(name, planned.outcomes, planned.shared, planned.problems))
+        row.update(planned.sampled[name].info)
+        row.update(planned.stored_info)
+        row.update(planned.plans[name].diagnostics)
+        row.update(planned.sampled[name].timings)
+        return row
 
     def exchange(self, step: int, problems: list[MathProblem]) -> StepExchange:
         """The step up to the update: every policy samples and scores ``problems`` (concurrently
