@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -62,7 +63,7 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
 
     monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(sweep, "embedded_task", fake_embedded_task)
-    monkeypatch.setattr(sweep, "write_sweep", recording_write)
+    monkeypatch.setattr(sweep, "OVERLAP", dataclasses.replace(sweep.OVERLAP, write=recording_write))
     out = tmp_path / "sweep"
     args = ["sweep", "--overlaps", "1,0", "--seeds", "2", "--out", str(out), "--quick"]
     result = CliRunner().invoke(app, args)

@@ -243,15 +243,16 @@ def sweep(
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
-    from graftrl.experiments.sweep import SweepError, SweepSettings, run_sweep
+    from graftrl.experiments.sweep import OVERLAP, SweepError, SweepSettings, overlap_points, run_points
 
     check_task(task)
     line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
     if knob == "mastery":
-        from graftrl.experiments.mastery import run_mastery
+        from graftrl.experiments.mastery import MASTERY, mastery_points
 
         thread_note()
-        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], line, console)
+        names = [part.strip() for part in points.split(",") if part.strip()]
+        run_points(out, mastery_points(out, names, line), line, MASTERY, console)
         return
     if knob != "overlap":
         raise SweepError(f"--knob: `overlap` or `mastery`, got {knob!r}")
@@ -262,4 +263,4 @@ def sweep(
             f"--overlaps: numbers separated by commas, e.g. 0,0.1,0.33,1; got {overlaps!r}"
         ) from None
     thread_note()
-    run_sweep(out, points, line, console)
+    run_points(out, overlap_points(out, points, task), line, OVERLAP, console)

@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
 from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
-from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
+from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask
-from graftrl.experiments.sweep import SweepRound, SweepSettings, run_points
+from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, written_by
@@ -303,15 +302,14 @@ def report_markdown(
         "| point | receiver | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            lines.append(
-                f"| {point['point']} | {model} | {_ms(m['pass_at_1'].get(BASELINE))} | "
-                + " | ".join(_diff(m["vs_grpo"][v]) for v in RULES)
-                + " | "
-                + " | ".join(_diff(m["vs_graft"][v]) for v in RULES[1:])
-                + " |"
-            )
+    for point, model, m in point_models(points):
+        lines.append(
+            f"| {point['point']} | {model} | {_ms(m['pass_at_1'].get(BASELINE))} | "
+            + " | ".join(_diff(m["vs_grpo"][v]) for v in RULES)
+            + " | "
+            + " | ".join(_diff(m["vs_graft"][v]) for v in RULES[1:])
+            + " |"
+        )
     lines += [
         "",
         "## The receiver's deficit family (held-out pass@1)",
@@ -319,17 +317,16 @@ def report_markdown(
         "| point | receiver · deficit | warm-start | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            d = m["deficit_pass_at_1"]
-            lines.append(
-                f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
-                f"{_ms(d.get(BASELINE))} | "
-                + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
-                + " | "
-                + " | ".join(_diff(m["deficit_vs_graft"][v]) for v in RULES[1:])
-                + " |"
-            )
+    for point, model, m in point_models(points):
+        d = m["deficit_pass_at_1"]
+        lines.append(
+            f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
+            f"{_ms(d.get(BASELINE))} | "
+            + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
+            + " | "
+            + " | ".join(_diff(m["deficit_vs_graft"][v]) for v in RULES[1:])
+            + " |"
+        )
     lines += [
         "",
         "## What the moved groups carried (training prompts)",
@@ -348,24 +345,23 @@ def report_markdown(
         "| divergence | mass shared | mass distinct | all-fail | complementarity | moved/step | admitted | clipped + / − |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            c, e = m["contrast"] or {}, m["moved_errors"]
-            errors = (
-                " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
-                + f" ({e['wrong_responses']})"
-                if e
-                else "—"
-            )
-            clip = m["clipped_peer"].get(REFERENCE) or {}
-            lines.append(
-                f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
-                f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
-                f"{_num(c.get('mass_shared'))} | "
-                f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
-                f"{_plain(m['groups_moved_per_step'])} | "
-                f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
-            )
+    for point, model, m in point_models(points):
+        c, e = m["contrast"] or {}, m["moved_errors"]
+        errors = (
+            " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
+            + f" ({e['wrong_responses']})"
+            if e
+            else "—"
+        )
+        clip = m["clipped_peer"].get(REFERENCE) or {}
+        lines.append(
+            f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
+            f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
+            f"{_num(c.get('mass_shared'))} | "
+            f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
+            f"{_plain(m['groups_moved_per_step'])} | "
+            f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
+        )
     if decision is not None:
         lines += _decision_lines(decision)
     lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
@@ -430,34 +426,25 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
     return done.save(final, report, plot_mastery, summaries, "mastery.png")
 
 
-def run_mastery(
-    out_dir: Path,
-    points: Sequence[str] = MASTERY_POINTS,
-    settings: SweepSettings = SweepSettings(),
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Run (or continue) the mastery sweep; returns its results.json."""
-    ordered = check_points(points)
-    task = settings.task
-    warmstart = {p: None if p == "default" or settings.quick else MASTERY_WARMSTART for p in ordered}
-    return run_points(
-        out_dir,
-        {
-            p: (
-                point_dir(out_dir, p),
-                f"mastery {p}",
-                {
-                    "mixes": mastery_mixes(task, p),
-                    "warmstart": warmstart[p],
-                    "pin_dir": point_dir(out_dir, p) / PINNED_MODELS,
-                },
-            )
-            for p in ordered
-        },
-        settings,
-        PRESET,
-        "mastery.png",
-        write_mastery,
-        console,
-        MasteryError,
-    )
+def mastery_points(
+    out_dir: Path, points: Sequence[str], settings: SweepSettings
+) -> dict[str, tuple[Path, str, dict]]:
+    """The mastery knob's points, checked: each its folder, label, warm-start mixes and recipe,
+    and the folder its starting weights are pinned in."""
+    drilled = None if settings.quick else MASTERY_WARMSTART
+    return {
+        p: (
+            point_dir(out_dir, p),
+            f"mastery {p}",
+            {
+                "mixes": mastery_mixes(settings.task, p),
+                "warmstart": None if p == "default" else drilled,
+                "pin_dir": point_dir(out_dir, p) / PINNED_MODELS,
+            },
+        )
+        for p in check_points(points)
+    }
+
+
+MASTERY = Knob(PRESET, "mastery.png", write_mastery, MasteryError)
+"""`graftrl sweep --knob mastery`: which transfer rule wins where along the peer's mastery."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from graftrl.embedded.mixes import overlap_mixes
-from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
+from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
 from graftrl.experiments.compare import CompareReport, run_compare
@@ -76,6 +76,13 @@ def check_overlaps(overlaps: Sequence[float]) -> list[float]:
     if len(set(points)) != len(points):
         raise SweepError(f"--overlaps: each point once, got {points}")
     return sorted(points)
+
+
+def point_models(points: Sequence[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """(point, model, its summary) over a sweep's point summaries, in order: a report table's rows."""
+    for point in points:
+        for model, summary in point["models"].items():
+            yield point, model, summary
 
 
 def point_summary(
@@ -140,27 +147,24 @@ def report_markdown(
         "| GRPO | GRAFT | GRAFT − GRPO [95% CI] | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            diff = m["graft_minus_grpo"]
-            if diff is None:
-                delta = "—"
-            elif diff["low"] is None:
-                delta = f"{diff['mean'] * 100:+.2f}"
-            else:
-                star = " *" if diff["resolved"] else ""
-                delta = (
-                    f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
-                )
-            grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
-            lines.append(
-                f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "
-                f"| {_fmt(m['all_fail_share'])} | {_fmt(m['complementarity'])} "
-                f"| {_fmt(m['groups_moved_per_step'], 1.0, 2)} | {_fmt(m['admitted_share'])} "
-                f"| {_fmt(grpo and grpo['mean'])} ± {_fmt(grpo and grpo['std'])} "
-                f"| {_fmt(graft and graft['mean'])} ± {_fmt(graft and graft['std'])} "
-                f"| {delta} | {diff['n'] if diff else 0} |"
-            )
+    for point, model, m in point_models(points):
+        diff = m["graft_minus_grpo"]
+        if diff is None:
+            delta = "—"
+        elif diff["low"] is None:
+            delta = f"{diff['mean'] * 100:+.2f}"
+        else:
+            star = " *" if diff["resolved"] else ""
+            delta = f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
+        grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
+        lines.append(
+            f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "
+            f"| {_fmt(m['all_fail_share'])} | {_fmt(m['complementarity'])} "
+            f"| {_fmt(m['groups_moved_per_step'], 1.0, 2)} | {_fmt(m['admitted_share'])} "
+            f"| {_fmt(grpo and grpo['mean'])} ± {_fmt(grpo and grpo['std'])} "
+            f"| {_fmt(graft and graft['mean'])} ± {_fmt(graft and graft['std'])} "
+            f"| {delta} | {diff['n'] if diff else 0} |"
+        )
     lines += ["", "Figure: `sweep.png`; every point's own report in `overlap-<o>/report.md`.", ""]
     return "\n".join(lines)
 
@@ -217,22 +221,32 @@ class SweepRound:
         return final
 
 
+@dataclass(frozen=True)
+class Knob:
+    """What a sweep's knob fixes: the compare each point runs, its figure, its writer and the
+    error its arguments raise."""
+
+    preset: str
+    figure: str
+    write: Callable[[SweepRound], dict[str, Any]]
+    """results.json, report.md and the figure after a round; returns results.json."""
+    error: type[UserError]
+
+
 def run_points(
     out_dir: Path,
     points: Mapping[Any, tuple[Path, str, dict[str, Any]]],
     settings: SweepSettings,
-    preset: str,
-    figure: str,
-    write: Callable[[SweepRound], dict[str, Any]],
-    console: Console | None,
-    error: type[UserError],
+    knob: Knob,
+    console: Console | None = None,
 ) -> dict[str, Any]:
-    """Each point's compare of ``preset`` (point -> (its folder, label, ``embedded_task``'s
-    keywords)), seed-major: seed 0 at every point, then seed 1, ...; ``write`` after every
-    round, so an interrupted sweep already has every point's report and the figure so far.
-    Returns the last ``write``'s value; ``error`` when ``settings.seeds`` is below 1."""
+    """Run (or continue) a sweep: each point's compare of ``knob.preset`` (point -> (its folder,
+    label, ``embedded_task``'s keywords)), seed-major: seed 0 at every point, then seed 1, ...;
+    ``knob.write`` after every round, so an interrupted sweep already has every point's report
+    and the figure so far. Returns the last results.json; ``knob.error`` when ``settings.seeds``
+    is below 1."""
     if settings.seeds < 1:
-        raise error(f"--seeds must be >= 1, got {settings.seeds}")
+        raise knob.error(f"--seeds must be >= 1, got {settings.seeds}")
     console = console or Console()
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +262,7 @@ def run_points(
             console.print(f"[bold]sweep[/bold]: {label}, seed {seed}")
             results[point] = run_compare(
                 folder,
-                preset,
+                knob.preset,
                 seeds=seed + 1,
                 steps=settings.steps,
                 console=console,
@@ -257,28 +271,21 @@ def run_points(
                 jobs=settings.jobs,
                 reuse=settings.reuse,
             )
-        final = write(SweepRound(out_dir, settings, tasks, results, seed + 1, started))
+        final = knob.write(SweepRound(out_dir, settings, tasks, results, seed + 1, started))
     console.print(ExperimentDir(out_dir).report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}/report.md, results.json and {figure}")
+    console.print(f"wrote {out_dir}/report.md, results.json and {knob.figure}")
     return final
 
 
-def run_sweep(
-    out_dir: Path,
-    overlaps: Sequence[float] = SKILL_OVERLAPS,
-    settings: SweepSettings = SweepSettings(),
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Run (or continue) the sweep; returns its results.json."""
-    points = check_overlaps(overlaps)
-    task = settings.task
-    return run_points(
-        out_dir,
-        {o: (point_dir(out_dir, o), f"overlap {o:g}", {"mixes": overlap_mixes(task, o)}) for o in points},
-        settings,
-        PRESET,
-        "sweep.png",
-        write_sweep,
-        console,
-        SweepError,
-    )
+def overlap_points(
+    out_dir: Path, overlaps: Sequence[float], task: str
+) -> dict[float, tuple[Path, str, dict]]:
+    """The overlap knob's points, checked: each its folder, label and warm-start mixes."""
+    return {
+        o: (point_dir(out_dir, o), f"overlap {o:g}", {"mixes": overlap_mixes(task, o)})
+        for o in check_overlaps(overlaps)
+    }
+
+
+OVERLAP = Knob(PRESET, "sweep.png", write_sweep, SweepError)
+"""`graftrl sweep` (``--knob overlap``): GRAFT − GRPO over the skill overlap."""
