@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(note)
     from graftrl.config import apply_overrides, config_from_dict
     from graftrl.embedded.task import make_split
+    from graftrl.experiments.compare_task import demo_config, demo_settings, write_problems
+    from graftrl.experiments.probe import step_data
+    from graftrl.experiments.probe_steps import Probe, probe_config
     from graftrl.models.rewards import MathVerifier
-    from graftrl.reporting.compare_task import demo_config, demo_settings, write_problems
-    from graftrl.reporting.probe import step_data
     from graftrl.reporting.probe_stats import UPDATE_FORWARDS
     from graftrl.storage.data import PromptSampler, load_problems
-    from graftrl.training.probe import Probe, probe_config
     from graftrl.training.trainer import Trainer
 
     settings = demo_settings(args.task)

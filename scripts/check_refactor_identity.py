@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -231,18 +232,21 @@ ANALYZED = [
 """Committed runs that ``graftrl analyze`` reads."""
 
 
-def _import_first(names: Sequence[str], attribute: str) -> Any:
-    """``attribute`` from the first of the modules that has it (a name may have moved)."""
-    import importlib
-
+def _module_with(names: Sequence[str], attribute: str) -> str:
+    """The first of the modules that has ``attribute`` (a name may have moved)."""
     for name in names:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
         if hasattr(module, attribute):
-            return getattr(module, attribute)
+            return name
     raise ImportError(f"{attribute} is in none of {names}")
+
+
+def _import_first(names: Sequence[str], attribute: str) -> Any:
+    """``attribute`` from the first of the modules that has it (a name may have moved)."""
+    return getattr(importlib.import_module(_module_with(names, attribute)), attribute)
 
 
 def compare_report(name: str, target: Path) -> None:
@@ -256,10 +260,17 @@ def compare_report(name: str, target: Path) -> None:
 
     from rich.console import Console
 
-    from graftrl.reporting.compare import run_compare
     from graftrl.storage.data import load_problems
 
-    modules = ("graftrl.embedded.base", "graftrl.reporting.compare_task", "graftrl.reporting.compare")
+    # the compare's modules, where they live now and where they lived before `graftrl.experiments`
+    modules = (
+        "graftrl.embedded.base",
+        "graftrl.experiments.compare_task",
+        "graftrl.reporting.compare_task",
+        "graftrl.experiments.compare",
+        "graftrl.reporting.compare",
+    )
+    run_compare = _import_first(modules[3:], "run_compare")
     demo_config, settings_class = (_import_first(modules, n) for n in ("demo_config", "DemoSettings"))
     preset, seeds, committed, reuse = COMPARES[name]
     results = json.loads((committed / "results.json").read_text())
@@ -272,8 +283,9 @@ def compare_report(name: str, target: Path) -> None:
     provenance = {**results["provenance"], "command": f"graftrl compare --preset {preset} (identity check)"}
     provenance.update(commit=None, dirty=None)
     try:
-        import graftrl.reporting.compare_task as compare_task
         from graftrl.embedded.base import EmbeddedBase
+
+        compare_task = importlib.import_module(_module_with(modules[1:3], "embedded_base_task"))
     except ImportError:  # before the embedded task was a base config
         compare_task = None
     if compare_task is not None and hasattr(compare_task, "embedded_base_task"):
@@ -288,7 +300,7 @@ def compare_report(name: str, target: Path) -> None:
         compare_task.results_provenance = lambda policies: provenance
         task = compare_task.embedded_base_task(embedded)
     else:
-        compare_task_class = _import_first(modules[1:], "CompareTask")
+        compare_task_class = _import_first(modules[1:3], "CompareTask")
         heldout = load_problems(target / "data" / "heldout.jsonl")
         task = compare_task_class(results["task"], base, heldout, settings, provenance)
     run_compare(

@@ -75,8 +75,8 @@ def test_a_compare_cell_continues_exactly_on_gpt_neox(tmp_path):
     from rich.console import Console
 
     from graftrl.embedded.base import DemoSettings
-    from graftrl.reporting.cells import run_cell
-    from graftrl.reporting.matrix import Variant
+    from graftrl.experiments.cells import run_cell
+    from graftrl.experiments.matrix import Variant
     from graftrl.reporting.provenance import results_provenance
     from graftrl.storage.data import load_problems
 

@@ -11,15 +11,22 @@ import yaml
 from conftest import make_config, task_of
 from typer.testing import CliRunner
 
-import graftrl.reporting.compare as compare
+import graftrl.experiments.compare as compare
 from graftrl.cli import app
 from graftrl.config import apply_overrides
 from graftrl.evaluation.stats import deltas, summarize
+from graftrl.experiments import cells, compare_report
+from graftrl.experiments.cells import cell_config
+from graftrl.experiments.compare_report import ROW_KEYS
+from graftrl.experiments.matrix import (
+    CompareError,
+    Matrix,
+    Variant,
+    check_methods,
+    parse_matrix,
+    preset_matrix,
+)
 from graftrl.methods import METHODS
-from graftrl.reporting import cells, compare_report
-from graftrl.reporting.cells import cell_config
-from graftrl.reporting.compare_report import ROW_KEYS
-from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, parse_matrix, preset_matrix
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.render import table_markdown
 from graftrl.storage.rundir import ExperimentDir
@@ -257,7 +264,7 @@ def test_demo_is_the_demo_preset_with_its_own_outputs(tiny_task, tmp_path, monke
 
     from rich.console import Console
 
-    from graftrl.reporting.demo import run_demo
+    from graftrl.experiments.demo import run_demo
 
     calls = trained
     monkeypatch.setattr(compare, "embedded_task", lambda out_dir, cache_dir, quick, console: tiny_task)
@@ -382,7 +389,7 @@ def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path)
     import torch
     from rich.console import Console
 
-    from graftrl.reporting.compare import run_compare
+    from graftrl.experiments.compare import run_compare
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the children get 1 // 2 -> 1 thread: the same reductions
@@ -414,7 +421,7 @@ def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(
 
     from rich.console import Console
 
-    from graftrl.reporting.compare import run_compare
+    from graftrl.experiments.compare import run_compare
 
     quiet = Console(file=io.StringIO())
     first = run_compare(tmp_path / "a", Matrix([Variant("grpo-n8", "grpo")]), task=tiny_task, console=quiet)
@@ -438,7 +445,7 @@ def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(
 def test_a_cells_digest_ignores_fields_at_their_defaults(tiny_task):
     """A config field added later, at a default that keeps today's behaviour, leaves finished cells
     valid; a value that changes the cell, or CELL_VERSION, changes the digest."""
-    from graftrl.reporting.cells import _cell_digest
+    from graftrl.experiments.cells import _cell_digest
 
     plain = Variant("graft", "graft")
     digest = _cell_digest(tiny_task, cell_config(tiny_task, plain, 0, None))

@@ -21,7 +21,7 @@ from scipy.stats import t as student_t
 from typer.testing import CliRunner
 
 from graftrl.cli import app
-from graftrl.reporting.cells import CLOCK
+from graftrl.experiments.cells import CLOCK
 
 VARIANTS = [{"variant": "grpo", "method": "grpo"}, {"variant": "graft", "method": "graft"}]
 
@@ -147,9 +147,9 @@ def test_a_validating_base_is_evaluated_on_each_policys_best_checkpoint(qwen2_ll
     """No --bench: the validation benchmarks; the best checkpoint by validation average
     (``RUN/best/``), the steps behind it recorded in the row."""
     from graftrl.evaluation.targets import ModelTarget
-    from graftrl.reporting.cells import Verifiers, cell_config
-    from graftrl.reporting.compare_task import base_task, evaluate_cell
-    from graftrl.reporting.matrix import Variant
+    from graftrl.experiments.cells import Verifiers, cell_config
+    from graftrl.experiments.compare_task import base_task, evaluate_cell
+    from graftrl.experiments.matrix import Variant
 
     check = write_sums(tmp_path / "check.jsonl", 6, 3, "c")
     validation = {"files": {"check": str(check)}, "every": 1, "samples": 4}

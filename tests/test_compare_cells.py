@@ -26,7 +26,7 @@ import yaml
 from conftest import SRC, comparable_metrics, write_sums
 from test_compare_base import base_config, matrix_file
 
-from graftrl.reporting.cells import CLOCK
+from graftrl.experiments.cells import CLOCK
 from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.rundir import checkpoint_step
 

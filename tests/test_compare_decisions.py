@@ -12,7 +12,7 @@ from conftest import write_sums
 from test_compare_base import base_config, matrix_file
 from typer.testing import CliRunner
 
-import graftrl.reporting.compare as compare
+import graftrl.experiments.compare as compare
 from graftrl.cli import app
 from graftrl.evaluation.decisions import Sequential
 from graftrl.reporting.problem_results import PER_PROBLEM, read_problem_results

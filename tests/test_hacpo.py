@@ -439,9 +439,9 @@ def test_method_hacpo_trains_with_its_recipe_unless_the_config_says_otherwise(ti
     """`method: hacpo` trained with kl_coef 0 and GRPO's minibatch while compare's table1 HACPO used
     1e-3 and half the batch: the recipe is now the method's default (one place, ``HACPO.recipe``),
     which the preset's cell takes too; fields the config sets win."""
+    from graftrl.experiments.cells import cell_config
+    from graftrl.experiments.matrix import preset_matrix
     from graftrl.methods.hacpo import KL_COEF
-    from graftrl.reporting.cells import cell_config
-    from graftrl.reporting.matrix import preset_matrix
 
     raw = {**tiny_task.base_config, "method": "hacpo"}
     raw["train"] = {k: v for k, v in raw["train"].items() if k not in ("kl_coef", "minibatch_prompts")}

@@ -211,7 +211,7 @@ def test_hint_trains_and_logs_its_rescue_round(tiny_checkpoints, tmp_path):
 
 
 def test_compare_counts_the_rescue_rollouts(tiny_checkpoints, tmp_path):
-    from graftrl.reporting.cells import _compute_per_model
+    from graftrl.experiments.cells import _compute_per_model
     from graftrl.storage.rundir import RunDir, read_jsonl
 
     raw = make_config(tiny_checkpoints, method="hint", steps=2)
@@ -334,7 +334,7 @@ def test_compares_hint_preset_puts_hint_beside_the_mastery_cells(tiny_checkpoint
     from typer.testing import CliRunner
 
     from graftrl.cli import app
-    from graftrl.reporting.matrix import preset_matrix
+    from graftrl.experiments.matrix import preset_matrix
 
     hint, mastery = preset_matrix("hint"), preset_matrix("mastery")
     assert [v.name for v in hint.variants] == ["grpo", "graft", "success-only", "sgt", "hint"]
@@ -351,7 +351,8 @@ def test_compares_hint_preset_puts_hint_beside_the_mastery_cells(tiny_checkpoint
 
 
 def test_the_probe_reports_the_rescue_rate(tiny_checkpoints, tmp_path):
-    from graftrl.reporting.probe import recount, run_probe
+    from graftrl.experiments.probe import run_probe
+    from graftrl.reporting.probe_stats import recount
 
     config = config_from_dict(make_config(tiny_checkpoints, method="hint"))
     # CROSSED: each model fails one prompt the other solved, per step of 4; the hint solves 1 of 4
@@ -374,7 +375,7 @@ def test_the_probe_reports_the_rescue_rate(tiny_checkpoints, tmp_path):
 def test_a_probe_without_a_rescue_round_has_no_rescue_figures(tiny_checkpoints, tmp_path):
     from conftest import ScriptedRewards
 
-    from graftrl.reporting.probe import run_probe
+    from graftrl.experiments.probe import run_probe
 
     config = config_from_dict(make_config(tiny_checkpoints, method="grpo"))
     result = run_probe(config, tmp_path / "probe", 4, verifier=ScriptedRewards(CROSSED), progress=False)
@@ -387,7 +388,10 @@ def test_sweep_takes_the_hint_preset_for_the_mastery_line_only(tmp_path, monkeyp
     from graftrl.cli import app
 
     ran = {}
-    monkeypatch.setattr("graftrl.reporting.mastery.run_mastery", lambda out, points, **rest: ran.update(rest))
+    monkeypatch.setattr(
+        "graftrl.experiments.sweep.run_points",
+        lambda out, points, settings, knob, console: ran.update(preset=knob.preset, points=points),
+    )
     result = CliRunner().invoke(
         app, ["sweep", "--knob", "mastery", "--preset", "hint", "--out", str(tmp_path)]
     )

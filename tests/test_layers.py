@@ -1,5 +1,6 @@
 """The packages are layers (docs/architecture.md): no module imports one of a higher layer,
-not even inside a function, and no modules import each other in a circle."""
+not even inside a function, no modules import each other in a circle, and reporting loads no
+model (it reaches no model loader, not even through another module)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,20 @@ LAYERS = [
     ("graftrl.embedded",),
     ("graftrl.training",),
     ("graftrl.reporting",),
+    ("graftrl.experiments",),
     ("graftrl.cli", "graftrl.integrations"),
 ]
 """Bottom to top; a module may import its own package and the layers below its own. Packages that
 share a layer (the CLI and the integrations, side by side at the top) do not import each other."""
-FORBIDDEN = {("graftrl.integrations", "graftrl.reporting")}
+FORBIDDEN = {
+    ("graftrl.integrations", "graftrl.reporting"),
+    ("graftrl.integrations", "graftrl.experiments"),
+    ("graftrl.reporting", "graftrl.models"),
+}
 """Pairs the ranks allow that a package's docstring rules out."""
+REPORTING_MAY_IMPORT_FROM_TRAINING = ("graftrl.training.log_schema",)
+"""Reporting loads no model: of training, it imports only these (the declared metrics keys), and
+nothing it imports, directly or through another module, is of models or the rest of training."""
 INTEGRATIONS_MAY_IMPORT = (
     "graftrl.core",
     "graftrl.methods",
@@ -121,6 +130,35 @@ def test_integrations_import_only_what_their_docstring_names():
     assert not wrong, "\n".join(wrong)
 
 
+def test_reporting_loads_no_model():
+    """Reporting turns finished runs into numbers, tables and figures: no module of it reaches a
+    model loader (``graftrl.models``, training beyond its log schema, the experiments), not even
+    through a module it imports."""
+    graph = import_graph()
+
+    def loads_models(target: str) -> bool:
+        if target in REPORTING_MAY_IMPORT_FROM_TRAINING:
+            return False
+        return package(target) in ("graftrl.models", "graftrl.training", "graftrl.experiments")
+
+    wrong = []
+    for module in graph:
+        if package(module) != "graftrl.reporting":
+            continue
+        seen, todo = {module: [module]}, [module]
+        while todo:
+            current = todo.pop()
+            for target in graph[current]:
+                if target in seen or target in REPORTING_MAY_IMPORT_FROM_TRAINING:
+                    continue
+                seen[target] = [*seen[current], target]
+                if loads_models(target):
+                    wrong.append(" -> ".join(seen[target]))
+                else:
+                    todo.append(target)
+    assert not wrong, "reporting reaches a model loader:\n" + "\n".join(wrong)
+
+
 def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     """Tarjan's components with more than one module (iterative, so depth is no limit)."""
     index: dict[str, int] = {}
@@ -182,4 +220,5 @@ def test_the_checks_find_a_circle_and_an_upward_import():
     graph = {"graftrl.storage.a": {"graftrl.storage.b": 1}, "graftrl.storage.b": {"graftrl.storage.a": 2}}
     assert strongly_connected(graph) == [["graftrl.storage.a", "graftrl.storage.b"]]
     assert rank(package("graftrl.training.worker")) > rank(package("graftrl.storage.rundir"))
-    assert package("graftrl.integrations.trl.peers") == "graftrl.integrations"
+    assert package("graftrl.integrations.trl.trainer") == "graftrl.integrations"
+    assert rank(package("graftrl.experiments.compare")) > rank(package("graftrl.reporting.plots"))

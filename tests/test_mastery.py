@@ -8,7 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import graftrl.reporting.mastery as mastery
+import graftrl.experiments.mastery as mastery
+import graftrl.experiments.sweep as sweep
 from graftrl.cli import app
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.warmstart import (
@@ -74,7 +75,7 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
         return tiny_task
 
     monkeypatch.setattr(Trainer, "train", counting_train)
-    monkeypatch.setattr(mastery, "embedded_task", fake_embedded_task)
+    monkeypatch.setattr(sweep, "embedded_task", fake_embedded_task)  # the sweeps' one driver
     out = tmp_path / "map"
     args = [
         "sweep",

@@ -10,13 +10,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from conftest import FIXTURES, TextRewards
+from conftest import CROSSED, FIXTURES, ScriptedRewards, TextRewards, make_config
 from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import config_from_dict
-from graftrl.reporting.probe import recount, run_probe
+from graftrl.experiments.probe import run_probe
+from graftrl.methods import ExchangePlan, TrainGroup
+from graftrl.reporting.probe_stats import recount
 from graftrl.storage.rundir import ProbeDir, read_jsonl, read_metrics
 from graftrl.training.trainer import Trainer
 
@@ -254,7 +257,7 @@ def test_the_ray_backend_probes_alike(qwen2_llama_pair, tmp_path):
 def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen2_llama_pair, tmp_path, monkeypatch):
     """Under GRAFT the candidate groups its plan moves as they stand are scored once (by the
     method's pass) and taken from there: the same rows as scoring every candidate group again."""
-    import graftrl.training.probe as probe_module
+    import graftrl.experiments.probe_steps as probe_module
 
     raw = pair_config(qwen2_llama_pair, batch_prompts=6)
     run_probe(config_from_dict(raw), tmp_path / "once", 12, verifier=TextRewards(), progress=False)
@@ -272,3 +275,34 @@ def test_the_candidates_graft_moves_are_scored_once_and_alike(qwen2_llama_pair, 
     steps = read_jsonl(ProbeDir(tmp_path / "once").steps)
     again = read_jsonl(ProbeDir(tmp_path / "twice").steps)
     assert sum(r["scored_tokens"] for r in steps) < sum(r["scored_tokens"] for r in again)
+
+
+def test_scores_follow_the_plan_order_the_probe_merges_by(tiny_checkpoints, tmp_path):
+    """The order contract of ``rows.CompatibilityScores`` that ``merged_scores`` reads: entry k
+    is the k-th scored peer response of the plan, its non-NLL peer groups in plan order (not in
+    prompt order), each group's kept responses by index. The probe composes the trainer's own
+    pieces of a step: ``exchange``, ``score_peers``, ``metrics_row``."""
+    trainer = Trainer(
+        config_from_dict(make_config(tiny_checkpoints)), tmp_path / "run", verifier=ScriptedRewards(CROSSED)
+    )
+    try:
+        planned = trainer.exchange(0, trainer.sampler.batch(0))
+        ids = [problem.id for problem in planned.problems]
+        advantages = planned.outcomes["llama"].advantages
+        keep = torch.tensor([True, False, True, True])
+        groups = [
+            TrainGroup(prompt=3, source="llama", peer=True, advantages=advantages[3]),
+            TrainGroup(prompt=0, source="llama", peer=True, advantages=advantages[0], nll=True),
+            TrainGroup(prompt=1, source="llama", peer=True, advantages=advantages[1], keep=keep),
+            TrainGroup(prompt=2, source="gpt2", peer=False, advantages=advantages[2]),
+        ]
+        plans = {"gpt2": ExchangePlan(groups=groups), "llama": ExchangePlan()}
+        scores = trainer.score_peers(0, planned, plans)["gpt2"].compatibility
+        assert scores is not None
+        assert scores.prompt_id == [ids[3]] * 4 + [ids[1]] * 3
+        rewards = planned.outcomes["llama"].rewards
+        assert scores.reward == [float(r) for r in rewards[3]] + [float(rewards[1][i]) for i in (0, 2, 3)]
+        row = trainer.metrics_row("gpt2", planned, {})
+        assert "reward_mean" in row and row == trainer.metrics_row("gpt2", planned, {})
+    finally:
+        trainer.close()

@@ -195,7 +195,8 @@ def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(
 
 
 def test_graftrl_probe_measures_the_served_peers_answers_and_cost(tiny_checkpoints, tmp_path):
-    from graftrl.reporting.probe import recount, run_probe
+    from graftrl.experiments.probe import run_probe
+    from graftrl.reporting.probe_stats import recount
 
     with ReplayServer() as server:
         config = config_from_dict(served_config(tiny_checkpoints, server.url))

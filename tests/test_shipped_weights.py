@@ -57,7 +57,7 @@ def test_prepare_installs_the_shipped_pair_without_training(tmp_path, monkeypatc
     def no_training(*args, **kwargs):
         raise AssertionError("the shipped pair should not be warm-started")
 
-    monkeypatch.setattr("graftrl.embedded.warmstart._warm_start_in_workers", no_training)
+    monkeypatch.setattr("graftrl.embedded.warmstart.warm_start_in_workers", no_training)
     monkeypatch.setattr("graftrl.embedded.warmstart.warm_start", no_training)
     doc = documented()
     paths = prepare_embedded_models(tmp_path, seed=doc["seed"], task=doc["task"])
@@ -141,7 +141,7 @@ def test_an_experiment_pins_its_starting_weights_and_reuses_them_on_any_kernels(
 
     from graftrl.embedded.shipped import PinnedWeightsError, pinned_models
     from graftrl.embedded.warmstart import model_keys
-    from graftrl.reporting import compare_task
+    from graftrl.experiments import compare_task
 
     keys = model_keys(task="worked")  # the default pair, which graftrl ships
     prepared: list[str] = []

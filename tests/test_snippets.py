@@ -368,7 +368,7 @@ def test_snippet_pair_embedded(walkthrough):
 
 @pytest.mark.slow
 def test_snippet_pair_probe(walkthrough):
-    from graftrl.reporting.probe import recount
+    from graftrl.reporting.probe_stats import recount
 
     probe = walkthrough[0] / "runs" / "pair-probe"
     written = json.loads((probe / "probe.json").read_text())

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from graftrl.evaluation.stats import family_rows, mean_std, paired_deltas, paired_difference
-from graftrl.reporting.demo import paired_vs_grpo
+from graftrl.experiments.demo import paired_vs_grpo
 from graftrl.reporting.render import paired_markdown, results_table
 
 # Two-sided 95% Student t quantiles from a printed table: df 2 -> 4.303, df 4 -> 2.776.

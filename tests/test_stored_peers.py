@@ -6,14 +6,15 @@ import json
 
 import pytest
 import torch
-from conftest import CROSSED, ScriptedRewards, make_config
+from conftest import CROSSED, ScriptedRewards, make_config, make_row
 
 from graftrl.config import config_from_dict
 from graftrl.core import multi_source_selection, transfer_candidates
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import content_mean_logprob
+from graftrl.storage.peers import DEFAULT_PEER_MATCH, PeerStore, StoredPeer
 from graftrl.storage.rundir import read_metrics
-from graftrl.storage.store import StoreError, TrajectoryStore
+from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 from graftrl.training import worker as worker_module
 from graftrl.training.rows import build_rows
 from graftrl.training.trainer import Trainer
@@ -102,6 +103,28 @@ def test_stored_peer_errors_name_the_fix(tiny_checkpoints, tmp_path):
     wider["rollout"]["n"] = 2
     with pytest.raises(StoreError, match=r"hold \[4\] responses, the run's rollout.n is 2"):
         Trainer(config_from_dict(wider), tmp_path / "run4", verifier=ScriptedRewards([LLAMA, GPT2]))
+
+
+def test_one_lookup_where_nearest_differs_from_step(tmp_path):
+    """The rules of ``storage.peers``, which graftrl train's coverage check and step and the TRL
+    integration all call: a peer recorded at steps 0 and 2 serves step 1 by ``nearest`` (step 0's
+    group, the earlier on a tie) and by ``prompt_id`` (the latest, step 2's), never by ``step``,
+    the one default."""
+    writer = TrajectoryWriter(tmp_path / "store")
+    for step in (0, 2):
+        writer.write_step(step, [make_row(step, "peer", "a", 0, i, float(i == 0), n=2) for i in range(2)])
+    peers = PeerStore(StoredPeer(tmp_path / "store", source="peer"))
+    assert DEFAULT_PEER_MATCH == "step" == config_from_dict(
+        {"policies": [{"name": "x", "path": "/x"}], "data": {"train": "t.jsonl"}, "method": "graft",
+         "peers": [{"name": "peer", "path": str(tmp_path / "store")}]}
+    ).peers[0].match  # fmt: skip
+    with pytest.raises(StoreError, match=r"peers\[peer\]: .* no group of source 'peer' at step 1 for 1 of"):
+        peers.serve(["a"], 1, "step", "peers[peer]: store S", n=2)
+    (nearest,) = peers.serve(["a"], 1, "nearest", "peers[peer]: store S", n=2)
+    (latest,) = peers.serve(["a"], 1, "prompt_id", "peers[peer]: store S", n=2)
+    assert {row.step for row in nearest} == {0} and {row.step for row in latest} == {2}
+    with pytest.raises(StoreError, match=r"hold \[2\] responses, the run's rollout.n is 4"):
+        peers.serve(["a"], 0, "step", "peers[peer]: store S", n=4)
 
 
 def test_graft_with_three_policies_follows_the_multi_source_rule(tiny_checkpoints, tmp_path):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from typer.testing import CliRunner
 
-import graftrl.reporting.sweep as sweep
+import graftrl.experiments.sweep as sweep
 from graftrl.cli import app
 from graftrl.embedded.mixes import TASK_MIXES, overlap_mixes
 from graftrl.embedded.models import MODEL_SPECS
@@ -56,13 +57,13 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
     written: list[int] = []
     original_write = sweep.write_sweep
 
-    def recording_write(out_dir, task, tasks, results, seeds_done, *args):
-        written.append(seeds_done)
-        return original_write(out_dir, task, tasks, results, seeds_done, *args)
+    def recording_write(done):
+        written.append(done.seeds_done)
+        return original_write(done)
 
     monkeypatch.setattr(Trainer, "train", counting_train)
     monkeypatch.setattr(sweep, "embedded_task", fake_embedded_task)
-    monkeypatch.setattr(sweep, "write_sweep", recording_write)
+    monkeypatch.setattr(sweep, "OVERLAP", dataclasses.replace(sweep.OVERLAP, write=recording_write))
     out = tmp_path / "sweep"
     args = ["sweep", "--overlaps", "1,0", "--seeds", "2", "--out", str(out), "--quick"]
     result = CliRunner().invoke(app, args)

@@ -24,8 +24,8 @@ from graftrl.integrations.trl import (
     prompt_id_of,
 )
 from graftrl.integrations.trl.exchange import IS_PEER
-from graftrl.integrations.trl.peers import PeerStore, dataset_prompt_ids
 from graftrl.methods.graft import GRAFT, GraftConfig
+from graftrl.storage.peers import PeerStore, dataset_prompt_ids
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
 
 

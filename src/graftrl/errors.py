@@ -27,3 +27,12 @@ class ModelError(UserError):
 
 class TrainingDivergedError(UserError):
     """The loss or gradient norm stayed NaN/inf for too many optimizer steps in a row."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Host or device memory ran out (not the input's fault: the CLI says so in its own line). By
+    class name, so torch's ``OutOfMemoryError`` counts without importing torch, as does one a
+    worker process raised and a remote backend rebuilt."""
+    return isinstance(error, MemoryError) or any(
+        c.__name__ == "OutOfMemoryError" for c in type(error).__mro__
+    )

@@ -1,7 +1,7 @@
 """Command line: ``graftrl train | probe | eval | import-trajectories | analyze`` (one run or config, ``runs``),
 ``graftrl demo | compare | sweep`` (cells on the embedded task, ``experiments``) and
 ``graftrl config-reference | metrics-reference | estimate-memory`` (``references``), all on the typer
-app of ``common`` with its one error boundary and ``--threads``."""
+app of ``common`` with its one error boundary and ``--threads``; ``errors`` words the messages."""
 
 from __future__ import annotations
 

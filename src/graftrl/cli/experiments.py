@@ -43,7 +43,7 @@ def demo(
     ] = None,
 ) -> None:
     """Warm-start two tiny heterogeneous models, train GRPO and GRAFT, compare held-out pass@1."""
-    from graftrl.reporting.demo import run_demo
+    from graftrl.experiments.demo import run_demo
 
     check_task(task)
     thread_note()
@@ -179,10 +179,10 @@ def compare(
     finished matrix, continuing interrupted cells from their last checkpoints."""
     from rich.console import Console
 
-    from graftrl.reporting.compare import CompareReport, cell_names, run_compare
-    from graftrl.reporting.launchers import Launcher
-    from graftrl.reporting.matrix import CompareError, load_matrix, preset_matrix
-    from graftrl.reporting.paired_decisions import Decisions
+    from graftrl.experiments.compare import CompareReport, cell_names, run_compare
+    from graftrl.experiments.launchers import Launcher
+    from graftrl.experiments.matrix import CompareError, load_matrix, preset_matrix
+    from graftrl.experiments.paired_decisions import Decisions
 
     check_task(task or DEFAULT_TASK)
     try:
@@ -190,7 +190,7 @@ def compare(
     except ValueError as error:
         raise CompareError(str(error)) from None
     if plan:
-        from graftrl.reporting.compare_plan import plan as plan_text
+        from graftrl.experiments.compare_plan import plan as plan_text
 
         console.print(plan_text(plan, decisions), markup=False, highlight=False, soft_wrap=True)
         return
@@ -222,7 +222,7 @@ def compare(
         run_launcher = replace(run_launcher, tries=tries)
     compare_task = None
     if base is not None:
-        from graftrl.reporting.compare_task import base_task
+        from graftrl.experiments.compare_task import base_task
 
         compare_task = base_task(base, set_ or [], bench or [], eval_samples)
     thread_note()
@@ -262,7 +262,7 @@ def _refuse_ignored_flags(
     report_only: bool,
 ) -> None:
     """A flag that this compare would not use is refused in one line, not dropped in silence."""
-    from graftrl.reporting.matrix import CompareError
+    from graftrl.experiments.matrix import CompareError
 
     embedded_only = [
         flag
@@ -370,26 +370,19 @@ def sweep(
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
-    from graftrl.reporting.sweep import SweepError, run_sweep
+    from graftrl.experiments.sweep import OVERLAP, SweepError, SweepSettings, overlap_points, run_points
 
     check_task(task)
-    line = {
-        "seeds": seeds,
-        "steps": steps,
-        "quick": quick,
-        "cache_dir": cache,
-        "console": console,
-        "task": task,
-        "jobs": jobs,
-        "reuse": reuse or [],
-    }
+    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
     if knob == "mastery":
-        from graftrl.reporting.mastery import run_mastery
+        from graftrl.experiments.mastery import MASTERY, mastery_points
 
         thread_note()
         if preset not in ("mastery", "hint"):
             raise SweepError(f"--preset: `mastery` or `hint`, got {preset!r}")
-        run_mastery(out, [part.strip() for part in points.split(",") if part.strip()], preset=preset, **line)
+        names = [part.strip() for part in points.split(",") if part.strip()]
+        line_knob = replace(MASTERY, preset=preset)  # hint: the mastery cells, hint beside them
+        run_points(out, mastery_points(out, names, line), line, line_knob, console)
         return
     if preset != "mastery":
         raise SweepError("--preset goes with --knob mastery")
@@ -402,4 +395,4 @@ def sweep(
             f"--overlaps: numbers separated by commas, e.g. 0,0.1,0.33,1; got {overlaps!r}"
         ) from None
     thread_note()
-    run_sweep(out, points, **line)
+    run_points(out, overlap_points(out, points, task), line, OVERLAP, console)

@@ -81,7 +81,7 @@ def probe(
     """The pair's exchange regime before any update: accuracy, all-fail shares, complementarity,
     candidates, compatibility s and what the method would move, for the cost of a rollout."""
     from graftrl.config import load_config
-    from graftrl.reporting.probe import run_probe
+    from graftrl.experiments.probe import run_probe
 
     overrides = [*(set_ or []), *([f"seed={seed}"] if seed is not None else [])]
     cfg = load_config(config, overrides)

@@ -20,6 +20,7 @@ from graftrl.core.contrast import MAX_PAIRS, MAX_TOKENS
 from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.methods import DEFAULT_METHOD, METHODS, ConfigSection
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX
+from graftrl.storage.peers import DEFAULT_PEER_MATCH, PeerMatch
 
 
 class _Section(BaseModel):
@@ -313,9 +314,11 @@ class PeerConfig(_Section):
     docs/served-peer.md). Set to `served` by giving an `endpoint`."""
     path: str | None = None
     """Stored: the store folder (a run's `store/`, or one filled by `graftrl import-trajectories`)."""
-    match: Literal["step", "prompt_id"] = "step"
-    """Stored: match each step's prompts to the store's groups of the same step and prompt id, or by
-    prompt id regardless of step (the latest stored group of that prompt)."""
+    match: PeerMatch = DEFAULT_PEER_MATCH
+    """Stored: which stored group serves a prompt at step t: `step` (the group of that prompt id
+    stored at step t), `nearest` (stored at the step nearest t, the earlier on a tie) or `prompt_id`
+    (the latest stored group of that prompt, whatever its step); the rules of
+    `graftrl.storage.peers`, TRL's `graft_peer_match` alike."""
     partial: bool = False
     """Stored: the store holds groups for some prompts only (a served peer's record: the receivers'
     all-fail prompts); a prompt without a group gives no candidate instead of an error."""

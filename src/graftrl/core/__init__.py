@@ -1,6 +1,11 @@
 """Pure tensor functions of GRPO/GRAFT, as docs/algorithm.md states them: no models, no I/O.
 
-P prompts, n rollouts per prompt, B responses, T tokens.
+P prompts, n rollouts per prompt, B responses, T tokens. One module per piece of math:
+``advantages`` (eq. 1), ``selection`` (which groups move, eq. 4), ``compatibility`` (s, w; eqs.
+6-8), ``losses`` (the clipped surrogate, eqs. 2, 3, 9, 10), ``logprobs`` (log-probs a chunk at a
+time), ``schedule`` (groups across optimizer steps), ``contrast`` (what a moved group can teach),
+``diagnostics`` (per-step diagnostics), ``pooling`` (eq. 12), ``ablations`` (GRAFT's ablation
+switches) and the other methods' pieces: ``hacpo``, ``sgt``, ``luffy``.
 """
 
 from graftrl.core.advantages import grpo_advantages

@@ -2,7 +2,7 @@
 move them (skill overlap, mastery), and the stop settings.
 
 Data and pure functions only: :mod:`graftrl.embedded.warmstart` trains on them, ``graftrl sweep``
-and the mastery experiments (``reporting.sweep``, ``reporting.mastery``) pick points with them, and
+and the mastery experiments (``experiments.sweep``, ``experiments.mastery``) pick points with them, and
 each mix enters the fingerprint of the models it gives.
 """
 

@@ -38,6 +38,7 @@ from graftrl.machine import cpu_kernels
 __all__ = [
     "MANIFEST_NAME",
     "REBUILD_ENV",
+    "REPORT_NAME",
     "SHIPPED_DIR",
     "PinnedWeightsError",
     "cache_record",
@@ -56,6 +57,8 @@ __all__ = [
 #: Where the shipped folders and their manifest live (package data).
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 MANIFEST_NAME = "manifest.json"
+#: Name of the report file a warm-start writes next to the saved model (its provenance reads it).
+REPORT_NAME = "graftrl_warmstart.json"
 #: Set to 1 to warm-start locally even where a shipped pair matches the fingerprint.
 REBUILD_ENV = "GRAFTRL_REBUILD_EMBEDDED"
 

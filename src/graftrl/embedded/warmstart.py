@@ -15,17 +15,14 @@ tokens and the EOS.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import multiprocessing as mp
 import random
 import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +41,7 @@ from graftrl.embedded.mixes import (
 from graftrl.embedded.models import MODEL_SPECS, build_spec, count_parameters
 from graftrl.embedded.shipped import (
     REBUILD_ENV,
+    REPORT_NAME,
     cache_record,
     cached_problem,
     install_shipped,
@@ -60,8 +58,8 @@ from graftrl.embedded.task import (
     make_problems,
     supervised_text,
 )
+from graftrl.embedded.warmstart_workers import warm_start_in_workers
 from graftrl.machine import cpu_kernels
-from graftrl.workers import exit_with_parent, start_manager
 
 __all__ = [
     "EMBEDDED_MIXES",
@@ -81,9 +79,6 @@ __all__ = [
     "sampled_accuracy",
     "warm_start",
 ]
-
-#: Name of the report file written next to the saved model.
-REPORT_NAME = "graftrl_warmstart.json"
 
 #: Bump when the warm-start procedure changes in a way that invalidates cached models.
 _VERSION = 1
@@ -422,7 +417,7 @@ def prepare_embedded_models(
             }
     if jobs:
         if parallel and len(jobs) > 1:
-            _warm_start_in_workers(jobs, on_progress)
+            warm_start_in_workers(warm_start, jobs, on_progress)
         else:
             import torch
 
@@ -440,55 +435,6 @@ def prepare_embedded_models(
                     file=sys.stderr,
                 )
     return paths
-
-
-class _QueueReport:
-    """A worker's ``warm_start`` reports, sent to the parent (picklable, unlike a closure)."""
-
-    def __init__(self, queue: Any, name: str) -> None:
-        self.queue, self.name = queue, name
-
-    def __call__(self, info: dict[str, Any]) -> None:
-        self.queue.put((self.name, info))
-
-
-def _quiet_warm_start(**kw: Any) -> dict[str, Any]:
-    """``warm_start`` in a worker process of graftrl's: without transformers' per-file bars."""
-    from graftrl.console import quiet_transformers
-
-    quiet_transformers()
-    return warm_start(**kw)
-
-
-def _warm_start_in_workers(
-    jobs: Mapping[str, dict[str, Any]], on_progress: Callable[[str, dict[str, Any]], None] | None
-) -> None:
-    """Each model in its own process (one thread each); their reports drained here as they come."""
-    context = mp.get_context("spawn")
-    reporting = start_manager(context) if on_progress is not None else contextlib.nullcontext()
-    with (
-        ProcessPoolExecutor(len(jobs), mp_context=context, initializer=exit_with_parent) as pool,
-        reporting as manager,
-    ):
-        queue = manager.Queue() if manager is not None else None
-        pending = {
-            pool.submit(
-                _quiet_warm_start, threads=1, report=_QueueReport(queue, name) if queue else None, **kw
-            )
-            for name, kw in jobs.items()
-        }
-
-        def drain() -> None:
-            while queue is not None and not queue.empty():
-                assert on_progress is not None
-                on_progress(*queue.get())
-
-        while pending:
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            drain()
-            for future in done:
-                future.result()
-        drain()
 
 
 def _main() -> None:

@@ -1,7 +1,8 @@
 """Evaluation: held-out pass@k of a policy, as the paper measures it.
 
 Owns the benchmark suites (``benchmarks``), the sampling protocol and its summaries
-(``evaluate``), the report's files (``eval_report``: JSON, the paper's table, a plot) and the
+(``evaluate``), what `graftrl eval` loads (``targets``: a run's checkpoints or bare folders),
+the report's files (``eval_report``: JSON, the paper's table, a plot) and the
 statistics over seeds and runs (``stats``: mean ± std, paired intervals). May import ``models``, ``storage``, ``config`` and below; the trainer's periodic
 validation (``graftrl.training.validation``) and the reports build on it.
 """

@@ -1,5 +1,9 @@
 """Training methods, one module each, on the shared protocol of ``base``.
 
+The methods: ``grpo``, ``graft``, ``sgt``, ``hacpo``, ``luffy``, ``pooling``; besides them
+``loss_metrics`` (the metrics a loss logs: sums and counts) and ``receive`` (the receiver's side
+of a transfer: likelihoods under both models and the weight).
+
 Importing this package imports every module in it, so a method registers itself just by living
 here (``methods/<name>.py`` with a ``@register_method`` class): nothing else names it.
 """

@@ -188,6 +188,11 @@ class LossInputs:
     origins: RowOrigins | None = None
     """Where the rows come from, for a method with ``reads_row_origins`` (else None)."""
 
+    @property
+    def surrogate(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(logp, old_logp, advantages, weights, mask): the leading arguments of the core losses."""
+        return self.logp, self.old_logp, self.advantages, self.weights, self.mask
+
 
 class ConfigSection(BaseModel):
     """A YAML section: unknown keys are refused, values are frozen, and each field's docstring is its
@@ -247,6 +252,8 @@ class Method:
     (``peer_weights``) and a line in compatibility.jsonl. With this and
     ``needs_peer_old_logprobs`` both False the receiver never scores peer rows: each enters with
     w = 1."""
+    pairs_only: ClassVar[bool] = False
+    """The method pairs exactly two policies (``check`` refuses any other count)."""
     reads_row_origins: ClassVar[bool] = False
     """The loss reads ``LossInputs.origins`` (each row's source and its behaviour mean, the
     minibatch's position and rows); the worker builds them only then."""
@@ -319,6 +326,8 @@ class Method:
                 f"(got {cls.name!r}): it redraws prompts per policy, while cross-model methods need one "
                 "shared prompt batch"
             )
+        if cls.pairs_only and len(config.policies) != 2:
+            raise ValueError(f"method {cls.name!r} pairs exactly two policies, got {len(config.policies)}")
 
     # ----- one step -------------------------------------------------------------------------
     def plan(
@@ -360,6 +369,27 @@ class Method:
         names = {name for metric in cls.loss_metrics for name in metric.sums()}
         return {key: value for key, value in values.items() if key in names}
 
+    def with_own_kl(
+        self, loss: Tensor, metrics: dict[str, Tensor], batch: LossInputs, own_mask: Callable[[], Tensor]
+    ) -> Tensor:
+        """``loss`` plus the k3 KL to the reference over the tokens ``own_mask()`` selects, its sums
+        added to ``metrics``; ``loss`` itself without a reference or with ``train.kl_coef`` 0."""
+        if batch.ref_logp is None or self.train.kl_coef <= 0:
+            return loss
+        mask = own_mask()
+        kl = k3_kl(batch.logp, batch.ref_logp, mask, normalizer=batch.normalizer)
+        metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, mask)
+        return loss + self.train.kl_coef * kl
+
+    @staticmethod
+    def models_of(outcomes: Mapping[str, GroupOutcomes], fewer_than_two: str) -> list[str]:
+        """The step's models in order; a ValueError of ``fewer_than_two`` (formatted with
+        ``names`` and ``count``) when there are fewer than two."""
+        names = list(outcomes)
+        if len(names) < 2:
+            raise ValueError(fewer_than_two.format(names=names, count=len(names)))
+        return names
+
     # ----- state across steps ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state kept across steps (saved in checkpoints); {} for stateless methods."""
@@ -378,11 +408,7 @@ class ClippedSurrogate(Method):
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         train = self.train
         loss, core = clipped_policy_loss(
-            batch.logp,
-            batch.old_logp,
-            batch.advantages,
-            batch.weights,
-            batch.mask,
+            *batch.surrogate,
             train.eps_low,
             train.eps_high,
             normalizer=batch.normalizer,
@@ -392,12 +418,9 @@ class ClippedSurrogate(Method):
             log_ratio_clamp=train.log_ratio_clamp,
         )
         metrics = self.loss_sums(core)
-        if batch.ref_logp is not None and train.kl_coef > 0:
-            own_mask = batch.mask & ~batch.is_peer.unsqueeze(-1)
-            kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
-            loss = loss + train.kl_coef * kl
-            metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
-        return loss, metrics
+        return self.with_own_kl(
+            loss, metrics, batch, lambda: batch.mask & ~batch.is_peer.unsqueeze(-1)
+        ), metrics
 
 
 class WholePromptMinibatches:

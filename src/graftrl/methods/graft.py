@@ -165,9 +165,9 @@ class GRAFT(ClippedSurrogate):
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        names = list(outcomes)
-        if len(names) < 2:
-            raise ValueError(f"GRAFT needs at least two models (policies or stored peers), got {names}")
+        names = self.models_of(
+            outcomes, "GRAFT needs at least two models (policies or stored peers), got {names}"
+        )
         if len(names) == 2:
             (name_a, a), (name_b, b) = outcomes.items()
             a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=self.options.balance)

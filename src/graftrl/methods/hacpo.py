@@ -252,9 +252,7 @@ class HACPO(WholePromptMinibatches, Method):
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
-        agents = list(outcomes)
-        if len(agents) < 2:
-            raise ValueError(f"HACPO needs at least two agents, got {len(agents)}")
+        agents = self.models_of(outcomes, "HACPO needs at least two agents, got {count}")
         self.observe({a: float(outcomes[a].rewards.float().mean()) for a in agents})
         omega = self.omega(agents)
         rewards = torch.stack([outcomes[a].rewards.float() for a in agents])  # [K, P, n]

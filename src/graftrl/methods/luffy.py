@@ -20,7 +20,6 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from graftrl.core import k3_kl, k3_sums
 from graftrl.core.luffy import GAMMA, luffy_policy_loss
 from graftrl.methods.base import (
     ConfigSection,
@@ -56,6 +55,7 @@ class LUFFY(Method):
     needs_peer_old_logprobs = False  # f(pi_theta) only: no ratio to an old policy on peer tokens
     scores_peers = False  # no compatibility gate or weight
     plan_keys = PLAN_KEYS  # GRAFT's plan
+    pairs_only = True
     options: LuffyConfig
 
     def __init__(
@@ -85,12 +85,6 @@ class LUFFY(Method):
             cls.options_of(config), graft=GRAFT.options_of(config), train=TrainSettings.of(config.train)
         )
 
-    @classmethod
-    def check(cls, config: Any) -> None:
-        super().check(config)
-        if len(config.policies) != 2:
-            raise ValueError(f"method {cls.name!r} pairs exactly two policies, got {len(config.policies)}")
-
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator
     ) -> dict[str, ExchangePlan]:
@@ -99,11 +93,7 @@ class LUFFY(Method):
     def loss(self, batch: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
         train = self.train
         loss, core = luffy_policy_loss(
-            batch.logp,
-            batch.old_logp,
-            batch.advantages,
-            batch.weights,
-            batch.mask,
+            *batch.surrogate,
             batch.is_peer.bool(),
             train.eps_low,
             train.eps_high,
@@ -113,11 +103,8 @@ class LUFFY(Method):
             log_ratio_clamp=train.log_ratio_clamp,
         )
         metrics = self.loss_sums(core)
-        if batch.ref_logp is not None and train.kl_coef > 0:
-            own_mask = (
-                batch.mask.bool() & ~batch.is_peer.bool().unsqueeze(-1) & (batch.weights > 0).unsqueeze(-1)
-            )
-            kl = k3_kl(batch.logp, batch.ref_logp, own_mask, normalizer=batch.normalizer)
-            loss = loss + train.kl_coef * kl
-            metrics["kl_sum"], metrics["kl_tokens"] = k3_sums(batch.logp, batch.ref_logp, own_mask)
-        return loss, metrics
+
+        def own_mask() -> Tensor:  # own rows that train: a zero weight drops a row from the KL too
+            return batch.mask.bool() & ~batch.is_peer.bool().unsqueeze(-1) & (batch.weights > 0).unsqueeze(-1)
+
+        return self.with_own_kl(loss, metrics, batch, own_mask), metrics

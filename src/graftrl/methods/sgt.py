@@ -31,7 +31,7 @@ steps is GRPO's. "last" / "first" / "uniform" order them like peer groups (GRAFT
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -95,13 +95,8 @@ class SGT(ClippedSurrogate):
             "responses",
         ),
     )
+    pairs_only = True
     options: SGTConfig
-
-    @classmethod
-    def check(cls, config: Any) -> None:
-        super().check(config)
-        if len(config.policies) != 2:
-            raise ValueError(f"method {cls.name!r} pairs exactly two policies, got {len(config.policies)}")
 
     def plan(
         self, outcomes: Mapping[str, GroupOutcomes], generator: torch.Generator

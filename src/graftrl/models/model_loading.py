@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from graftrl.errors import ModelError
+from graftrl.errors import ModelError, is_out_of_memory
 from graftrl.files import hub_id_like
 
 DROPOUT_SUFFIXES = ("dropout", "pdrop")
@@ -203,11 +203,6 @@ def checkpoint_weights(model: torch.nn.Module, folder: Path) -> dict[str, torch.
             f"({'; '.join(problems)}); resume with the model the run was trained from"
         )
     return {name: value.detach() for name, value in loaded.state_dict().items()}
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Host or device memory ran out (not the folder's fault: the CLI says so in its own line)."""
-    return isinstance(error, MemoryError | torch.OutOfMemoryError)
 
 
 def zero_dropout(model: torch.nn.Module) -> int:

@@ -203,7 +203,7 @@ def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
     lines += [
         "",
         "Every figure here is recounted from samples.jsonl, candidates.jsonl, compatibility.jsonl, "
-        "moved_groups.jsonl and steps.jsonl (`graftrl.reporting.probe.recount`). What these "
+        "moved_groups.jsonl and steps.jsonl (`graftrl.reporting.probe_stats.recount`). What these "
         "figures predicted, and what they did not, on the embedded testbed: docs/your-pair.md.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """The figures of `graftrl probe` (probe.json), from its steps in one form, ``StepData``.
 
 ``probe_statistics`` is the one computation of every figure. The probe hands it ``StepData``
-built from the trainer's objects (reporting.probe.step_data); the recount (``recount``) hands it
-``StepData`` rebuilt from the files the probe wrote, so that every figure can be recounted
+built from the trainer's objects (``experiments.probe.step_data``); the recount (``recount``) hands it
+``StepData`` rebuilt from the files the probe wrote (``read_steps``), so that every figure can be recounted
 from the samples. The regime's own computations are graftrl's: candidates (eq. 4,
 ``core.transfer_candidates``), the gate by outcome and the moved groups' advantage mass
 (``reporting.diagnostics``), the contrast (``core.contrast`` sums, pooled over steps by
@@ -12,9 +12,11 @@ from the samples. The regime's own computations are graftrl's: candidates (eq. 4
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,9 +24,18 @@ from torch import Tensor
 
 from graftrl.core import transfer_candidates
 from graftrl.core.contrast import GroupContrast, contrast_metrics
+from graftrl.errors import UserError
 from graftrl.reporting.contrast import contrast_summary
 from graftrl.reporting.diagnostics import advantage_mass, gate_by_outcome
+from graftrl.reporting.served import served_costs
 from graftrl.reporting.weights import WeightRule
+from graftrl.storage.rundir import ProbeDir, read_jsonl
+
+
+class ProbeError(UserError):
+    """A probe that cannot run as asked, or a folder it cannot recount (the option or file named,
+    and the fix)."""
+
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 """The quantiles of s reported per outcome (nearest rank, as scripts/probe_task.py prints them)."""
@@ -315,3 +326,83 @@ def histogram_values(steps: Sequence[StepData]) -> dict[str, dict[str, list[floa
                 r["s"]
             )
     return dict(out)
+
+
+# ----- from the files ----------------------------------------------------------------------------
+
+
+def read_steps(folder: str | Path, settings: ProbeSettings) -> list[StepData]:
+    """The probe's steps rebuilt from its files alone (the recount's input)."""
+    files = ProbeDir(folder)
+    rows = {}
+    for name in ("samples", "candidates", "compatibility", "moved_groups", "steps"):
+        path = getattr(files, name)
+        if not path.exists():
+            raise ProbeError(f"{path}: missing; recount a folder written by `graftrl probe`")
+        rows[name] = read_jsonl(path)
+    out = []
+    for step in sorted({r["step"] for r in rows["steps"]}):
+
+        def at(name: str, step: int = step) -> list[dict[str, Any]]:
+            return [r for r in rows[name] if r["step"] == step]
+
+        samples = at("samples")
+        ids = list(dict.fromkeys(r["prompt_id"] for r in samples))
+        position = {prompt: p for p, prompt in enumerate(ids)}
+        rewards = {}
+        for model in settings.models:
+            table = torch.zeros(len(ids), settings.n)  # [P, n]
+            for r in samples:
+                if r["model"] == model:
+                    table[position[r["prompt_id"]], r["index"]] = r["reward"]
+            rewards[model] = table
+        by_policy = {r["model"]: r for r in at("steps")}
+        first = next(iter(by_policy.values()))
+        out.append(
+            StepData(
+                step=step,
+                prompt_ids=ids,
+                rewards=rewards,
+                tokens={
+                    name: sum(r["tokens"] for r in samples if r["model"] == name)
+                    for name in settings.policies
+                },
+                candidates=at("candidates"),
+                compatibility=at("compatibility"),
+                moved_groups=at("moved_groups"),
+                costs={name: {k: by_policy[name][k] for k in COST_KEYS} for name in settings.policies},
+                wall={k: first[k] for k in WALL_KEYS},
+                rescue={
+                    name: {k: row[k] for k in RESCUE_KEYS}
+                    for name, row in by_policy.items()
+                    if "rescue_attempted" in row
+                },
+            )
+        )
+    return out
+
+
+def recount(folder: str | Path) -> dict[str, Any]:
+    """Every figure of ``folder``/probe.json, recomputed from the samples the probe wrote."""
+    files = ProbeDir(folder)
+    try:
+        settings = ProbeSettings(**json.loads(files.json.read_text())["probe"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ProbeError(
+            f"{files.json}: unreadable ({error}); recount a folder written by `graftrl probe`"
+        ) from None
+    return with_served(probe_statistics(settings, read_steps(folder, settings)), read_jsonl(files.steps))
+
+
+def with_served(figures: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures plus each served peer's answers and cost (steps.jsonl's ``served_*``), as JSON."""
+    served = {
+        c.peer: {**c.totals, "steps": c.steps, "groups_taken": c.selected, "transferred": c.transferred}
+        for c in served_costs(step_rows)
+    }
+    return as_json({**figures, "served": served} if served else figures)
+
+
+def as_json(figures: dict[str, Any]) -> dict[str, Any]:
+    """The figures as probe.json holds them (tuples as lists, NaN as null)."""
+    return json.loads(json.dumps(figures))

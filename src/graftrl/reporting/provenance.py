@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import graftrl
-from graftrl.embedded.warmstart import REPORT_NAME
+from graftrl.embedded.shipped import REPORT_NAME
 from graftrl.files import sha256_bytes, sha256_file
 from graftrl.machine import cpu_capability, cpu_vendor
 

@@ -278,7 +278,7 @@ def ensure_writable(folder: Path, what: str) -> Path:
 
 
 class ProbeDir(Folder):
-    """The output folder of ``graftrl probe`` (its files' rows: graftrl.reporting.probe)."""
+    """The output folder of ``graftrl probe`` (its files' rows: graftrl.experiments.probe)."""
 
     @property
     def samples(self) -> Path:

@@ -6,9 +6,12 @@ metrics' sums (``update``), the policy's checkpoint part (``policy_state``), the
 (``peak_memory``) and every seed (``randomness``); the one rollout -> record converter
 (``trajectories``: exchanged records and store rows), FSDP2 data parallelism (``parallel``: what a
 rank calls; ``ranks``: the rank processes and their proxies), the local and Ray backends that
-host workers behind one typed interface, ``WorkerGroup`` (``backends``), periodic validation
-(``validation``), the loop with checkpoints and logs (``trainer``), the metrics keys it logs
+host workers behind one typed interface, ``WorkerGroup`` (``backends``; what they call on a
+worker: ``worker_calls``), periodic validation
+(``validation``), the loop with logs (``trainer``) and its checkpoints (``trainer_checkpoints``),
+a stored peer's coverage of the run (``stored_peers``), a failed worker reported in a paragraph
+(``failures``), the metrics keys it logs
 (``log_schema``: its own and each method's loss metrics) and the JSONL trajectory importer that
 scores foreign responses with the source model (``importer``). May import ``methods``,
-``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting.
+``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting or experiments.
 """

@@ -16,7 +16,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor
 
@@ -24,59 +24,12 @@ from graftrl.config import Config
 from graftrl.methods import ExchangePlan, Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
-from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
 from graftrl.training.rescue import RescueRequest, RescueResult
 from graftrl.training.sampling import PolicyRollout
 from graftrl.training.worker import PeerScores, PolicyWorker, UpdateResult
-
-Records = dict[str, list[TrajectoryRecord]]
-"""Every model's tokenizer-neutral records of a step, by model name."""
-
-
-class Worker(Protocol):
-    """One policy's worker as a backend drives it: ``PolicyWorker`` (one process) or
-    ``DataParallelWorker`` (N rank processes in lockstep)."""
-
-    verifier: Any
-
-    def reset_peak_memory(self) -> None: ...
-
-    def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout: ...
-
-    def rescue(self, step: int, request: RescueRequest | None) -> RescueResult | None: ...
-
-    def update(
-        self, step: int, plan: ExchangePlan, records: Records, method_state: dict[str, Any] | None = None
-    ) -> UpdateResult: ...
-
-    def score_peers(
-        self,
-        step: int,
-        plan: ExchangePlan,
-        records: Records,
-        method_state: dict[str, Any] | None = None,
-        method: Method | None = None,
-        contrast: bool = True,
-    ) -> PeerScores: ...
-
-    def save(self, folder: str | Path) -> None: ...
-
-    def save_policy(self, folder: str | Path) -> None: ...
-
-    def load(self, folder: str | Path) -> None: ...
-
-    def validation_scores(self) -> dict[str, float]: ...
-
-    def nonfinite_state(self, limit: int = 3) -> list[str]: ...
-
-    def state_dict(self) -> dict[str, Tensor]: ...
-
-    def close(self) -> None: ...
-
-    @property
-    def policy(self) -> Policy: ...
+from graftrl.training.worker_calls import Records, Worker
 
 
 class WorkerGroup(abc.ABC):

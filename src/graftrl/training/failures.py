@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graftrl.errors import UserError
+from graftrl.errors import UserError, is_out_of_memory
 from graftrl.storage.rundir import RunDir
 
 
@@ -73,10 +73,6 @@ def worker_failure(
         f"{who} failed during `{during}`: {cause}. The run stopped; {where}. The checkpoints written so "
         f"far are intact: {remedy}"
     )
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
 
 
 def exception_cause(error: BaseException) -> str:

@@ -61,7 +61,11 @@ class TrainingRow:
 
 @dataclass(frozen=True)
 class CompatibilityScores:
-    """One receiver's compatibility scores at a step: a line of compatibility.jsonl."""
+    """One receiver's compatibility scores at a step: a line of compatibility.jsonl.
+
+    Order (a contract ``graftrl probe`` relies on, tests/test_probe.py): entry k is the k-th
+    scored peer response in the plan's order: its peer groups that are not NLL groups, in
+    ``plan.groups`` order, and within each group its kept responses (``keep``) by index."""
 
     step: int
     receiver: str
@@ -110,7 +114,9 @@ def build_rows(
     timings: dict[str, float],
     contrast: bool = True,
 ) -> TrainingBatch:
-    """The receiver's rows for every planned group; peer rows re-tokenized and re-scored.
+    """The receiver's rows for every planned group; peer rows re-tokenized and re-scored. Rows, and
+    the compatibility scores of the peer rows, follow ``plan.groups`` and each group's responses
+    by index (``CompatibilityScores`` states the order).
 
     ``contrast``: measure the moved groups' contrast (rank 0 of a sharded policy; every rank holds
     the same rows)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,14 +29,14 @@ from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
-from graftrl.methods import ExchangePlan, GroupOutcomes, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, Method, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.rundir import RunDir, append_jsonl
-from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
+from graftrl.storage.store import TrajectoryStore, TrajectoryWriter
 from graftrl.training.backends import Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
@@ -46,6 +46,7 @@ from graftrl.training.served_peers import ServedPeers, dense_records
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
+from graftrl.training.worker import PeerScores
 
 __all__ = ["StepExchange", "Trainer", "step_seed"]
 
@@ -117,8 +118,10 @@ class Trainer:
         self.stored_peers = {
             peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers if not peer.served
         }
-        for peer, store in self.stored_peers.values():  # before any model loads
-            check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+        self.peer_stores = {  # before any model loads; then the lookup each step replays with
+            name: check_coverage(peer, store, self.sampler, config.train.steps, self.n)
+            for name, (peer, store) in self.stored_peers.items()
+        }
         self.served_peers = ServedPeers(config, served)
         """Peers behind OpenAI-compatible endpoints (graftrl.training.served_peers)."""
         if self.served_peers:  # the probe request, before any model loads
@@ -247,20 +250,14 @@ class Trainer:
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
         planned = self.exchange(step, self.sampler.batch(step))
-        problems, sampled, outcomes = planned.problems, planned.sampled, planned.outcomes
-        records, shared, plans = planned.records, planned.shared, planned.plans
+        sampled, outcomes, records, plans = planned.sampled, planned.outcomes, planned.records, planned.plans
         updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
         metrics: dict[str, dict[str, Any]] = {}
         for name, update in zip(self.names, updates, strict=True):
-            row = update.metrics
             if update.compatibility is not None:
                 scores = dataclasses.asdict(update.compatibility)
                 append_jsonl(self.files.compatibility, {k: v for k, v in scores.items() if v is not None})
-            row.update(self.outcome_metrics(name, outcomes, shared, problems))
-            row.update(sampled[name].info)
-            row.update(planned.stored_info)
-            row.update(plans[name].diagnostics)
-            row.update(sampled[name].timings)
+            row = self.metrics_row(name, planned, update.metrics)
             if self.resume_changed_inputs and step == self.start_step:
                 row["resume_changed_inputs"] = ", ".join(self.resume_changed_inputs)
             timings = {k: v for k, v in row.items() if k.startswith("time_") and k != "time_step"}
@@ -274,6 +271,33 @@ class Trainer:
         if rescues:
             append_jsonl(self.files.rescues, rescues)
         return metrics
+
+    def score_peers(
+        self,
+        step: int,
+        planned: StepExchange,
+        plans: Mapping[str, ExchangePlan] | None = None,
+        scoring: Method | None = None,
+        contrast: bool = True,
+    ) -> dict[str, PeerScores]:
+        """The update's row building without the optimizer (``graftrl probe``): each receiver's
+        peer rows of ``plans`` (default: the step's own), scored as the update would score them,
+        or with ``scoring``'s rule; ``contrast``: measure each moved group's contrast."""
+        plans = planned.plans if plans is None else plans
+        scored = self.backend.score_peers(
+            step, [plans[name] for name in self.names], planned.records, self.method, scoring, contrast
+        )
+        return dict(zip(self.names, scored, strict=True))
+
+    def metrics_row(self, name: str, planned: StepExchange, row: dict[str, Any]) -> dict[str, Any]:
+        """Policy ``name``'s metrics.jsonl row at the step: ``row`` (its update's metrics, or a
+        scoring pass's) with the step's outcomes, sampling, stored peers, plan and phase timings."""
+        row.update(self.outcome_metrics(name, planned.outcomes, planned.shared, planned.problems))
+        row.update(planned.sampled[name].info)
+        row.update(planned.stored_info)
+        row.update(planned.plans[name].diagnostics)
+        row.update(planned.sampled[name].timings)
+        return row
 
     def exchange(self, step: int, problems: list[MathProblem]) -> StepExchange:
         """The step up to the update: every policy samples and scores ``problems`` (concurrently
@@ -344,33 +368,13 @@ class Trainer:
         """
         out = {}
         n = self.n
-        for name, (peer, store) in self.stored_peers.items():
+        for name, (peer, _) in self.stored_peers.items():
             ids = [p.id for p in problems]
+            where = f"peers[{name}]: store {peer.path}"
             if peer.partial:
-                out[name] = self._partial_peer_groups(step, problems, peer, store)
+                out[name] = self._partial_peer_groups(step, problems, peer)
                 continue
-            if peer.match == "step" and step not in store.steps():
-                held = store.steps()
-                raise StoreError(
-                    f"peers[{name}]: store {peer.path} has no step {step} (it holds steps "
-                    f"{held[0] if held else '-'}..{held[-1] if held else '-'}); train for at most as many "
-                    "steps as were recorded, or set `match: prompt_id` to match prompts regardless of step"
-                )
-            found = store.find_groups(ids, source=name, step=step if peer.match == "step" else None)
-            missing = [i for i in ids if i not in found]
-            if missing:
-                where = f"step {step}" if peer.match == "step" else "any step"
-                raise StoreError(
-                    f"peers[{name}]: store {peer.path} has no group of source {name!r} at {where} for "
-                    f"{len(missing)} of the step's {len(ids)} prompts (e.g. {missing[:3]}); record the peer "
-                    "with the same data, seed and batch size, or set `match: prompt_id`"
-                )
-            groups = [sorted(found[i], key=lambda row: row.index) for i in ids]
-            sizes = {len(g) for g in groups}
-            if sizes != {n}:
-                raise StoreError(
-                    f"peers[{name}]: stored groups hold {sorted(sizes)} responses; set rollout.n: {n} to match or re-record"
-                )
+            groups = self.peer_stores[name].serve(ids, step, peer.match, where, n)
             texts = [row.response for group in groups for row in group]
             answers = [p.answer for p in problems for _ in range(n)]
             rewards = self.peer_verifier.score(texts, answers)
@@ -386,15 +390,13 @@ class Trainer:
         return out
 
     def _partial_peer_groups(
-        self, step: int, problems: Sequence[MathProblem], peer: Any, store: TrajectoryStore
+        self, step: int, problems: Sequence[MathProblem], peer: Any
     ) -> tuple[GroupOutcomes, list[TrajectoryRecord], float]:
         """A ``partial`` stored peer (a served peer's record): the groups it holds for this step's
         prompts, None for the others (no candidate there), rewards re-verified."""
         n = self.n
-        step_of = step if peer.match == "step" else None
-        held = step in store.steps() or step_of is None
-        found = store.find_groups([p.id for p in problems], source=peer.name, step=step_of) if held else {}
-        groups = [sorted(found[p.id], key=lambda row: row.index) if p.id in found else None for p in problems]
+        held = self.peer_stores[peer.name].groups([p.id for p in problems], step, peer.match)
+        groups = [None if group is None else list(group) for group in held]  # copies: the cache's stay
         present = [p for p, group in enumerate(groups) if group is not None]
         texts = [row.response for p in present for row in groups[p]]
         answers = [problems[p].answer for p in present for _ in range(n)]

@@ -13,6 +13,10 @@ the dataset's ``answer`` column). Stores written here are read by ``graftrl trai
 and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and
 ``RecordingGRPOTrainer`` import TRL when first used (``bash scripts/setup_trl.sh``, or
 ``pip install -e '.[trl]'`` from a clone).
+
+Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
+(GRAFT on one generation batch), ``rewards`` (``math_reward``), ``_compat`` (the TRL versions it
+runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
 """
 
 from __future__ import annotations
@@ -21,16 +25,16 @@ from typing import Any
 
 from graftrl.integrations.trl._compat import INSTALL_HINT, TRLIntegrationError, TRLUnavailableError
 from graftrl.integrations.trl.exchange import Exchange, graft_exchange, peer_last_order
-from graftrl.integrations.trl.peers import (
+from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
+from graftrl.integrations.trl.rewards import math_reward
+from graftrl.integrations.trl.served import ServedPeer
+from graftrl.storage.peers import (
     PROMPT_ID_COLUMN,
     PeerStore,
     StoredPeer,
     prompt_hash,
     prompt_id_of,
 )
-from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
-from graftrl.integrations.trl.rewards import math_reward
-from graftrl.integrations.trl.served import ServedPeer
 from graftrl.training.trajectories import peer_groups
 
 _NEED_TRL = ("GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer", "graft_method")

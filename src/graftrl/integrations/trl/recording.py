@@ -36,11 +36,11 @@ import torch
 from torch import Tensor
 
 from graftrl.integrations.trl._compat import TRLIntegrationError
-from graftrl.integrations.trl.peers import PROMPT_ID_COLUMN, prompt_id_of, prompt_text
 from graftrl.models.model_loading import checkpoint_weights
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.data import MathProblem
+from graftrl.storage.peers import PROMPT_ID_COLUMN, prompt_id_of, prompt_text
 from graftrl.storage.store import TrajectoryWriter, tokenizer_id
 from graftrl.training.trajectories import rollout_records, stored_rows
 

@@ -34,7 +34,13 @@ from pydantic import ValidationError
 from graftrl.core import clipped_token_mask
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
 from graftrl.integrations.trl.exchange import IS_PEER, Exchange, graft_exchange, peer_last_order
-from graftrl.integrations.trl.peers import (
+from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
+from graftrl.integrations.trl.served import ServedPeer, ServedPeerSession
+from graftrl.methods.graft import GRAFT, GraftConfig
+from graftrl.models.policy import Policy
+from graftrl.models.served import SamplingRequest
+from graftrl.storage.peers import (
+    DEFAULT_PEER_MATCH,
     PEER_MATCHES,
     PROMPT_ID_COLUMN,
     PeerStore,
@@ -42,11 +48,6 @@ from graftrl.integrations.trl.peers import (
     dataset_prompt_ids,
     prompt_id_of,
 )
-from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
-from graftrl.integrations.trl.served import ServedPeer, ServedPeerSession
-from graftrl.methods.graft import GRAFT, GraftConfig
-from graftrl.models.policy import Policy
-from graftrl.models.served import SamplingRequest
 from graftrl.storage.store import TrajectoryStore
 from graftrl.training.trajectories import PeerGroups, peer_groups
 
@@ -88,10 +89,11 @@ class GraftGRPOConfig(GRPOConfig):
         },
     )
     graft_peer_match: str = field(
-        default="nearest",
+        default=DEFAULT_PEER_MATCH,
         metadata={
-            "help": "Which stored group serves a prompt at generation batch t: 'step' (the group stored at t), "
-            "'nearest' (stored at the step nearest t) or 'prompt_id' (the latest stored)."
+            "help": "Which stored group serves a prompt at generation batch t (graftrl.storage.peers): 'step' "
+            "(the group stored at t; the default), 'nearest' (stored at the step nearest t) or 'prompt_id' "
+            "(the latest stored)."
         },
     )
     graft_prompt_id_column: str = field(
@@ -123,7 +125,7 @@ def graft_method(args: Any) -> GRAFT:
         raise TRLIntegrationError(
             f"{name}: {problem['msg']} (got {problem.get('input')!r}); see docs/trl.md"
         ) from None
-    match = getattr(args, "graft_peer_match", "nearest")
+    match = getattr(args, "graft_peer_match", DEFAULT_PEER_MATCH)
     if match not in PEER_MATCHES:
         raise TRLIntegrationError(f"graft_peer_match: must be one of {PEER_MATCHES}, got {match!r}")
     return GRAFT(options)  # train's defaults: eq. 1's eps and std, TRL's loss uses none of the rest
@@ -152,7 +154,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
-        self.graft_match = getattr(self.args, "graft_peer_match", "nearest")
+        self.graft_match = getattr(self.args, "graft_peer_match", DEFAULT_PEER_MATCH)
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
         if not peer_stores and not peers:

@@ -1,25 +1,30 @@
-"""Stored peers for ``GraftGRPOTrainer``: prompt ids, and which stored group serves a prompt at a step.
+"""Stored peers: which stored group serves a prompt at a step, the one lookup of graftrl.
 
-No TRL import: this is graftrl's trajectory store seen from a TRL dataset.
+``PeerStore`` is what ``graftrl train`` checks a store's coverage with before any model loads
+(``training.stored_peers``), what its trainer replays each step from (``Trainer.exchange``) and
+what ``GraftGRPOTrainer`` replays from inside TRL (``integrations.trl``). It reads graftrl's
+trajectory store (``storage.store``) and imports nothing from TRL.
 
-**Prompt id.** A dataset row's prompt id is the value of its ``prompt_id`` column (the column
-is ``GraftGRPOConfig.graft_prompt_id_column``), as a string. A dataset without that column gets
-``sha256:<16 hex>`` of its ``prompt`` (the string; a conversation as JSON with sorted keys), so
-two runs on the same prompts agree without any id. To replay a store written by ``graftrl train``
-or ``graftrl import-trajectories``, give the TRL dataset a column holding the ids that run used
-(its data's ``id`` field).
+**Matching rule** (``peers[].match`` of a run config, ``graft_peer_match`` in TRL), for a
+receiver's prompt at step ``t`` (TRL: generation batch ``t``):
 
-**Matching rule** (``graft_peer_match``), for a receiver's prompt at generation batch ``t``:
-
-- ``step``: the group stored at step ``t`` for that prompt id, else none;
-- ``nearest`` (the default): the group of that prompt id stored at the step nearest to ``t``
-  (the same step when it was recorded; a tie between ``t - d`` and ``t + d`` takes ``t - d``);
-- ``prompt_id``: the latest stored group of that prompt id, whatever its step (graftrl's
-  ``match: prompt_id``).
+- ``step`` (the default, ``DEFAULT_PEER_MATCH``, everywhere): the group stored at step ``t`` for
+  that prompt id, else none;
+- ``nearest``: the group of that prompt id stored at the step nearest to ``t`` (the same step when
+  it was recorded; a tie between ``t - d`` and ``t + d`` takes ``t - d``): a peer recorded with
+  other batch sizes or fewer steps still serves every prompt it ever saw, from its closest moment;
+- ``prompt_id``: the latest stored group of that prompt id, whatever its step.
 
 Within one step a prompt stored twice resolves to its later group (the store's rule). A prompt
-with no stored group has no candidate at that step (logged as ``peer_prompts_found``); a store
-that matches none of the dataset's prompts is refused before training.
+with no stored group has no candidate at that step.
+
+**Prompt id** (TRL datasets). A dataset row's prompt id is the value of its ``prompt_id`` column
+(the column is ``GraftGRPOConfig.graft_prompt_id_column``), as a string. A dataset without that
+column gets ``sha256:<16 hex>`` of its ``prompt`` (the string; a conversation as JSON with sorted
+keys), so two runs on the same prompts agree without any id. To replay a store written by
+``graftrl train`` or ``graftrl import-trajectories``, give the TRL dataset a column holding the
+ids that run used (its data's ``id`` field). A store that matches none of the dataset's prompts is
+refused before training.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ PROMPT_ID_COLUMN = "prompt_id"
 
 PeerMatch = Literal["step", "nearest", "prompt_id"]
 PEER_MATCHES: tuple[PeerMatch, ...] = ("step", "nearest", "prompt_id")
+DEFAULT_PEER_MATCH: PeerMatch = "step"
+"""The one default matching rule, of ``graftrl train`` and of the TRL integration alike."""
 
 
 def prompt_text(prompt: Any) -> str:
@@ -96,11 +103,14 @@ class PeerStore:
     The index is built when the store is opened: steps written to the store afterwards are not seen.
     """
 
-    def __init__(self, peer: StoredPeer | str | Path, cache_steps: int = 4) -> None:
+    def __init__(
+        self, peer: StoredPeer | str | Path, cache_steps: int = 4, store: TrajectoryStore | None = None
+    ) -> None:
+        """``store``: the peer's store already open (its index of groups is read once)."""
         if not isinstance(peer, StoredPeer):
             peer = StoredPeer(peer)
         self.path = Path(peer.path)
-        self.store = TrajectoryStore(self.path)
+        self.store = store if store is not None else TrajectoryStore(self.path)
         sources = self.store.sources()
         if peer.source is None:
             if len(sources) != 1:
@@ -143,6 +153,34 @@ class PeerStore:
         """The stored group (rows ordered by index) for each prompt id at ``step``, None where none."""
         places = [self.locate(prompt_id, step, match) for prompt_id in prompt_ids]
         return [None if place is None else self._group(*place) for place in places]
+
+    def serve(
+        self, prompt_ids: Sequence[str], step: int, match: PeerMatch, where: str, n: int | None = None
+    ) -> list[list[StoredTrajectory]]:
+        """The group serving each prompt at ``step``; ``n``: the responses each must hold (None: its
+        rows are not read, the coverage alone is checked and [] returned). Refuses (StoreError,
+        one line naming ``where``, e.g. ``peers[NAME]: store PATH``) a prompt without a group."""
+        places = [self.locate(prompt_id, step, match) for prompt_id in prompt_ids]
+        lacking = [prompt_id for prompt_id, place in zip(prompt_ids, places, strict=True) if place is None]
+        if lacking:
+            at = f"step {step}" if match == "step" else "any step"
+            raise StoreError(
+                f"{where} has no group of source {self.source!r} at {at} for {len(lacking)} of step {step}'s "
+                f"{len(prompt_ids)} prompts (e.g. {lacking[:3]}); record the peer with the same data, seed and "
+                "batch size, or set `match: prompt_id`"
+            )
+        if n is None:
+            return []
+        groups = [
+            list(self._group(*place)) for place in places if place is not None
+        ]  # copies: the cache's stay
+        sizes = sorted({len(group) for group in groups})
+        if sizes != [n]:
+            raise StoreError(
+                f"{where}: stored groups of source {self.source!r} hold {sizes} responses, the run's rollout.n "
+                f"is {n}; set rollout.n: {sizes[0]} to match, or re-record the peer"
+            )
+        return groups
 
     def _group(self, step: int, group_index: int) -> list[StoredTrajectory]:
         groups = self._cache.get(step)

@@ -18,9 +18,9 @@ from typing import Any
 from graftrl.evaluation.decisions import ALPHA, CORRECTIONS, correct, problems_limit, seeds_needed
 from graftrl.evaluation.intervals import CROSSED, SEEDS_ONLY, Difference, crossed_interval, seed_interval
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.benchmark_tables import AVERAGE, benchmark_scores
-from graftrl.reporting.compare_task import CompareTask
-from graftrl.reporting.matrix import Matrix
+from graftrl.experiments.benchmark_tables import AVERAGE, benchmark_scores
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.matrix import Matrix
 from graftrl.reporting.problem_results import ProblemRates, folder_problem_results
 
 CORRECTION_NAMES = {"holm": "Holm's step-down", "bh": "Benjamini-Hochberg", "none": "no correction"}

@@ -32,9 +32,9 @@ import torch
 
 from graftrl.config import Config
 from graftrl.core import transfer_candidates
-from graftrl.errors import UserError
 from graftrl.methods import ExchangePlan, GroupOutcomes, TrainGroup, build_method
 from graftrl.models.policy import Policy
+from graftrl.reporting.probe_stats import ProbeError
 from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.training.rows import CompatibilityScores
 from graftrl.training.trainer import StepExchange, Trainer
@@ -43,10 +43,6 @@ from graftrl.training.worker import PeerScores
 CANDIDATE_RULE = "graft"
 """The method whose compatibility score and weight (eq. 7-8, its ``graft:`` section) every
 candidate peer group is scored with."""
-
-
-class ProbeError(UserError):
-    """A probe that cannot run as asked (the option or file named, and the fix)."""
 
 
 def probe_config(config: Config) -> tuple[Config, list[str]]:
@@ -193,17 +189,13 @@ class Probe:
         groups its plan moves as they stand are scored once, for both)."""
 
     def step(self, step: int, problems: list[MathProblem]) -> ProbeStep:
-        trainer, backend, names, n = self.trainer, self.trainer.backend, self.names, self.config.rollout.n
+        """The trainer's step up to the update: its exchange, its scoring of the method's plan and
+        of every other candidate group, and its metrics row less the update's."""
+        trainer, names, n = self.trainer, self.names, self.config.rollout.n
         start = time.perf_counter()
         planned = trainer.exchange(step, problems)
         sampled = time.perf_counter()
-        moved = dict(
-            zip(
-                names,
-                backend.score_peers(step, [planned.plans[r] for r in names], planned.records, trainer.method),
-                strict=True,
-            )
-        )
+        moved = trainer.score_peers(step, planned)
         built = time.perf_counter()
         # the cold round's groups (a rescue round, method: hint, changes what the receiver trains on)
         plans = candidate_plans(planned.shared, names)
@@ -215,10 +207,7 @@ class Probe:
             r: ExchangePlan(groups=[g for g in plans[r].groups if (g.source, g.prompt) not in reused[r]])
             for r in names
         }
-        scored = backend.score_peers(
-            step, [rest[r] for r in names], planned.records, trainer.method, self.rule, contrast=False
-        )
-        candidate_pass = dict(zip(names, scored, strict=True))
+        candidate_pass = trainer.score_peers(step, planned, rest, self.rule, contrast=False)
         done = time.perf_counter()
         candidates = {
             r: merged_scores(
@@ -226,15 +215,7 @@ class Probe:
             )
             for r in names
         }
-        metrics = {}
-        for name in names:
-            row = dict(moved[name].metrics)
-            row.update(trainer.outcome_metrics(name, planned.outcomes, planned.shared, problems))
-            row.update(planned.sampled[name].info)
-            row.update(planned.stored_info)
-            row.update(planned.plans[name].diagnostics)
-            row.update(planned.sampled[name].timings)
-            metrics[name] = row
+        metrics = {name: trainer.metrics_row(name, planned, dict(moved[name].metrics)) for name in names}
         return ProbeStep(
             step,
             planned,

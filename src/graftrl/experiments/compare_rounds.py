@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.evaluation.decisions import Sequential, rounds
-from graftrl.reporting.benchmark_tables import AVERAGE
-from graftrl.reporting.compare_task import CompareTask
-from graftrl.reporting.matrix import CompareError, Matrix, Variant
-from graftrl.reporting.paired_decisions import Decisions, report_family, shows_table2
+from graftrl.experiments.benchmark_tables import AVERAGE
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.matrix import CompareError, Matrix, Variant
+from graftrl.experiments.paired_decisions import Decisions, report_family, shows_table2
 
 Key = tuple[str, str, str, str, str]
 """A comparison: (table, versus, variant, model, column)."""

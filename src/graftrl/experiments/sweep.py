@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from graftrl.embedded.mixes import overlap_mixes
-from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
+from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
-from graftrl.reporting.compare import CompareReport, run_compare
-from graftrl.reporting.compare_report import PAIRED_NOTE
-from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.experiments.compare import CompareReport, run_compare
+from graftrl.experiments.compare_report import PAIRED_NOTE
+from graftrl.experiments.compare_task import CompareTask, embedded_task
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.run_logs import read_run_metrics
@@ -45,6 +45,22 @@ BASELINE, TREATMENT = "grpo", "graft"
 
 class SweepError(UserError):
     """A sweep argument problem; the message names the flag and what to fix."""
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What every knob of `graftrl sweep` shares: its flags besides the points."""
+
+    seeds: int = 5
+    """Seeds 0..K-1 per point and method."""
+    steps: int | None = None
+    quick: bool = False
+    cache_dir: Path | None = None
+    task: str = DEFAULT_TASK
+    jobs: int = 1
+    """Cells side by side."""
+    reuse: Sequence[Path] = ()
+    """Folders whose finished cells with the same digest are copied, not trained."""
 
 
 def point_dir(out_dir: Path, overlap: float) -> Path:
@@ -60,6 +76,13 @@ def check_overlaps(overlaps: Sequence[float]) -> list[float]:
     if len(set(points)) != len(points):
         raise SweepError(f"--overlaps: each point once, got {points}")
     return sorted(points)
+
+
+def point_models(points: Sequence[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """(point, model, its summary) over a sweep's point summaries, in order: a report table's rows."""
+    for point in points:
+        for model, summary in point["models"].items():
+            yield point, model, summary
 
 
 def point_summary(
@@ -124,44 +147,34 @@ def report_markdown(
         "| GRPO | GRAFT | GRAFT − GRPO [95% CI] | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            diff = m["graft_minus_grpo"]
-            if diff is None:
-                delta = "—"
-            elif diff["low"] is None:
-                delta = f"{diff['mean'] * 100:+.2f}"
-            else:
-                star = " *" if diff["resolved"] else ""
-                delta = (
-                    f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
-                )
-            grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
-            lines.append(
-                f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "
-                f"| {_fmt(m['all_fail_share'])} | {_fmt(m['complementarity'])} "
-                f"| {_fmt(m['groups_moved_per_step'], 1.0, 2)} | {_fmt(m['admitted_share'])} "
-                f"| {_fmt(grpo and grpo['mean'])} ± {_fmt(grpo and grpo['std'])} "
-                f"| {_fmt(graft and graft['mean'])} ± {_fmt(graft and graft['std'])} "
-                f"| {delta} | {diff['n'] if diff else 0} |"
-            )
+    for point, model, m in point_models(points):
+        diff = m["graft_minus_grpo"]
+        if diff is None:
+            delta = "—"
+        elif diff["low"] is None:
+            delta = f"{diff['mean'] * 100:+.2f}"
+        else:
+            star = " *" if diff["resolved"] else ""
+            delta = f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
+        grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
+        lines.append(
+            f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "
+            f"| {_fmt(m['all_fail_share'])} | {_fmt(m['complementarity'])} "
+            f"| {_fmt(m['groups_moved_per_step'], 1.0, 2)} | {_fmt(m['admitted_share'])} "
+            f"| {_fmt(grpo and grpo['mean'])} ± {_fmt(grpo and grpo['std'])} "
+            f"| {_fmt(graft and graft['mean'])} ± {_fmt(graft and graft['std'])} "
+            f"| {delta} | {diff['n'] if diff else 0} |"
+        )
     lines += ["", "Figure: `sweep.png`; every point's own report in `overlap-<o>/report.md`.", ""]
     return "\n".join(lines)
 
 
-def write_sweep(
-    out_dir: Path,
-    task: str,
-    tasks: dict[float, CompareTask],
-    results: dict[float, dict[str, Any]],
-    seeds_done: int,
-    seeds: int,
-    steps: int | None,
-    started: float,
-) -> dict[str, Any]:
-    """results.json, report.md and sweep.png over the ``seeds_done`` seeds run at every point."""
+def write_sweep(done: SweepRound) -> dict[str, Any]:
+    """results.json, report.md and sweep.png over the seeds run at every point."""
     from graftrl.reporting.plots import plot_sweep
 
+    out_dir, tasks, results, seeds_done = done.out_dir, done.tasks, done.results, done.seeds_done
+    task = done.settings.task
     points = sorted(results)
     summaries = [point_summary(o, point_dir(out_dir, o), results[o]["rows"], seeds_done) for o in points]
     final = {
@@ -169,94 +182,110 @@ def write_sweep(
         "knob": "skill overlap: the GPT-2's warm-start mix is (1 - o) x its own + o x the Llama's",
         "overlaps": points,
         "seeds": seeds_done,
-        "seeds_planned": seeds,
-        "steps": steps,
+        "seeds_planned": done.settings.seeds,
+        "steps": done.settings.steps,
         "settings": results[points[0]]["settings"],
         "points": summaries,
         "mixes": {f"{o:g}": overlap_mixes(task, o) for o in points},
-        "total_wall_s": round(time.perf_counter() - started, 1),
+        "total_wall_s": round(time.perf_counter() - done.started, 1),
         "provenance": {
             **results_provenance({}),
             "models": {f"{o:g}": tasks[o].provenance.get("models", {}) for o in points},
         },
     }
-    out = ExperimentDir(out_dir)
-    out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"]))
-    plot_sweep(summaries, out_dir / "sweep.png", footer=signature(final["provenance"]))
-    return final
+    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"])
+    return done.save(final, report, plot_sweep, summaries, "sweep.png")
 
 
-def run_points_seed_major(
-    points: Mapping[Any, tuple[Path, CompareTask, str]],
-    preset: str,
-    seeds: int,
-    steps: int | None,
-    console: Console,
-    jobs: int,
-    reuse: Sequence[Path],
-    write: Callable[[dict[Any, dict[str, Any]], int], dict[str, Any]],
-) -> dict[str, Any]:
-    """Each point's compare of ``preset`` (point -> (folder, task, label)), seed-major: seed 0 at
-    every point, then seed 1, ...; ``write(results so far, seeds done)`` after every round, so an
-    interrupted sweep already has every point's report and the figure so far. Returns the last
-    ``write``'s value."""
-    results: dict[Any, dict[str, Any]] = {}
-    final: dict[str, Any] = {}
-    for seed in range(seeds):
-        for point, (folder, task, label) in points.items():
-            console.print(f"[bold]sweep[/bold]: {label}, seed {seed}")
-            results[point] = run_compare(
-                folder,
-                preset,
-                seeds=seed + 1,
-                steps=steps,
-                console=console,
-                task=task,
-                report=CompareReport(echo=False),
-                jobs=jobs,
-                reuse=reuse,
-            )
-        final = write(results, seed + 1)
-    return final
+@dataclass(frozen=True)
+class SweepRound:
+    """A sweep after a round of seeds at every point: what its writer reads."""
+
+    out_dir: Path
+    settings: SweepSettings
+    tasks: Mapping[Any, CompareTask]
+    results: Mapping[Any, dict[str, Any]]
+    """Point -> its compare's results so far."""
+    seeds_done: int
+    started: float
+    """``time.perf_counter()`` at the start of this invocation."""
+
+    def save(
+        self, final: dict[str, Any], report: str, plot: Callable[..., None], summaries: Any, figure: str
+    ) -> dict[str, Any]:
+        """results.json (``final``), report.md and the figure; returns ``final``."""
+        out = ExperimentDir(self.out_dir)
+        out.results.write_text(json.dumps(final, indent=2))
+        out.report.write_text(report)
+        plot(summaries, self.out_dir / figure, footer=signature(final["provenance"]))
+        return final
 
 
-def run_sweep(
+@dataclass(frozen=True)
+class Knob:
+    """What a sweep's knob fixes: the compare each point runs, its figure, its writer and the
+    error its arguments raise."""
+
+    preset: str
+    figure: str
+    write: Callable[[SweepRound], dict[str, Any]]
+    """results.json, report.md and the figure after a round; returns results.json."""
+    error: type[UserError]
+
+
+def run_points(
     out_dir: Path,
-    overlaps: Sequence[float] = SKILL_OVERLAPS,
-    seeds: int = 5,
-    steps: int | None = None,
-    quick: bool = False,
-    cache_dir: Path | None = None,
+    points: Mapping[Any, tuple[Path, str, dict[str, Any]]],
+    settings: SweepSettings,
+    knob: Knob,
     console: Console | None = None,
-    task: str = DEFAULT_TASK,
-    jobs: int = 1,
-    reuse: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Run (or continue) the sweep (``jobs``: cells side by side; ``reuse``: folders whose
-    finished cells with the same digest are copied, not trained); returns its results.json."""
+    """Run (or continue) a sweep: each point's compare of ``knob.preset`` (point -> (its folder,
+    label, ``embedded_task``'s keywords)), seed-major: seed 0 at every point, then seed 1, ...;
+    ``knob.write`` after every round, so an interrupted sweep already has every point's report
+    and the figure so far. Returns the last results.json; ``knob.error`` when ``settings.seeds``
+    is below 1."""
+    if settings.seeds < 1:
+        raise knob.error(f"--seeds must be >= 1, got {settings.seeds}")
     console = console or Console()
-    points = check_overlaps(overlaps)
-    if seeds < 1:
-        raise SweepError(f"--seeds must be >= 1, got {seeds}")
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     # every point's models first: a warm-start that fails does so before any cell trains
     tasks = {
-        o: embedded_task(point_dir(out_dir, o), cache_dir, quick, console, task, mixes=overlap_mixes(task, o))
-        for o in points
+        p: embedded_task(folder, settings.cache_dir, settings.quick, console, settings.task, **options)
+        for p, (folder, _, options) in points.items()
     }
-    final = run_points_seed_major(
-        {o: (point_dir(out_dir, o), tasks[o], f"overlap {o:g}") for o in points},
-        PRESET,
-        seeds,
-        steps,
-        console,
-        jobs,
-        reuse,
-        lambda results, done: write_sweep(out_dir, task, tasks, results, done, seeds, steps, started),
-    )
-    out = ExperimentDir(out_dir)
-    console.print(out.report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}/report.md, results.json and sweep.png")
+    results: dict[Any, dict[str, Any]] = {}
+    final: dict[str, Any] = {}
+    for seed in range(settings.seeds):
+        for point, (folder, label, _) in points.items():
+            console.print(f"[bold]sweep[/bold]: {label}, seed {seed}")
+            results[point] = run_compare(
+                folder,
+                knob.preset,
+                seeds=seed + 1,
+                steps=settings.steps,
+                console=console,
+                task=tasks[point],
+                report=CompareReport(echo=False),
+                jobs=settings.jobs,
+                reuse=settings.reuse,
+            )
+        final = knob.write(SweepRound(out_dir, settings, tasks, results, seed + 1, started))
+    console.print(ExperimentDir(out_dir).report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out_dir}/report.md, results.json and {knob.figure}")
     return final
+
+
+def overlap_points(
+    out_dir: Path, overlaps: Sequence[float], task: str
+) -> dict[float, tuple[Path, str, dict]]:
+    """The overlap knob's points, checked: each its folder, label and warm-start mixes."""
+    return {
+        o: (point_dir(out_dir, o), f"overlap {o:g}", {"mixes": overlap_mixes(task, o)})
+        for o in check_overlaps(overlaps)
+    }
+
+
+OVERLAP = Knob(PRESET, "sweep.png", write_sweep, SweepError)
+"""`graftrl sweep` (``--knob overlap``): GRAFT − GRPO over the skill overlap."""

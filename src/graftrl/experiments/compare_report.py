@@ -21,21 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
-from graftrl.reporting.benchmark_tables import AVERAGE, base_header, benchmark_section
-from graftrl.reporting.cells import cell_config
-from graftrl.reporting.compare_task import CompareTask
-from graftrl.reporting.diagnostics import (
-    AdvantageMass,
-    GateOutcome,
-    advantage_mass,
-    family_progress,
-    gate_by_outcome,
-    logs_mass,
-    summarize_exchange,
-)
-from graftrl.reporting.matrix import Matrix, yaml_value
-from graftrl.reporting.paired_decisions import PAIRED_NOTE as DECIDED_NOTE
-from graftrl.reporting.paired_decisions import (
+from graftrl.experiments.benchmark_tables import AVERAGE, base_header, benchmark_section
+from graftrl.experiments.cells import cell_config
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.matrix import Matrix, yaml_value
+from graftrl.experiments.paired_decisions import PAIRED_NOTE as DECIDED_NOTE
+from graftrl.experiments.paired_decisions import (
     Comparison,
     Costs,
     Decisions,
@@ -44,6 +35,15 @@ from graftrl.reporting.paired_decisions import (
     models_markdown,
     report_family,
     shows_table2,
+)
+from graftrl.reporting.diagnostics import (
+    AdvantageMass,
+    GateOutcome,
+    advantage_mass,
+    family_progress,
+    gate_by_outcome,
+    logs_mass,
+    summarize_exchange,
 )
 from graftrl.reporting.provenance import signature, written_by
 from graftrl.reporting.render import (

@@ -37,7 +37,7 @@ from graftrl.embedded.base import (  # noqa: F401 - re-exported: the embedded si
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol
-from graftrl.reporting.matrix import CompareError
+from graftrl.experiments.matrix import CompareError
 from graftrl.reporting.provenance import results_provenance
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir

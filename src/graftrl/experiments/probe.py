@@ -1,6 +1,6 @@
 """`graftrl probe CONFIG`: a pair's exchange regime before any update, for the cost of a rollout.
 
-Runs ``graftrl.training.probe`` (training steps up to the update, on the config's training
+Runs ``graftrl.experiments.probe_steps`` (training steps up to the update, on the config's training
 prompts, with its engine and backend), writes every sample as it goes and then the figures
 (``probe_stats``) as probe.json, probe.md and plots (``probe_report``). The folder
 (``storage.rundir.ProbeDir``)::
@@ -16,7 +16,7 @@ prompts, with its engine and backend), writes every sample as it goes and then t
     steps.jsonl          one row per (step, policy): a training step's metrics less the update's,
                          the phases' seconds (``wall_*`` for the step) and token counts
 
-``recount(folder)`` recomputes every figure of probe.json from these files.
+``reporting.probe_stats.recount(folder)`` recomputes every figure of probe.json from these files.
 """
 
 from __future__ import annotations
@@ -28,25 +28,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from graftrl.config import Config
 from graftrl.console import progress_bar
+from graftrl.experiments.probe_steps import Probe, ProbeStep, probe_batches, probe_config
 from graftrl.files import atomic_write
 from graftrl.methods import ExchangePlan
 from graftrl.models.policy import Policy
 from graftrl.reporting.probe_stats import (
-    COST_KEYS,
     RESCUE_KEYS,
-    WALL_KEYS,
+    ProbeError,
     ProbeSettings,
     StepData,
     probe_statistics,
+    with_served,
 )
-from graftrl.reporting.served import served_costs
 from graftrl.storage.data import MathProblem, load_problems
-from graftrl.storage.rundir import ProbeDir, RunDir, append_jsonl, read_jsonl
-from graftrl.training.probe import Probe, ProbeError, ProbeStep, probe_batches, probe_config
+from graftrl.storage.rundir import ProbeDir, RunDir, append_jsonl
 from graftrl.training.rows import CompatibilityScores
 
 
@@ -215,86 +212,6 @@ def step_data(result: ProbeStep, n: int) -> tuple[StepData, dict[str, list[dict[
     return data, rows
 
 
-# ----- from the files ----------------------------------------------------------------------------
-
-
-def read_steps(folder: str | Path, settings: ProbeSettings) -> list[StepData]:
-    """The probe's steps rebuilt from its files alone (the recount's input)."""
-    files = ProbeDir(folder)
-    rows = {}
-    for name in ("samples", "candidates", "compatibility", "moved_groups", "steps"):
-        path = getattr(files, name)
-        if not path.exists():
-            raise ProbeError(f"{path}: missing; recount a folder written by `graftrl probe`")
-        rows[name] = read_jsonl(path)
-    out = []
-    for step in sorted({r["step"] for r in rows["steps"]}):
-
-        def at(name: str, step: int = step) -> list[dict[str, Any]]:
-            return [r for r in rows[name] if r["step"] == step]
-
-        samples = at("samples")
-        ids = list(dict.fromkeys(r["prompt_id"] for r in samples))
-        position = {prompt: p for p, prompt in enumerate(ids)}
-        rewards = {}
-        for model in settings.models:
-            table = torch.zeros(len(ids), settings.n)  # [P, n]
-            for r in samples:
-                if r["model"] == model:
-                    table[position[r["prompt_id"]], r["index"]] = r["reward"]
-            rewards[model] = table
-        by_policy = {r["model"]: r for r in at("steps")}
-        first = next(iter(by_policy.values()))
-        out.append(
-            StepData(
-                step=step,
-                prompt_ids=ids,
-                rewards=rewards,
-                tokens={
-                    name: sum(r["tokens"] for r in samples if r["model"] == name)
-                    for name in settings.policies
-                },
-                candidates=at("candidates"),
-                compatibility=at("compatibility"),
-                moved_groups=at("moved_groups"),
-                costs={name: {k: by_policy[name][k] for k in COST_KEYS} for name in settings.policies},
-                wall={k: first[k] for k in WALL_KEYS},
-                rescue={
-                    name: {k: row[k] for k in RESCUE_KEYS}
-                    for name, row in by_policy.items()
-                    if "rescue_attempted" in row
-                },
-            )
-        )
-    return out
-
-
-def recount(folder: str | Path) -> dict[str, Any]:
-    """Every figure of ``folder``/probe.json, recomputed from the samples the probe wrote."""
-    files = ProbeDir(folder)
-    try:
-        settings = ProbeSettings(**json.loads(files.json.read_text())["probe"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ProbeError(
-            f"{files.json}: unreadable ({error}); recount a folder written by `graftrl probe`"
-        ) from None
-    return _with_served(probe_statistics(settings, read_steps(folder, settings)), read_jsonl(files.steps))
-
-
-def _with_served(figures: dict[str, Any], step_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The figures plus each served peer's answers and cost (steps.jsonl's ``served_*``), as JSON."""
-    served = {
-        c.peer: {**c.totals, "steps": c.steps, "groups_taken": c.selected, "transferred": c.transferred}
-        for c in served_costs(step_rows)
-    }
-    return _as_json({**figures, "served": served} if served else figures)
-
-
-def _as_json(figures: dict[str, Any]) -> dict[str, Any]:
-    """The figures as probe.json holds them (tuples as lists, NaN as null)."""
-    return json.loads(json.dumps(figures))
-
-
 # ----- the command -------------------------------------------------------------------------------
 
 
@@ -344,7 +261,7 @@ def run_probe(
     finally:
         bar.stop()
         probe.close()
-    figures = _with_served(probe_statistics(settings, steps), step_rows)
+    figures = with_served(probe_statistics(settings, steps), step_rows)
     atomic_write(folder.json, (json.dumps(figures, indent=2) + "\n").encode())
     plots = write_report(folder, figures, steps)
     return ProbeResult(folder, figures, plots)

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from rich.console import Console
 
 from graftrl.console import TaskBars
-from graftrl.reporting.cells import (
+from graftrl.experiments.cells import (
     Verifiers,
     cell_config,
     cell_name,
@@ -37,8 +37,8 @@ from graftrl.reporting.cells import (
     run_cell,
     warm_start_cell,
 )
-from graftrl.reporting.compare_task import CompareTask
-from graftrl.reporting.matrix import CompareError, Variant
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.matrix import CompareError, Variant
 
 LAUNCHERS = ("local", "ray")
 DEFAULT_TRIES = 2

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.cells import (
+from graftrl.experiments.cells import (
     Verifiers,
     cell_config,
     cell_name,
@@ -39,12 +39,12 @@ from graftrl.reporting.cells import (
     warm_start_cell,
     write_json_atomic,
 )
-from graftrl.reporting.compare_report import write_csv, write_report
-from graftrl.reporting.compare_rounds import Rounds, rounds_section, run_rounds
-from graftrl.reporting.compare_task import CompareTask, embedded_task
-from graftrl.reporting.launchers import CellBatch, Launcher, launch
-from graftrl.reporting.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
-from graftrl.reporting.paired_decisions import Decisions
+from graftrl.experiments.compare_report import write_csv, write_report
+from graftrl.experiments.compare_rounds import Rounds, rounds_section, run_rounds
+from graftrl.experiments.compare_task import CompareTask, embedded_task
+from graftrl.experiments.launchers import CellBatch, Launcher, launch
+from graftrl.experiments.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
+from graftrl.experiments.paired_decisions import Decisions
 from graftrl.storage.rundir import ExperimentDir
 
 

@@ -19,7 +19,6 @@ advantage mass split and the clipping of peer tokens by sign. Outputs: ``results
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -28,19 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
 from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
-from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, WORKED_OUTCOMES, classify_worked
+from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
-from graftrl.reporting.compare_report import PAIRED_NOTE
-from graftrl.reporting.compare_task import CompareTask, embedded_task
+from graftrl.experiments.compare_report import PAIRED_NOTE
+from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
-from graftrl.reporting.provenance import results_provenance, signature, written_by
+from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.run_logs import read_log, read_run_metrics
-from graftrl.reporting.sweep import run_points_seed_major
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
@@ -304,15 +302,14 @@ def report_markdown(
         "| point | receiver | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            lines.append(
-                f"| {point['point']} | {model} | {_ms(m['pass_at_1'].get(BASELINE))} | "
-                + " | ".join(_diff(m["vs_grpo"][v]) for v in RULES)
-                + " | "
-                + " | ".join(_diff(m["vs_graft"][v]) for v in RULES[1:])
-                + " |"
-            )
+    for point, model, m in point_models(points):
+        lines.append(
+            f"| {point['point']} | {model} | {_ms(m['pass_at_1'].get(BASELINE))} | "
+            + " | ".join(_diff(m["vs_grpo"][v]) for v in RULES)
+            + " | "
+            + " | ".join(_diff(m["vs_graft"][v]) for v in RULES[1:])
+            + " |"
+        )
     lines += [
         "",
         "## The receiver's deficit family (held-out pass@1)",
@@ -320,17 +317,16 @@ def report_markdown(
         "| point | receiver · deficit | warm-start | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            d = m["deficit_pass_at_1"]
-            lines.append(
-                f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
-                f"{_ms(d.get(BASELINE))} | "
-                + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
-                + " | "
-                + " | ".join(_diff(m["deficit_vs_graft"][v]) for v in RULES[1:])
-                + " |"
-            )
+    for point, model, m in point_models(points):
+        d = m["deficit_pass_at_1"]
+        lines.append(
+            f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
+            f"{_ms(d.get(BASELINE))} | "
+            + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
+            + " | "
+            + " | ".join(_diff(m["deficit_vs_graft"][v]) for v in RULES[1:])
+            + " |"
+        )
     lines += [
         "",
         "## What the moved groups carried (training prompts)",
@@ -349,24 +345,23 @@ def report_markdown(
         "| divergence | mass shared | mass distinct | all-fail | complementarity | moved/step | admitted | clipped + / − |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for point in points:
-        for model, m in point["models"].items():
-            c, e = m["contrast"] or {}, m["moved_errors"]
-            errors = (
-                " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
-                + f" ({e['wrong_responses']})"
-                if e
-                else "—"
-            )
-            clip = m["clipped_peer"].get(REFERENCE) or {}
-            lines.append(
-                f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
-                f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
-                f"{_num(c.get('mass_shared'))} | "
-                f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
-                f"{_plain(m['groups_moved_per_step'])} | "
-                f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
-            )
+    for point, model, m in point_models(points):
+        c, e = m["contrast"] or {}, m["moved_errors"]
+        errors = (
+            " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
+            + f" ({e['wrong_responses']})"
+            if e
+            else "—"
+        )
+        clip = m["clipped_peer"].get(REFERENCE) or {}
+        lines.append(
+            f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
+            f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
+            f"{_num(c.get('mass_shared'))} | "
+            f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
+            f"{_plain(m['groups_moved_per_step'])} | "
+            f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
+        )
     if decision is not None:
         lines += _decision_lines(decision)
     lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
@@ -401,93 +396,55 @@ def _decision_lines(decision: Mapping[str, Any]) -> list[str]:
     return [*lines, "", f"Decision: {decision['status']}."]
 
 
-def write_mastery(
-    out_dir: Path,
-    task: str,
-    tasks: Mapping[str, CompareTask],
-    results: Mapping[str, dict[str, Any]],
-    seeds_done: int,
-    seeds: int,
-    steps: int | None,
-    started: float,
-) -> dict[str, Any]:
-    """results.json, report.md and mastery.png over the ``seeds_done`` seeds run at every point."""
+def write_mastery(done: SweepRound) -> dict[str, Any]:
+    """results.json, report.md and mastery.png over the seeds run at every point."""
     from graftrl.reporting.plots import plot_mastery
 
+    out_dir, tasks, results, seeds_done = done.out_dir, done.tasks, done.results, done.seeds_done
+    task = done.settings.task
     points = [p for p in tasks if p in results]
     summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
-    decision = demo_default(summaries, seeds_done, seeds)
+    decision = demo_default(summaries, seeds_done, done.settings.seeds)
     final = {
         "task": task,
         "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
         "points": points,
         "seeds": seeds_done,
-        "seeds_planned": seeds,
-        "steps": steps,
+        "seeds_planned": done.settings.seeds,
+        "steps": done.settings.steps,
         "settings": results[points[0]]["settings"],
         "summaries": summaries,
         "demo_default": decision,
         "mixes": {p: mastery_mixes(task, p) for p in points},
-        "total_wall_s": round(time.perf_counter() - started, 1),
+        "total_wall_s": round(time.perf_counter() - done.started, 1),
         "provenance": {
             **results_provenance({}),
             "models": {p: tasks[p].provenance.get("models", {}) for p in points},
         },
     }
-    out = ExperimentDir(out_dir)
-    out.results.write_text(json.dumps(final, indent=2))
-    out.report.write_text(
-        report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
-    )
-    plot_mastery(summaries, out_dir / "mastery.png", footer=signature(final["provenance"]))
-    return final
+    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
+    return done.save(final, report, plot_mastery, summaries, "mastery.png")
 
 
-def run_mastery(
-    out_dir: Path,
-    points: Sequence[str] = MASTERY_POINTS,
-    seeds: int = 5,
-    steps: int | None = None,
-    quick: bool = False,
-    cache_dir: Path | None = None,
-    console: Console | None = None,
-    task: str = DEFAULT_TASK,
-    jobs: int = 1,
-    reuse: Sequence[Path] = (),
-    preset: str = PRESET,
-) -> dict[str, Any]:
-    """Run (or continue) the mastery sweep; returns its results.json. ``preset``: each point's
-    compare (``hint``: the mastery cells and the hint method beside them, algorithm.md §3.1)."""
-    console = console or Console()
-    ordered = check_points(points)
-    if seeds < 1:
-        raise MasteryError(f"--seeds must be >= 1, got {seeds}")
-    started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # every point's models first: a warm-start that fails does so before any cell trains
-    tasks = {
-        p: embedded_task(
+def mastery_points(
+    out_dir: Path, points: Sequence[str], settings: SweepSettings
+) -> dict[str, tuple[Path, str, dict]]:
+    """The mastery knob's points, checked: each its folder, label, warm-start mixes and recipe,
+    and the folder its starting weights are pinned in."""
+    drilled = None if settings.quick else MASTERY_WARMSTART
+    return {
+        p: (
             point_dir(out_dir, p),
-            cache_dir,
-            quick,
-            console,
-            task,
-            mixes=mastery_mixes(task, p),
-            warmstart=None if p == "default" or quick else MASTERY_WARMSTART,
-            pin_dir=point_dir(out_dir, p) / PINNED_MODELS,
+            f"mastery {p}",
+            {
+                "mixes": mastery_mixes(settings.task, p),
+                "warmstart": None if p == "default" else drilled,
+                "pin_dir": point_dir(out_dir, p) / PINNED_MODELS,
+            },
         )
-        for p in ordered
+        for p in check_points(points)
     }
-    final = run_points_seed_major(
-        {p: (point_dir(out_dir, p), tasks[p], f"mastery {p}") for p in ordered},
-        preset,
-        seeds,
-        steps,
-        console,
-        jobs,
-        reuse,
-        lambda results, done: write_mastery(out_dir, task, tasks, results, done, seeds, steps, started),
-    )
-    console.print(ExperimentDir(out_dir).report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}/report.md, results.json and mastery.png")
-    return final
+
+
+MASTERY = Knob(PRESET, "mastery.png", write_mastery, MasteryError)
+"""`graftrl sweep --knob mastery`: which transfer rule wins where along the peer's mastery."""

@@ -10,8 +10,8 @@ from typing import Any
 
 from graftrl.embedded.base import HELDOUT
 from graftrl.evaluation.stats import WARM_START
-from graftrl.reporting.benchmark_tables import AVERAGE
-from graftrl.reporting.paired_decisions import (
+from graftrl.experiments.benchmark_tables import AVERAGE
+from graftrl.experiments.paired_decisions import (
     Comparison,
     Costs,
     Decisions,
@@ -26,7 +26,7 @@ from graftrl.reporting.problem_results import folder_problem_results
 
 
 def _read_results(folder: Path) -> dict[str, Any]:
-    from graftrl.reporting.matrix import CompareError
+    from graftrl.experiments.matrix import CompareError
 
     path = Path(folder) / "results.json"
     try:

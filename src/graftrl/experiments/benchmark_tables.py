@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graftrl.evaluation.stats import mean_std
-from graftrl.reporting.compare_task import CompareTask
+from graftrl.experiments.compare_task import CompareTask
 from graftrl.reporting.provenance import written_by
 
 AVERAGE = "Avg."
