@@ -5,7 +5,8 @@ P prompts, n rollouts per prompt, B responses, T tokens. One module per piece of
 6-8), ``losses`` (the clipped surrogate, eqs. 2, 3, 9, 10), ``logprobs`` (log-probs a chunk at a
 time), ``schedule`` (groups across optimizer steps), ``contrast`` (what a moved group can teach),
 ``diagnostics`` (per-step diagnostics), ``pooling`` (eq. 12), ``ablations`` (GRAFT's ablation
-switches) and the other methods' pieces: ``hacpo``, ``sgt``, ``luffy``.
+switches) and the other methods' pieces: ``hacpo``, ``sgt``, ``luffy``, ``hint`` (the
+rescue round's sources and advantages).
 """
 
 from graftrl.core.advantages import grpo_advantages

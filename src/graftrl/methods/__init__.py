@@ -1,6 +1,7 @@
 """Training methods, one module each, on the shared protocol of ``base``.
 
-The methods: ``grpo``, ``graft``, ``sgt``, ``hacpo``, ``luffy``, ``pooling``; besides them
+The methods: ``grpo``, ``graft``, ``sgt``, ``hacpo``, ``luffy``, ``pooling``, ``hint`` (CoRe's rescue
+round: the peer in the prompt); besides them
 ``loss_metrics`` (the metrics a loss logs: sums and counts) and ``receive`` (the receiver's side
 of a transfer: likelihoods under both models and the weight).
 

@@ -18,11 +18,12 @@ import torch
 from graftrl.core.advantages import grpo_advantages
 from graftrl.models.served import ServedCompletion, ServedPeerError
 from graftrl.storage.data import MathProblem
+from graftrl.storage.log_keys import SERVED_COST_KEYS
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import StoredTrajectory
 
-COST_KEYS = ("prompts", "missing", "requests", "retries", "prompt_tokens", "completion_tokens", "latency_s")
-"""Per-step cost of a served peer, logged as ``served_<key>/<peer>``."""
+COST_KEYS = SERVED_COST_KEYS
+"""Per-step cost of a served peer, logged as ``served_<key>/<peer>`` (the fact: storage.log_keys)."""
 
 
 def api_key(peer: Any, environ: Mapping[str, str] | None = None) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graftrl.models.served_groups import COST_KEYS
+from graftrl.storage.log_keys import SERVED_COST_KEYS as COST_KEYS
 
 
 @dataclass

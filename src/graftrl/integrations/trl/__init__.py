@@ -15,7 +15,8 @@ and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGR
 ``pip install -e '.[trl]'`` from a clone).
 
 Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
-(GRAFT on one generation batch), ``rewards`` (``math_reward``), ``_compat`` (the TRL versions it
+(GRAFT on one generation batch), ``rewards`` (``math_reward``), ``served`` (``ServedPeer``: a peer behind an
+OpenAI-compatible endpoint), ``_compat`` (the TRL versions it
 runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
 """
 
