@@ -113,14 +113,14 @@ def test_parse_matrix_forms_and_errors():
 
 
 def test_presets_and_overrides_build_valid_configs(tiny_task):
-    table1 = preset_matrix("table1")
+    table1 = preset_matrix("table1", batch_prompts=32)
     assert [v.name for v in table1.variants] == ["grpo-n8", "grpo-n16", "grpo-n32", "sgt", "hacpo", "graft"]
     assert table1.variants[1].set == {"rollout.n": 16}
-    assert not table1.variants[4].set  # HACPO's recipe is the method's default (HACPO.recipe)
+    assert table1.variants[4].set["train.minibatch_prompts"] == 16  # HACPO.recipe, written out
     table2 = preset_matrix("table2")
     assert table2.reference_name == "graft" and len(table2.variants) == 15
     # every preset row whose method is registered yields a valid config on a real task
-    for matrix in (table1, table2):
+    for matrix in (preset_matrix("table1", batch_prompts=4), table2):
         for variant in matrix.variants:
             if variant.method in METHODS:
                 config = cell_config(tiny_task, variant, seed=2, steps=5)

@@ -453,7 +453,12 @@ def test_method_hacpo_trains_with_its_recipe_unless_the_config_says_otherwise(ti
     assert config_from_dict(grpo).train.kl_coef == 0.0  # GRPO's defaults stay
     mine = config_from_dict({**raw, "train": {**raw["train"], "kl_coef": 0.0, "minibatch_prompts": 8}})
     assert (mine.train.kl_coef, mine.train.minibatch_prompts) == (0.0, 8)
-    hacpo = next(v for v in preset_matrix("table1").variants if v.method == "hacpo")
+    hacpo = next(v for v in preset_matrix("table1", 8, 2).variants if v.method == "hacpo")
     task = type(tiny_task)(**{**vars(tiny_task), "base_config": raw})
     cell = cell_config(task, hacpo, seed=0, steps=None)
     assert (cell.train.kl_coef, cell.train.minibatch_prompts) == (KL_COEF, 4)
+    # a base that sets its own minibatch (the embedded one does) still gets the recipe's in table1
+    own = {**raw, "train": {**raw["train"], "minibatch_prompts": 2}}
+    cell = cell_config(type(tiny_task)(**{**vars(tiny_task), "base_config": own}), hacpo, seed=0, steps=None)
+    assert (cell.train.kl_coef, cell.train.minibatch_prompts) == (KL_COEF, 4)
+    assert hacpo.set == {"train.kl_coef": KL_COEF, "train.minibatch_prompts": 4}

@@ -200,6 +200,8 @@ def run_compare(
             if embedded == DEFAULT_TASK
             else embedded_task(out_dir, cache_dir, quick, console, embedded)
         )
+    if isinstance(matrix, str):  # the task's batch and policies size HACPO's minibatch
+        spec = preset_matrix(matrix, task.config.train.batch_prompts, len(task.config.policies))
     for variant in spec.variants:  # every config is checked before the first cell trains
         cell_config(task, variant, 0, steps)
     run = CompareRun(out_dir, spec, task, seeds, steps, console, started)

@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from graftrl.embedded.base import DEFAULT
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START
+from graftrl.methods.hacpo import HACPO
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+\-]+$")
 
@@ -83,16 +85,17 @@ def yaml_value(value: Any) -> str:
 PRESETS = ("table1", "table2", "demo", "mastery", "hint")
 
 
-def preset_matrix(name: str) -> Matrix:
-    """A built-in matrix."""
+def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts, policies: int = 2) -> Matrix:
+    """A built-in matrix; ``batch_prompts`` and ``policies`` (the task's) size HACPO's minibatch."""
     if name == "table1":
         variants = [
             Variant("grpo-n8", "grpo"),
             Variant("grpo-n16", "grpo", {"rollout.n": 16}),
             Variant("grpo-n32", "grpo", {"rollout.n": 32}),
             Variant("sgt", "sgt"),
-            # HACPO's recipe (KL, minibatch of half the batch) is the method's default (HACPO.recipe).
-            Variant("hacpo", "hacpo"),
+            # HACPO's recipe (HACPO.recipe: KL 1e-3, a minibatch of half the prompt batch), written
+            # out: a base config's own train.minibatch_prompts would win over the method's default.
+            Variant("hacpo", "hacpo", {f"train.{k}": v for k, v in HACPO.recipe(batch_prompts, policies).items()}),
             Variant("graft", "graft"),
         ]
         return Matrix(variants, baseline="grpo-n8", reference="graft", source="preset table1")
