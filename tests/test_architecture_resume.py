@@ -158,7 +158,7 @@ def test_the_vllm_engine_gets_the_weights_save_pretrained_writes(model_type, tmp
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from graftrl.models.rollout_vllm import _checkpoint_names, _unique_tensors
+    from graftrl.models.vllm_weights import checkpoint_names, unique_tensors
 
     model = AutoModelForCausalLM.from_pretrained(build_architecture(model_type, tmp_path / "model"))
     with torch.no_grad():  # distinct values, so a tensor under another's name cannot pass
@@ -166,6 +166,6 @@ def test_the_vllm_engine_gets_the_weights_save_pretrained_writes(model_type, tmp
             parameter.add_(index)
     model.save_pretrained(tmp_path / "saved")
     on_disk = load_file(tmp_path / "saved" / "model.safetensors")
-    sent = dict(_checkpoint_names(model, _unique_tensors(model)))
+    sent = dict(checkpoint_names(model, unique_tensors(model)))
     assert sorted(sent) == sorted(on_disk)
     assert [name for name, value in on_disk.items() if not torch.equal(sent[name], value)] == []

@@ -15,7 +15,7 @@ import graftrl.experiments.compare as compare
 from graftrl.cli import app
 from graftrl.config import apply_overrides
 from graftrl.evaluation.stats import deltas, summarize
-from graftrl.experiments import cells, compare_report
+from graftrl.experiments import cells, compare_exchange, compare_report
 from graftrl.experiments.cells import cell_config
 from graftrl.experiments.compare_report import ROW_KEYS
 from graftrl.experiments.matrix import (
@@ -498,7 +498,7 @@ def test_exchange_tables_gate_every_transfer_and_rebuild_the_advantages_of_whole
         run = ExperimentDir(tmp_path).run(variant.name, 0).root
         run.mkdir(parents=True)
         (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
-    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    tables = compare_exchange.exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
     gates, masses = tables.gates, tables.masses
     assert list(gates) == [variant.name for variant in matrix.variants]  # every variant logged a transfer
     assert list(masses) == ["graft", "no-gate"]  # pooled / success-only / HACPO train other weights
@@ -528,7 +528,7 @@ def test_exchange_tables_read_the_logged_weights_of_any_rule(tiny_task, tmp_path
     run = ExperimentDir(tmp_path).run("random-admission", 0).root
     run.mkdir(parents=True)
     (run / "compatibility.jsonl").write_text(json.dumps(record) + "\n")
-    tables = compare_report._exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
+    tables = compare_exchange.exchange_tables(tmp_path, matrix, tiny_task, seeds=1, steps=None)
     gate = tables.gates["random-admission"]["gpt2"]
     assert (gate["correct"].passed, gate["correct"].admitted) == (1, 1)  # s > 0.8: 0.9; admitted: 0.5
     assert (gate["wrong"].passed, gate["wrong"].admitted) == (1, 1)

@@ -1,8 +1,9 @@
 """Run configuration: YAML validated by pydantic, one docstring per field.
 
 ``schema`` declares the sections (``RunConfig``; each method adds its own section, ``Config``),
-``loading`` reads files and ``--set`` overrides into them with one-line errors, ``reference``
-lists every field for `graftrl config-reference`. Import from here.
+``peers`` the `peers` entries (stored or served), ``loading`` reads files and ``--set`` overrides
+into them with one-line errors, ``reference`` lists every field for `graftrl config-reference`.
+Import from here.
 """
 
 from graftrl.config.loading import (
@@ -15,6 +16,7 @@ from graftrl.config.loading import (
     parse_override,
     read_config_file,
 )
+from graftrl.config.peers import PeerConfig
 from graftrl.config.reference import config_reference, config_reference_markdown
 from graftrl.config.schema import (
     CheckpointConfig,
@@ -23,7 +25,6 @@ from graftrl.config.schema import (
     LoggingConfig,
     OptimConfig,
     ParallelConfig,
-    PeerConfig,
     PolicyConfig,
     RayConfig,
     ResourcesConfig,

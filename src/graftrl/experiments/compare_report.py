@@ -1,5 +1,6 @@
 """What `graftrl compare` writes at the end (``compare.CompareReport`` calls it): report.md, one
-render function per section, results.csv and the plots.
+render function per section (the exchange diagnostics: ``compare_exchange``), results.csv and
+the plots.
 
 Outputs in OUT: ``results.json`` (rows ``{"variant","method","model","seed","n","pass_at_1",
 "steps","wall_s"}``; ``wall_s`` is the training wall-clock of the cell, evaluation excluded),
@@ -22,7 +23,7 @@ from typing import Any
 
 from graftrl.evaluation.stats import WARM_START, family_rows, summarize
 from graftrl.experiments.benchmark_tables import AVERAGE, base_header, benchmark_section
-from graftrl.experiments.cells import cell_config
+from graftrl.experiments.compare_exchange import exchange_plots, exchange_tables, regime_lines, transfer_lines
 from graftrl.experiments.compare_task import CompareTask
 from graftrl.experiments.matrix import Matrix, yaml_value
 from graftrl.experiments.paired_decisions import PAIRED_NOTE as DECIDED_NOTE
@@ -36,27 +37,11 @@ from graftrl.experiments.paired_decisions import (
     report_family,
     shows_table2,
 )
-from graftrl.reporting.diagnostics import (
-    AdvantageMass,
-    GateOutcome,
-    advantage_mass,
-    family_progress,
-    gate_by_outcome,
-    logs_mass,
-    summarize_exchange,
-)
+from graftrl.reporting.diagnostics import family_progress
 from graftrl.reporting.provenance import signature, written_by
-from graftrl.reporting.render import (
-    advantage_markdown,
-    diagnostics_markdown,
-    gate_markdown,
-    paired_markdown,
-    progress_markdown,
-    table_markdown,
-)
-from graftrl.reporting.run_logs import read_log, read_run_metrics
-from graftrl.reporting.weights import WeightRule, logs_weights
-from graftrl.storage.rundir import ExperimentDir, RunDir
+from graftrl.reporting.render import paired_markdown, progress_markdown, table_markdown
+from graftrl.reporting.run_logs import read_run_metrics
+from graftrl.storage.rundir import ExperimentDir
 
 ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family", "steps", "wall_s")
 """Columns of results.csv (results.json rows hold the same keys)."""
@@ -105,95 +90,6 @@ def _family_runs(out_dir: Path, names: Sequence[str], seeds: int) -> dict[str, l
         for seed in range(seeds)
         if out.run(name, seed).holds_run()
     }
-
-
-def _compatibility_records(out_dir: Path, variant: str, seeds: int) -> list[dict[str, Any]]:
-    """Every ``compatibility.jsonl`` row of ``variant``'s runs over seeds 0..seeds-1."""
-    out = ExperimentDir(out_dir)
-    logs = [RunDir(out.run(variant, seed).root).compatibility for seed in range(seeds)]
-    return [record for log in logs if log.is_file() for record in read_log(log)]
-
-
-@dataclass
-class TransferTables:
-    """The transfer tables of report.md, from each variant's compatibility logs (seeds run)."""
-
-    gates: dict[str, dict[str, dict[str, GateOutcome]]]
-    """Variant -> ``gate_by_outcome``, for every variant that transferred responses."""
-    masses: dict[str, dict[str, AdvantageMass]]
-    """Variant -> ``advantage_mass``, where its logs give it."""
-    recomputed: list[str]
-    """Variants whose logs predate the logged weights (w and admissions recomputed from s)."""
-    logged_masses: bool
-    """Some variant's masses use the logged w and A (any transfer rule)."""
-
-
-def _exchange_tables(
-    out_dir: Path, matrix: Matrix, task: CompareTask, seeds: int, steps: int | None
-) -> TransferTables:
-    """One pass over each variant's compatibility logs for the transfer tables.
-
-    Masses of logs that record each response's w and advantage come from them, whatever the rule;
-    older logs are recomputed for the GRAFT variants whose peer responses are whole source groups
-    weighted by a rule of s (replaced groups, every response, the gate or no gate): pooled groups,
-    success-only transfer and random admission train other weights or advantages than such a log
-    can rebuild."""
-    tables = TransferTables({}, {}, [], False)
-    for variant in matrix.variants:
-        if not (records := _compatibility_records(out_dir, variant.name, seeds)):
-            continue
-        config = cell_config(task, variant, 0, steps)
-        graft, train = config.graft, config.train
-        rule = WeightRule.of(variant.method, graft.model_dump())
-        tables.gates[variant.name] = gate_by_outcome(records, graft.delta, rule)
-        logged = all(logs_mass(record) for record in records)
-        if not all(logs_weights(record) for record in records):
-            tables.recomputed.append(variant.name)
-        whole_groups = graft.groups == "replace" and graft.transfer == "all" and graft.admission == "gate"
-        if not logged and (variant.method != "graft" or not whole_groups):
-            continue
-        if mass := advantage_mass(records, config.rollout.n, rule, train.adv_eps, train.adv_std_unbiased):
-            tables.masses[variant.name] = mass
-            tables.logged_masses |= logged
-    return tables
-
-
-def compatibility_scores(out_dir: Path, variant: str, seeds: int) -> dict[str, list[float]]:
-    """Receiver -> every compatibility score s logged by ``variant``'s runs over seeds 0..seeds-1."""
-    from graftrl.reporting.plots import read_compatibility
-
-    scores: dict[str, list[float]] = defaultdict(list)
-    for seed in range(seeds):
-        for receiver, values in read_compatibility(ExperimentDir(out_dir).run(variant, seed).root).items():
-            scores[receiver] += values
-    return dict(scores)
-
-
-def _exchange_plots(
-    out_dir: Path,
-    metrics: Mapping[str, Sequence[Mapping[str, Any]]],
-    baseline: str | None,
-    reference: str | None,
-    seeds: int,
-    footer: str,
-) -> dict[str, str]:
-    """The demo's exchange figures for the baseline and the reference variant (GRPO and GRAFT in
-    the demo preset): complementarity per step and the reference's compatibility scores."""
-    from graftrl.reporting.plots import plot_compatibility_histogram, plot_complementarity
-
-    made = {}
-    pair = {name for name in (baseline, reference) if name}
-    runs = {label: rows for label, rows in metrics.items() if label.split(" seed ")[0] in pair}
-    if any(key.startswith("complementarity/") for rows in runs.values() for row in rows for key in row):
-        plot_complementarity(runs, out_dir / "complementarity.png", footer=footer)
-        made["complementarity.png"] = (
-            f"share of all-fail prompts the peer solves, {' and '.join(sorted(pair))}"
-        )
-    scores = compatibility_scores(out_dir, reference, seeds) if reference else {}
-    if scores:
-        plot_compatibility_histogram(scores, out_dir / "compatibility_hist.png", footer=footer)
-        made["compatibility_hist.png"] = f"compatibility scores s of {reference}'s transferred responses"
-    return made
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -291,8 +187,8 @@ def write_report(
         *results_section(context),
         *family_section(context),
         *progress_section(context),
-        *regime_section(context),
-        *transfer_sections(context),
+        *regime_lines(context.metrics, context.names),
+        *transfer_lines(exchange_tables(out_dir, matrix, task, seeds, steps)),
         *missing_section(context),
         *plots_section(context, total_wall_s),
     ]
@@ -360,6 +256,23 @@ def _benchmark_table(
     return benchmark_section(c.rows, benchmarks, versus, title, names, c.extra, DECIDED_NOTE, paired)
 
 
+def _delta_table(
+    c: ReportContext, versus: str, title: str, names: Sequence[str], table: str, paired: str
+) -> list[str]:
+    """Table 1 or 2 per model: pass@1 with Δ vs ``versus``, then the paired differences (``paired``
+    says what is paired)."""
+    return [
+        title,
+        "",
+        table_markdown(c.summary, versus, names, c.extra, f"Δ vs {versus}"),
+        "",
+        f"{paired}, Δ vs {versus}: {DECIDED_NOTE}.",
+        "",
+        models_markdown(c.family, table, c.names),
+        "",
+    ]
+
+
 def table1_section(c: ReportContext) -> list[str]:
     if c.baseline is None:
         return []
@@ -367,35 +280,19 @@ def table1_section(c: ReportContext) -> list[str]:
         average = f" and {AVERAGE}" if len(c.task.evaluation.benchmarks) > 1 else ""
         title = f"## Table 1: pass@1 per benchmark{average}, Δ vs {c.baseline}"
         return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names], "Table 1")
-    return [
-        f"## Table 1: pass@1 per model, Δ vs {c.baseline}",
-        "",
-        table_markdown(c.summary, c.baseline, [WARM_START, *c.names], c.extra, f"Δ vs {c.baseline}"),
-        "",
-        f"Paired (same warm-start, prompts and evaluation problems), Δ vs {c.baseline}: {DECIDED_NOTE}.",
-        "",
-        models_markdown(c.family, "Table 1", c.names),
-        "",
-    ]
+    title = f"## Table 1: pass@1 per model, Δ vs {c.baseline}"
+    paired = "Paired (same warm-start, prompts and evaluation problems)"
+    return _delta_table(c, c.baseline, title, [WARM_START, *c.names], "Table 1", paired)
 
 
 def table2_section(c: ReportContext) -> list[str]:
     # with only the baseline beside it, Table 2 would mirror Table 1 (the demo preset)
     if c.reference is None or not shows_table2(c.matrix):
         return []
+    title = f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})"
     if c.task.benchmark_columns:
-        title = f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})"
         return _benchmark_table(c, c.reference, title, c.names, "Table 2")
-    return [
-        f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})",
-        "",
-        table_markdown(c.summary, c.reference, c.names, c.extra, f"Δ vs {c.reference}"),
-        "",
-        f"Paired, Δ vs {c.reference}: {DECIDED_NOTE}.",
-        "",
-        models_markdown(c.family, "Table 2", c.names),
-        "",
-    ]
+    return _delta_table(c, c.reference, title, c.names, "Table 2", "Paired")
 
 
 def results_section(c: ReportContext) -> list[str]:
@@ -430,67 +327,6 @@ def progress_section(c: ReportContext) -> list[str]:
     ]
 
 
-def regime_section(c: ReportContext) -> list[str]:
-    if not (diagnostics := summarize_exchange(c.metrics)):
-        return []
-    return [
-        "## Regime and exchange diagnostics (training prompts; mean per step over the seeds run)",
-        "",
-        "All-fail share: the receiver's prompts on which all n of its rollouts failed. Complementarity: "
-        "of those, the share on which a peer's group is mixed. Groups moved: prompt groups replaced by a "
-        "peer's per step; peer responses: their total; admitted: the share with compatibility weight "
-        "w > 0 (the gate). Clipped own / peer: trained tokens whose ratio was clipped, on own and on "
-        "peer rows (percent).",
-        "",
-        diagnostics_markdown(diagnostics, c.names),
-        "",
-    ]
-
-
-def transfer_sections(c: ReportContext) -> list[str]:
-    """How the gate met the transferred responses, and the advantage mass of the moved groups."""
-    tables = _exchange_tables(c.out_dir, c.matrix, c.task, c.seeds, c.steps)
-    lines = []
-    if tables.gates:
-        lines += [
-            "Transferred responses by outcome: the share that passes the gate (s > δ, the variant's "
-            "delta; for a method without the gate, such as HACPO, the share it would pass), the share "
-            "admitted (trained with w > 0: the gate, no gate or random admission, as compatibility.jsonl "
-            "records it) and the median compatibility score s, for correct and for wrong peer responses. "
-            "The gate should filter foreign style; when it passes fewer correct responses than wrong "
-            "ones it is filtering out the lesson (docs/task_design.md).",
-            "",
-            gate_markdown(tables.gates),
-            "",
-        ]
-    if tables.recomputed:
-        lines += [
-            f"Weights recomputed from s for {', '.join(tables.recomputed)}: their compatibility.jsonl was "
-            "written before graftrl logged the applied weight w (the gate of eq. 8 with the variant's "
-            "delta, w = 1 without it; random admission's draw cannot be recomputed: admitted left blank).",
-            "",
-        ]
-    if tables.masses:
-        which = (
-            "for every variant whose compatibility.jsonl records w and A (any transfer rule), and, "
-            "recomputed from s and the rewards, for older logs of the GRAFT variants that move whole groups"
-            if tables.logged_masses
-            else "for the GRAFT variants that move whole groups"
-        )
-        lines += [
-            "Advantage mass of the moved groups: per moved group, the sum of w·A over the peer's correct "
-            f"responses, over its wrong ones, and both (source advantages, eq. 1; weights, eq. 8), {which}. "
-            "GRPO's advantages sum to 0 over a group, so without "
-            "the gate the net is 0: tokens that all the peer's responses share, a step the receiver lacks "
-            "included, get no net push; only what separates the peer's correct responses from its wrong "
-            "ones does.",
-            "",
-            advantage_markdown(tables.masses),
-            "",
-        ]
-    return lines
-
-
 def missing_section(c: ReportContext) -> list[str]:
     missing = [n for n in c.names if n not in c.summary]
     return [f"Not run yet: {', '.join(missing)}.", ""] if missing else []
@@ -511,7 +347,7 @@ def plots_section(c: ReportContext, total_wall_s: float) -> list[str]:
         )
     if plot_family_curves(c.metrics, c.out_dir / "family_curves.png", footer=made_by):
         plots["family_curves.png"] = "training reward per problem family"
-    plots.update(_exchange_plots(c.out_dir, c.metrics, c.baseline, c.reference, c.seeds, made_by))
+    plots.update(exchange_plots(c.out_dir, c.metrics, c.baseline, c.reference, c.seeds, made_by))
     return [
         "Plots: " + ", ".join(f"`{name}` ({what})" for name, what in plots.items()) + ".",
         f"Total wall-clock of this invocation: {total_wall_s:.0f} s.",

@@ -21,7 +21,7 @@ from rich.console import Console
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.stats import PairedDifference, family_rows, paired_deltas
 from graftrl.experiments.compare import CompareReport, CompareRun, run_compare
-from graftrl.experiments.compare_report import compatibility_scores
+from graftrl.experiments.compare_exchange import compatibility_scores
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.plots import (
     plot_compatibility_histogram,

@@ -18,7 +18,7 @@ Design, and why (checked against vLLM 0.32):
   ``process_weights_after_loading``. That last step matters on CPU, where vLLM repacks each
   linear weight for oneDNN and drops the plain tensor, so a bare ``model.load_weights`` would
   leave the engine sampling from the old weights. A tied ``lm_head`` needs one more step
-  (``_worker_reload_weights``).
+  (``vllm_weights.worker_reload_weights``).
 - **Behaviour log-probs** must be log softmax(logits / T) of the sampled token *before* top-p
   truncation (what ``Policy.response_logprobs`` recomputes). No ``logprobs_mode`` of vLLM gives
   that when top_p < 1: ``raw_logprobs`` is before the temperature, ``processed_logprobs`` after
@@ -56,7 +56,6 @@ import tempfile
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,6 +64,13 @@ from torch import Tensor
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import RolloutBatch, SamplingParams
 from graftrl.models.vllm_process import in_process_vllm, keep_distributed_state, preserved_rng, quiet
+from graftrl.models.vllm_weights import (
+    checkpoint_names,
+    save_for_engine,
+    unique_tensors,
+    worker_model,
+    worker_reload_weights,
+)
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -122,82 +128,17 @@ def _request_seed(seed: int, prompt: int, sample: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def _unique_tensors(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
-    """The model's state in its own names, each shared (tied) tensor once, as save_pretrained.
-
-    A tied ``lm_head.weight`` is the embedding itself: it is sent once, under the embedding's name.
-    """
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out.append((name, tensor.detach()))
-    return out
-
-
-def _checkpoint_names(
-    model: torch.nn.Module, weights: Sequence[tuple[str, Tensor]]
-) -> list[tuple[str, Tensor]]:
-    """``weights`` as ``save_pretrained`` names and groups them (what vLLM loads): transformers'
-    reverse of its load conversions (GPT-NeoX's ``lm_head`` -> ``embed_out``; stacked experts ->
-    one tensor each). The identity for an architecture transformers loads as it is stored."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    return list(revert_weight_conversion(model, dict(weights)).items())
-
-
-def _save_for_engine(policy: Policy, folder: str) -> None:
-    """A checkpoint vLLM can start from: config and weights (the engine reads no tokenizer).
-
-    In a torch.distributed world, transformers' ``save_pretrained`` writes on rank 0 only, and
-    every rank's engine needs its own copy (ranks may sit on different nodes): written directly.
-    """
-    if not torch.distributed.is_initialized():
-        policy.save(folder)
-        return
-    import json
-
-    from safetensors.torch import save_file
-
-    config = policy.model.config.to_dict()
-    config["architectures"] = [type(policy.model).__name__]
-    Path(folder, "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    named = _checkpoint_names(policy.model, _unique_tensors(policy.model))
-    tensors = {name: tensor.contiguous() for name, tensor in named}
-    save_file(tensors, str(Path(folder, "model.safetensors")), metadata={"format": "pt"})
-
-
 # ----- functions run on the vLLM worker (an object of this process) ------------------------------
-def _worker_model(worker: Any) -> torch.nn.Module:
-    return worker.model_runner.get_model()
-
-
-def _worker_reload_weights(worker: Any, weights: list[tuple[str, Tensor]]) -> None:
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-    # A tied lm_head shares the embedding's parameter, so the reload counts it as "not loaded"
-    # and keeps what was derived from the old values: on CPU, the oneDNN-packed copy the logits
-    # matmul reads. Re-deriving it is idempotent for embeddings (their weight stays in place).
-    for module in _worker_model(worker).modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedEmbeddingMethod):
-            method.process_weights_after_loading(module)
-
-
 def _worker_logit_scales(worker: Any) -> list[float]:
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-    return [m.scale for m in _worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
+    return [m.scale for m in worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
 
 
 def _worker_set_logit_scales(worker: Any, scales: list[float]) -> None:
     from vllm.model_executor.layers.logits_processor import LogitsProcessor
 
-    processors = [m for m in _worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
+    processors = [m for m in worker_model(worker).modules() if isinstance(m, LogitsProcessor)]
     for module, scale in zip(processors, scales, strict=True):
         module.scale = scale
 
@@ -267,7 +208,7 @@ class VLLMRolloutEngine:
         # Start from a checkpoint of the policy as it is now (built in memory, resumed, ...);
         # vLLM reads the config and weights from it once, then the folder can go.
         with tempfile.TemporaryDirectory(prefix="graftrl-vllm-") as folder:
-            _save_for_engine(policy, folder)
+            save_for_engine(policy, folder)
             with in_process_vllm():
                 self.llm: LLM = LLM(
                     model=folder,
@@ -308,14 +249,12 @@ class VLLMRolloutEngine:
         policy's model as it is.
         """
         self._check(policy)
-        weights = _checkpoint_names(
-            policy.model, _unique_tensors(policy.model) if weights is None else weights
-        )
+        weights = checkpoint_names(policy.model, unique_tensors(policy.model) if weights is None else weights)
         self._wake()
         with quiet("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.core.block_pool"):
             # layerwise: "RotaryEmbedding / ParallelLMHead: Failed to load weights" on every sync,
             # expected (no weights / tied to the embedding); block_pool: "reset prefix cache".
-            self._rpc(_worker_reload_weights, list(weights))
+            self._rpc(worker_reload_weights, list(weights))
             self.llm.reset_prefix_cache()
 
     def generate(

@@ -97,6 +97,16 @@ class SamplingRequest:
     top_p: float
 
 
+@dataclass
+class _Step:
+    """What one step's concurrent requests share: its deadline and its cost, counted under the lock."""
+
+    deadline: float
+    """``time.monotonic()`` after which no request starts or retries."""
+    stats: RequestStats
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class _Refused(Exception):
     """An answer that retrying will not fix (4xx, malformed)."""
 
@@ -207,52 +217,42 @@ class ServedPeerClient:
             payload["seed"] = seed
         return payload
 
-    def _send(
-        self,
-        prompt: str,
-        sampling: SamplingRequest,
-        seed: int | None,
-        deadline: float,
-        stats: RequestStats,
-        lock: threading.Lock,
-    ) -> dict[str, Any]:
+    def _send(self, prompt: str, sampling: SamplingRequest, seed: int | None, step: _Step) -> dict[str, Any]:
         """One prompt's answer body, retried on transient failures (``_Transient`` once spent)."""
         attempt = 0
         while True:
-            with lock:
-                stats.requests += 1
+            with step.lock:
+                step.stats.requests += 1
             try:
                 return self._post(
-                    "/completions", self._payload(prompt, sampling, seed), deadline - time.monotonic()
+                    "/completions", self._payload(prompt, sampling, seed), step.deadline - time.monotonic()
                 )
             except _Transient as error:
                 wait_s = error.retry_after if error.retry_after is not None else self.backoff_s * 2**attempt
-                if attempt >= self.retries or time.monotonic() + wait_s >= deadline or self._closed.is_set():
+                if (
+                    attempt >= self.retries
+                    or time.monotonic() + wait_s >= step.deadline
+                    or self._closed.is_set()
+                ):
                     raise _Transient(f"{error} after {attempt + 1} requests") from None
                 attempt += 1
-                with lock:
-                    stats.retries += 1
+                with step.lock:
+                    step.stats.retries += 1
                 time.sleep(wait_s)
 
     def _ask(
-        self,
-        prompt: str,
-        sampling: SamplingRequest,
-        seed: int | None,
-        deadline: float,
-        stats: RequestStats,
-        lock: threading.Lock,
+        self, prompt: str, sampling: SamplingRequest, seed: int | None, step: _Step
     ) -> list[ServedCompletion]:
         """One prompt's n completions (``_Refused`` when there are none to use)."""
         try:
-            body = self._send(prompt, sampling, seed, deadline, stats, lock)
+            body = self._send(prompt, sampling, seed, step)
             completions = parse_choices(body, sampling.n)
         except (_Transient, ValueError) as error:
             raise _Refused(str(error)) from None
         usage = body.get("usage") or {}
-        with lock:
-            stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            stats.completion_tokens += int(usage.get("completion_tokens") or 0)
+        with step.lock:
+            step.stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            step.stats.completion_tokens += int(usage.get("completion_tokens") or 0)
         return completions
 
     # ----- a step ---------------------------------------------------------------------------
@@ -265,18 +265,17 @@ class ServedPeerClient:
         if not prompts:
             return [], stats
         seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-        lock = threading.Lock()
         start = time.monotonic()
-        deadline = start + self.step_timeout_s
+        step = _Step(start + self.step_timeout_s, stats)
         futures: dict[Future[list[ServedCompletion]], int] = {
-            self._pool.submit(self._ask, prompt, sampling, seed, deadline, stats, lock): i
+            self._pool.submit(self._ask, prompt, sampling, seed, step): i
             for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True))
         }
         answers: list[list[ServedCompletion] | None] = [None] * len(prompts)
         pending = set(futures)
         while pending:
             done, pending = wait(
-                pending, timeout=max(deadline - time.monotonic(), 0), return_when=FIRST_COMPLETED
+                pending, timeout=max(step.deadline - time.monotonic(), 0), return_when=FIRST_COMPLETED
             )
             if not done:  # the step's timeout: what is still in flight is missing
                 for future in pending:
@@ -291,7 +290,7 @@ class ServedPeerClient:
                 except _Refused as error:
                     if len(stats.errors) < 5:
                         stats.errors.append(str(error))
-        with lock:  # a request still in flight after the timeout must not change what is reported
+        with step.lock:  # a request still in flight after the timeout must not change what is reported
             stats.latency_s = time.monotonic() - start
             stats.missing = sum(answer is None for answer in answers)
             return answers, replace(stats, errors=list(stats.errors))
@@ -306,7 +305,7 @@ class ServedPeerClient:
         stats = RequestStats(prompts=1)
         start = time.monotonic()
         try:
-            body = self._send(prompt, sampling, 0, start + self.step_timeout_s, stats, threading.Lock())
+            body = self._send(prompt, sampling, 0, _Step(start + self.step_timeout_s, stats))
         except _Transient as error:
             raise ServedPeerError(
                 f"{where}: endpoint {self.endpoint} gives {error}; start the server (docs/served-peer.md) or fix "

@@ -4,7 +4,7 @@
 store's rows of source ``peer.name``, with GRPO advantages within each group (eq. 1), so a served
 group is exactly what a stored peer replays; ``dense_records`` lays a peer's groups out as the
 receiver indexes them. ``api_key`` reads the endpoint's key from the environment (never from a
-config, never logged).
+config, never logged); ``client_of`` opens a peer's client.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from graftrl.core.advantages import grpo_advantages
-from graftrl.models.served import ServedCompletion, ServedPeerError
+from graftrl.models.served import ServedCompletion, ServedPeerClient, ServedPeerError
 from graftrl.storage.data import MathProblem
 from graftrl.storage.log_keys import SERVED_COST_KEYS
 from graftrl.storage.records import TrajectoryRecord
@@ -37,6 +37,21 @@ def api_key(peer: Any, environ: Mapping[str, str] | None = None) -> str | None:
             "export it (the key is read from the environment only), or remove api_key_env"
         )
     return value
+
+
+def client_of(peer: Any) -> ServedPeerClient:
+    """The client of a served peer's settings: a ``peers[]`` entry with ``source: served`` or TRL's
+    ``ServedPeer`` (the same field names)."""
+    return ServedPeerClient(
+        peer.name,
+        peer.endpoint,
+        peer.model,
+        api_key(peer),
+        concurrency=peer.concurrency,
+        retries=peer.retries,
+        backoff_s=peer.backoff_s,
+        step_timeout_s=peer.timeout_s,
+    )
 
 
 def served_rows(

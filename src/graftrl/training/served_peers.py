@@ -28,13 +28,8 @@ from typing import Any
 import torch
 
 from graftrl.methods import GroupOutcomes
-from graftrl.models.served import (
-    RequestStats,
-    SamplingRequest,
-    ServedPeerClient,
-    ServedPeerError,
-)
-from graftrl.models.served_groups import COST_KEYS, api_key, dense_records, served_rows
+from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerError
+from graftrl.models.served_groups import COST_KEYS, api_key, client_of, dense_records, served_rows
 from graftrl.storage.data import MathProblem
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import StoredTrajectory
@@ -44,20 +39,6 @@ from graftrl.training.trajectories import peer_groups
 
 SERVED_STREAM = 777_767
 """The seed stream of served requests (``step_seed(seed, step, SERVED_STREAM) + prompt index``)."""
-
-
-def client_of(peer: Any) -> ServedPeerClient:
-    """The client of a ``peers[]`` entry with ``source: served``."""
-    return ServedPeerClient(
-        peer.name,
-        peer.endpoint,
-        peer.model,
-        api_key(peer),
-        concurrency=peer.concurrency,
-        retries=peer.retries,
-        backoff_s=peer.backoff_s,
-        step_timeout_s=peer.timeout_s,
-    )
 
 
 @dataclass

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerClient
-from graftrl.models.served_groups import COST_KEYS, api_key, served_rows
+from graftrl.models.served import RequestStats, SamplingRequest
+from graftrl.models.served_groups import COST_KEYS, client_of, served_rows
 from graftrl.storage.store import StoredTrajectory
 
 
@@ -65,16 +65,7 @@ class ServedPeerSession:
     def __init__(self, peer: ServedPeer, sampling: SamplingRequest) -> None:
         self.peer = peer
         self.sampling = sampling
-        self.client = ServedPeerClient(
-            peer.name,
-            peer.endpoint,
-            peer.model,
-            api_key(peer),
-            concurrency=peer.concurrency,
-            retries=peer.retries,
-            backoff_s=peer.backoff_s,
-            step_timeout_s=peer.timeout_s,
-        )
+        self.client = client_of(peer)
         self.totals = RequestStats()
 
     def probe(self, prompt: Any) -> None:
