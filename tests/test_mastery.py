@@ -62,9 +62,9 @@ def test_the_map_trains_four_rules_per_point_reports_them_and_resumes(tiny_task,
     trained: list[str] = []
     original_train = Trainer.train
 
-    def counting_train(self, resume=False):
+    def counting_train(self, *args, **kwargs):
         trained.append(f"{self.run_dir.parents[1].name}/{self.run_dir.name}")
-        return original_train(self, resume)
+        return original_train(self, *args, **kwargs)
 
     mixes_asked: list[dict] = []
 

@@ -46,9 +46,9 @@ def test_sweep_runs_seed_major_reports_paired_differences_and_resumes(tiny_task,
     mixes_asked: list[dict] = []
     original_train = Trainer.train
 
-    def counting_train(self, resume=False):
+    def counting_train(self, *args, **kwargs):
         trained.append(f"{self.run_dir.parents[1].name}/{self.run_dir.name}")
-        return original_train(self, resume)
+        return original_train(self, *args, **kwargs)
 
     def fake_embedded_task(out_dir, cache_dir, quick, console, name, mixes, warmstart=None):
         mixes_asked.append(mixes)

@@ -27,8 +27,9 @@ from graftrl.reporting.problem_results import folder_problem_results
 
 def _read_results(folder: Path) -> dict[str, Any]:
     from graftrl.experiments.matrix import CompareError
+    from graftrl.storage.rundir import ExperimentDir
 
-    path = Path(folder) / "results.json"
+    path = ExperimentDir(folder).results
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(results["rows"], list) or not isinstance(results["variants"], list):
