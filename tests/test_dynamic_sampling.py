@@ -81,9 +81,9 @@ def test_dynamic_sampling_keeps_mixed_groups_and_refills(tiny_checkpoints, tmp_p
     captured = []
     for worker in trainer.workers:
 
-        def spy(step, problems, worker=worker, original=worker.rollout):
-            result = original(step, problems)
-            captured.append((step, worker.name, problems, result))
+        def spy(request, worker=worker, original=worker.rollout):
+            result = original(request)
+            captured.append((request.step, worker.name, request.problems, result))
             return result
 
         worker.rollout = spy

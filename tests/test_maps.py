@@ -1,12 +1,14 @@
 """The hand-kept maps, checked against the code: docs/architecture.md's table and each package's
 ``__init__`` docstring name every module of the package, and docs/workers.md names every call of
-the worker interface, so that a module or a call cannot land unlisted."""
+the worker interface and every request it takes, so that a module or a call cannot land unlisted."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import re
+import typing
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -98,3 +100,19 @@ def test_the_workers_page_names_every_worker_call():
     text = WORKERS.read_text(encoding="utf-8")
     missing = [name for name in calls if f"`{name}`" not in text and f"{name}(" not in text]
     assert calls and not missing, f"docs/workers.md does not name {missing}"
+
+
+def test_the_workers_page_names_every_request():
+    """Each request a ``WorkerGroup`` call takes (the annotations of its parameters) is named."""
+    from graftrl.training.backends import WorkerGroup
+
+    requests = set()
+    for _, function in inspect.getmembers(WorkerGroup, inspect.isfunction):
+        hints = typing.get_type_hints(function)
+        requests |= {
+            hint.__name__ for key, hint in hints.items() if key != "return" and dataclasses.is_dataclass(hint)
+        }
+    text = WORKERS.read_text(encoding="utf-8")
+    assert {"RolloutRequest", "UpdateRequest", "PeerScoringRequest"} <= requests
+    missing = sorted(name for name in requests if f"`{name}`" not in text)
+    assert not missing, f"docs/workers.md does not name {missing}"

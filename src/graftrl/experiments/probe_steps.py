@@ -38,7 +38,7 @@ from graftrl.reporting.probe_stats import ProbeError
 from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.training.rows import CompatibilityScores
 from graftrl.training.trainer import StepExchange, Trainer
-from graftrl.training.worker import PeerScores
+from graftrl.training.worker_calls import PeerScores
 
 CANDIDATE_RULE = "graft"
 """The method whose compatibility score and weight (eq. 7-8, its ``graft:`` section) every

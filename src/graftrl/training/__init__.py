@@ -7,8 +7,8 @@ metrics' sums (``update``), the policy's checkpoint part (``policy_state``), the
 (``peak_memory``) and every seed (``randomness``); the one rollout -> record converter
 (``trajectories``: exchanged records and store rows), FSDP2 data parallelism (``parallel``: what a
 rank calls; ``ranks``: the rank processes and their proxies), the local and Ray backends that
-host workers behind one typed interface, ``WorkerGroup`` (``backends``; what they call on a
-worker: ``worker_calls``), periodic validation
+host workers behind one typed interface, ``WorkerGroup`` (``backends``; each call's request
+and result and what they call on a worker: ``worker_calls``), periodic validation
 (``validation``), the loop with logs (``trainer``) and its checkpoints (``trainer_checkpoints``),
 a stored peer's coverage of the run (``stored_peers``), served peers asked
 each step (``served_peers``), a failed worker reported in a paragraph

@@ -15,27 +15,48 @@ import abc
 import contextlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.methods import ExchangePlan, Method
+from graftrl.methods import Method
 from graftrl.models.policy import Policy
 from graftrl.storage.data import MathProblem
+from graftrl.training import worker_calls as calls
 from graftrl.training.failures import ray_cause, worker_failure
 from graftrl.training.ranks import DataParallelWorker, RayDataParallelWorker
-from graftrl.training.rescue import RescueRequest, RescueResult
+from graftrl.training.rescue import RescueResult, RescueRoundRequest
 from graftrl.training.sampling import PolicyRollout
-from graftrl.training.worker import PeerScores, PolicyWorker, UpdateResult
-from graftrl.training.worker_calls import Records, Worker
+from graftrl.training.worker import PolicyWorker
+from graftrl.training.worker_calls import Worker
+
+_Stateful = TypeVar("_Stateful", bound=calls.UpdateRequest)
+
+
+@dataclass(frozen=True)
+class BackendSetup:
+    """What a backend builds its workers from (``make_backend``)."""
+
+    config: Config
+    run_dir: Path
+    problems: Sequence[MathProblem]
+    """The training prompts (each worker checks they fit its context; dynamic sampling's extras)."""
+    method: Method
+    """The driver's method: local workers share it, the others receive its state with each update."""
+    policies: Sequence[Policy] | None = None
+    """In-memory policies (``backend: local``; None: each worker loads ``policies[].path``)."""
+    verifier: Any = None
+    """The caller's verifier (None: the backend builds its own)."""
 
 
 class WorkerGroup(abc.ABC):
     """Every policy's worker, driven together; results come back in policy order (``config.policies``).
 
-    What the trainer calls, and all it knows of where the workers run."""
+    What the trainer calls, and all it knows of where the workers run. Each call that carries
+    something takes one request (``worker_calls``)."""
 
     name: str
     """The ``backend`` config value."""
@@ -45,51 +66,38 @@ class WorkerGroup(abc.ABC):
         """Start every worker's ``memory_peak_mb`` window (the start of a step)."""
 
     @abc.abstractmethod
-    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
+    def rollout(self, request: calls.RolloutRequest) -> list[PolicyRollout]:
         """Every policy samples and scores the step's prompts."""
 
     @abc.abstractmethod
-    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
+    def rescue(self, request: RescueRoundRequest) -> list[RescueResult | None]:
         """Every policy with a request samples its rescue round (``training.rescue``; None: none)."""
 
     @abc.abstractmethod
-    def update(
-        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[UpdateResult]:
-        """Every policy trains on its plan (``plans`` in policy order) given every model's records;
-        returns each policy's ``UpdateResult`` (its metrics row, the compatibility scores of what it
-        received). ``method`` is the driver's, after planning: workers that hold their own copy of
-        it receive its state."""
+    def update(self, request: calls.UpdateRequest) -> list[calls.UpdateResult]:
+        """Every policy trains on its plan given every model's records; returns each policy's
+        ``UpdateResult`` (its metrics row, the compatibility scores of what it received). Workers
+        that hold their own copy of the method receive the driver's method state with it."""
 
     @abc.abstractmethod
-    def score_peers(
-        self,
-        step: int,
-        plans: Sequence[ExchangePlan],
-        records: Records,
-        method: Method,
-        scoring: Method | None = None,
-        contrast: bool = True,
-    ) -> list[PeerScores]:
+    def score_peers(self, request: calls.PeerScoringRequest) -> list[calls.PeerScores]:
         """``update`` without the optimizer (``graftrl probe``): each policy builds and scores the
-        rows of its plan's peer groups and returns them. ``method`` is the driver's, as in
-        ``update``; ``scoring``: score with this method's rule instead; ``contrast``: measure
-        each group's contrast."""
+        rows of its plan's peer groups and returns them."""
 
     @abc.abstractmethod
     def validation_scores(self) -> list[dict[str, float]]:
         """pass@1 per validation benchmark of each policy, sampled by its own rollout engine."""
 
     @abc.abstractmethod
-    def save_policy(self, index: int, folder: str | Path) -> None:
-        """Policy ``index``'s weights and tokenizer (a plain save_pretrained folder)."""
+    def save_policy(self, request: calls.SavePolicyRequest) -> None:
+        """One policy's weights and tokenizer (a plain save_pretrained folder)."""
 
     @abc.abstractmethod
-    def save(self, folders: Sequence[str | Path]) -> None:
+    def save(self, request: calls.CheckpointRequest) -> None:
         """Each policy's weights and optimizer state into its folder (a checkpoint's part)."""
 
     @abc.abstractmethod
-    def load(self, folders: Sequence[str | Path]) -> None:
+    def load(self, request: calls.CheckpointRequest) -> None:
         """Each policy's weights and optimizer state from its ``save`` folder."""
 
     @abc.abstractmethod
@@ -119,7 +127,68 @@ class WorkerGroup(abc.ABC):
         """Free engines, verifier pools and processes (local policies stay usable for evaluation)."""
 
 
-class LocalBackend(WorkerGroup):
+class _EachWorker(WorkerGroup):
+    """The calls of both backends, each sent to the workers by ``_each`` (local: one after
+    another; Ray: every actor at once), which is all a backend implements of them."""
+
+    _shares_method = False
+    """The workers hold the driver's method object itself (else its state goes with each update)."""
+
+    def __init__(self, setup: BackendSetup) -> None:
+        self.config = setup.config
+        self.run_dir = Path(setup.run_dir)
+        self._method = setup.method  # the driver's: planning updates its state before each update
+        self._place(setup)
+
+    @abc.abstractmethod
+    def _place(self, setup: BackendSetup) -> None:
+        """Build every policy's worker."""
+
+    @abc.abstractmethod
+    def _each(self, call: str, request: Any = None, indices: Sequence[int] | None = None) -> list[Any]:
+        """Every worker's (``indices``: those policies') reply to ``call`` with ``request`` (None:
+        a call without one), in policy order."""
+
+    def _with_method_state(self, request: _Stateful) -> _Stateful:
+        if self._shares_method:
+            return request
+        return replace(request, method_state=self._method.state_dict())
+
+    def reset_peak_memory(self) -> None:
+        self._each("reset_peak_memory")
+
+    def rollout(self, request: calls.RolloutRequest) -> list[PolicyRollout]:
+        return self._each("rollout", request)
+
+    def rescue(self, request: RescueRoundRequest) -> list[RescueResult | None]:
+        return self._each("rescue", request)
+
+    def update(self, request: calls.UpdateRequest) -> list[calls.UpdateResult]:
+        return self._each("update", self._with_method_state(request))
+
+    def score_peers(self, request: calls.PeerScoringRequest) -> list[calls.PeerScores]:
+        return self._each("score_peers", self._with_method_state(request))
+
+    def validation_scores(self) -> list[dict[str, float]]:
+        return self._each("validation_scores")
+
+    def save_policy(self, request: calls.SavePolicyRequest) -> None:
+        self._each("save_policy", request, [request.index])
+
+    def save(self, request: calls.CheckpointRequest) -> None:
+        self._each("save", request)
+
+    def load(self, request: calls.CheckpointRequest) -> None:
+        self._each("load", request)
+
+    def nonfinite_state(self) -> list[list[str]]:
+        return self._each("nonfinite_state")
+
+    def state_dicts(self) -> list[dict[str, Tensor]]:
+        return self._each("state_dict")
+
+
+class LocalBackend(_EachWorker):
     """Every policy in this process; workers are plain objects (tests can reach into them).
 
     A policy with ``parallel.data: N > 1`` is a ``DataParallelWorker``: N spawned rank processes
@@ -127,16 +196,9 @@ class LocalBackend(WorkerGroup):
 
     name = "local"
 
-    def __init__(
-        self,
-        config: Config,
-        run_dir: Path,
-        problems: Sequence[MathProblem],
-        *,
-        policies: Sequence[Policy] | None,
-        verifier: Any,
-        method: Method,
-    ) -> None:
+    def _place(self, setup: BackendSetup) -> None:
+        problems, policies, verifier = setup.problems, setup.policies, setup.verifier
+        config = self.config
         # One verifier (and its worker pool) for every policy in this process.
         self._owned_verifier = None
         if verifier is None:
@@ -153,7 +215,7 @@ class LocalBackend(WorkerGroup):
                     )
                 # N rank processes; rank 0 builds its own verifier unless one was given (pickled).
                 given = None if verifier is self._owned_verifier else verifier
-                ranks = DataParallelWorker(config, index, run_dir, problems, given)
+                ranks = DataParallelWorker(config, index, self.run_dir, problems, given)
                 ranks.verifier = verifier  # the driver's (stored peers' re-verification)
                 self._workers.append(ranks)
                 continue
@@ -161,69 +223,20 @@ class LocalBackend(WorkerGroup):
                 PolicyWorker(
                     config,
                     index,
-                    run_dir,
+                    self.run_dir,
                     problems,
                     policy=policies[index] if policies is not None else None,
                     verifier=verifier,
-                    method=method,  # shared: the driver's plan state is the workers' state
+                    method=self._method,  # shared: the driver's plan state is the workers' state
                 )
             )
         # Rank processes hold their own copies of the method: send its state with each update.
         self._shares_method = not any(isinstance(w, DataParallelWorker) for w in self._workers)
 
-    def reset_peak_memory(self) -> None:
-        for worker in self._workers:
-            worker.reset_peak_memory()
-
-    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
-        return [worker.rollout(step, problems) for worker in self._workers]
-
-    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
-        return [worker.rescue(step, r) for worker, r in zip(self._workers, requests, strict=True)]
-
-    def update(
-        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[UpdateResult]:
-        method_state = None if self._shares_method else method.state_dict()
-        return [
-            worker.update(step, plan, records, method_state)
-            for worker, plan in zip(self._workers, plans, strict=True)
-        ]
-
-    def score_peers(
-        self,
-        step: int,
-        plans: Sequence[ExchangePlan],
-        records: Records,
-        method: Method,
-        scoring: Method | None = None,
-        contrast: bool = True,
-    ) -> list[PeerScores]:
-        method_state = None if self._shares_method else method.state_dict()
-        return [
-            worker.score_peers(step, plan, records, method_state, scoring, contrast)
-            for worker, plan in zip(self._workers, plans, strict=True)
-        ]
-
-    def validation_scores(self) -> list[dict[str, float]]:
-        return [worker.validation_scores() for worker in self._workers]
-
-    def save_policy(self, index: int, folder: str | Path) -> None:
-        self._workers[index].save_policy(folder)
-
-    def save(self, folders: Sequence[str | Path]) -> None:
-        for worker, folder in zip(self._workers, folders, strict=True):
-            worker.save(folder)
-
-    def load(self, folders: Sequence[str | Path]) -> None:
-        for worker, folder in zip(self._workers, folders, strict=True):
-            worker.load(folder)
-
-    def nonfinite_state(self) -> list[list[str]]:
-        return [worker.nonfinite_state() for worker in self._workers]
-
-    def state_dicts(self) -> list[dict[str, Tensor]]:
-        return [worker.state_dict() for worker in self._workers]
+    def _each(self, call: str, request: Any = None, indices: Sequence[int] | None = None) -> list[Any]:
+        workers = self._workers if indices is None else [self._workers[i] for i in indices]
+        arguments = () if request is None else (request,)
+        return [getattr(worker, call)(*arguments) for worker in workers]
 
     def driver_verifier(self) -> Any:
         return self._workers[0].verifier  # the one every worker of this process shares
@@ -257,26 +270,18 @@ class RayPolicyWorker(PolicyWorker):
         PolicyWorker.__init__(self, *args, **kwargs)
 
 
-class RayBackend(WorkerGroup):
+class RayBackend(_EachWorker):
     """One Ray actor per policy (``policies[].resources``); joins a cluster or starts a local Ray.
 
     A policy with ``parallel.data: N > 1`` is one actor hosting a ``RayDataParallelWorker``: its N
     ranks are actors of a placement group (``parallel.placement``), each with ``resources`` / N,
     on one node or several (then the run folder must be on a filesystem every node mounts: the
-    ranks write their checkpoint shards there)."""
+    ranks write their checkpoint shards there). Every actor holds its own copy of the method."""
 
     name = "ray"
 
-    def __init__(
-        self,
-        config: Config,
-        run_dir: Path,
-        problems: Sequence[MathProblem],
-        *,
-        policies: Sequence[Policy] | None,
-        verifier: Any,
-        method: Method,
-    ) -> None:
+    def _place(self, setup: BackendSetup) -> None:
+        problems, policies, verifier = setup.problems, setup.policies, setup.verifier
         try:
             import ray
         except ImportError:
@@ -285,9 +290,8 @@ class RayBackend(WorkerGroup):
             ) from None
         if policies is not None:
             raise ValueError("backend: ray loads every policy inside its actor from `policies[].path`")
+        config = self.config
         self.ray = ray
-        self.config = config
-        self.run_dir = Path(run_dir)
         self._started = False
         self._driver_verifier: Any = None
         if not ray.is_initialized():
@@ -313,7 +317,7 @@ class RayBackend(WorkerGroup):
                 # its N rank actors, one placement-group bundle each (possibly on several nodes).
                 self.actors.append(
                     ranks_class.options(num_cpus=0, num_gpus=0, name=None).remote(
-                        config, index, str(run_dir), shared_problems, verifier
+                        config, index, str(self.run_dir), shared_problems, verifier
                     )
                 )
                 continue
@@ -321,7 +325,7 @@ class RayBackend(WorkerGroup):
                 actor_class.options(**options).remote(
                     config,
                     index,
-                    str(run_dir),
+                    str(self.run_dir),
                     shared_problems,
                     verifier=verifier,
                     threads=int(resources.num_cpus),
@@ -330,19 +334,25 @@ class RayBackend(WorkerGroup):
         # Fail here, not at the first step, when an actor cannot start (bad path, no GPU, ranks
         # that cannot be placed, ...), and leave no actor or private Ray behind.
         try:
-            self._gather(
-                "start",
-                [actor.start.remote() for actor in self.actors],
-            )
+            self._each("start")
         except BaseException:
             self.close()
             raise
 
-    def _gather(self, during: str, refs: list[Any], indices: Sequence[int] | None = None) -> list[Any]:
-        """Every actor's reply to the call ``during``, in policy order. The first actor that fails
-        stops the run: an anticipated error as its own one line, anything else (a dead actor, a bug,
-        out of memory) as one paragraph naming the policy, with the report in the run's error log.
-        ``indices``: the policies of ``refs`` when not all of them, in order."""
+    def _each(self, call: str, request: Any = None, indices: Sequence[int] | None = None) -> list[Any]:
+        """Each call starts on every actor before waiting on any: the policies run concurrently.
+        The request goes into the object store once (the step's records with it)."""
+        indices = range(len(self.actors)) if indices is None else indices
+        arguments = () if request is None else (self.ray.put(request),)
+        return self._gather(
+            call, [getattr(self.actors[i], call).remote(*arguments) for i in indices], indices
+        )
+
+    def _gather(self, during: str, refs: list[Any], indices: Sequence[int]) -> list[Any]:
+        """Every actor's reply to the call ``during``, in policy order (``indices``: the policies
+        of ``refs``). The first actor that fails stops the run: an anticipated error as its own
+        one line, anything else (a dead actor, a bug, out of memory) as one paragraph naming the
+        policy, with the report in the run's error log."""
         pending = list(refs)
         while pending:
             done, pending = self.ray.wait(pending, num_returns=1)
@@ -352,78 +362,11 @@ class RayBackend(WorkerGroup):
                 cause, details, anticipated = ray_cause(error)
                 if anticipated is not None:
                     raise anticipated from None
-                position = refs.index(done[0])
-                name = self.config.policies[indices[position] if indices is not None else position].name
+                name = self.config.policies[indices[refs.index(done[0])]].name
                 raise worker_failure(
                     self.run_dir, f"policy {name!r} (Ray actor)", during, cause, details
                 ) from None
         return self.ray.get(refs)
-
-    # Each call starts on every actor before waiting on any: the policies run concurrently.
-    def reset_peak_memory(self) -> None:
-        self._gather("reset_peak_memory", [actor.reset_peak_memory.remote() for actor in self.actors])
-
-    def rollout(self, step: int, problems: list[MathProblem]) -> list[PolicyRollout]:
-        return self._gather("rollout", [actor.rollout.remote(step, problems) for actor in self.actors])
-
-    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]:
-        refs = [actor.rescue.remote(step, r) for actor, r in zip(self.actors, requests, strict=True)]
-        return self._gather("rescue", refs)
-
-    def update(
-        self, step: int, plans: Sequence[ExchangePlan], records: Records, method: Method
-    ) -> list[UpdateResult]:
-        # Every actor holds its own copy of the method; the records go into the object store once.
-        method_state = method.state_dict()
-        shared = self.ray.put(records)
-        return self._gather(
-            "update",
-            [
-                actor.update.remote(step, plan, shared, method_state)
-                for actor, plan in zip(self.actors, plans, strict=True)
-            ],
-        )
-
-    def score_peers(
-        self,
-        step: int,
-        plans: Sequence[ExchangePlan],
-        records: Records,
-        method: Method,
-        scoring: Method | None = None,
-        contrast: bool = True,
-    ) -> list[PeerScores]:
-        method_state = method.state_dict()
-        shared = self.ray.put(records)
-        return self._gather(
-            "score_peers",
-            [
-                actor.score_peers.remote(step, plan, shared, method_state, scoring, contrast)
-                for actor, plan in zip(self.actors, plans, strict=True)
-            ],
-        )
-
-    def validation_scores(self) -> list[dict[str, float]]:
-        return self._gather("validation_scores", [actor.validation_scores.remote() for actor in self.actors])
-
-    def save_policy(self, index: int, folder: str | Path) -> None:
-        self._gather("save_policy", [self.actors[index].save_policy.remote(folder)], [index])
-
-    def save(self, folders: Sequence[str | Path]) -> None:
-        self._gather(
-            "save", [actor.save.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)]
-        )
-
-    def load(self, folders: Sequence[str | Path]) -> None:
-        self._gather(
-            "load", [actor.load.remote(folder) for actor, folder in zip(self.actors, folders, strict=True)]
-        )
-
-    def nonfinite_state(self) -> list[list[str]]:
-        return self._gather("nonfinite_state", [actor.nonfinite_state.remote() for actor in self.actors])
-
-    def state_dicts(self) -> list[dict[str, Tensor]]:
-        return self._gather("state_dict", [actor.state_dict.remote() for actor in self.actors])
 
     def driver_verifier(self) -> Any:
         """The workers' verifiers live in their actors: the driver gets its own, on first use."""
@@ -462,14 +405,7 @@ class RayBackend(WorkerGroup):
                 self.ray.shutdown()
 
 
-def make_backend(
-    config: Config,
-    run_dir: Path,
-    problems: Sequence[MathProblem],
-    *,
-    policies: Sequence[Policy] | None,
-    verifier: Any,
-    method: Method,
-) -> WorkerGroup:
-    backend = RayBackend if config.backend == "ray" else LocalBackend
-    return backend(config, run_dir, problems, policies=policies, verifier=verifier, method=method)
+def make_backend(setup: BackendSetup) -> WorkerGroup:
+    """The configured backend (``backend``: local or ray), its workers built."""
+    backend = RayBackend if setup.config.backend == "ray" else LocalBackend
+    return backend(setup)

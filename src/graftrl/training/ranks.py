@@ -24,8 +24,11 @@ import torch
 import torch.distributed as dist
 
 from graftrl.config import Config
+from graftrl.training import worker_calls as calls
 from graftrl.training.failures import WorkerFailure, exception_cause, exit_cause, ray_cause, worker_failure
 from graftrl.training.parallel import rank_device
+from graftrl.training.rescue import RescueResult, RescueRoundRequest
+from graftrl.training.sampling import PolicyRollout
 from graftrl.training.worker import PolicyWorker
 
 
@@ -120,50 +123,42 @@ class _RankCalls:
         self.name = spec.name
         self.world = spec.parallel.data
 
-    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, name: str, *args: Any) -> Any:
         raise NotImplementedError
 
     def reset_peak_memory(self) -> None:
-        self._call("reset_peak_memory", ())
+        self._call("reset_peak_memory")
 
-    def rollout(self, step: int, problems: list[Any]) -> Any:
-        return self._call("rollout", (step, problems))
+    def rollout(self, request: calls.RolloutRequest) -> PolicyRollout:
+        return self._call("rollout", request)
 
-    def rescue(self, step: int, request: Any) -> Any:
+    def rescue(self, request: RescueRoundRequest) -> RescueResult | None:
         # every rank samples (method: hint refuses parallel.data > 1 until this is tested)
-        return self._call("rescue", (step, request))
+        return self._call("rescue", request)
 
-    def update(self, step: int, plan: Any, records: Any, method_state: dict[str, Any] | None = None) -> Any:
-        return self._call("update", (step, plan, records, method_state))
+    def update(self, request: calls.UpdateRequest) -> calls.UpdateResult:
+        return self._call("update", request)
 
-    def score_peers(
-        self,
-        step: int,
-        plan: Any,
-        records: Any,
-        method_state: dict[str, Any] | None = None,
-        method: Any = None,
-        contrast: bool = True,
-    ) -> Any:
-        return self._call("score_peers", (step, plan, records, method_state, method, contrast))
+    def score_peers(self, request: calls.PeerScoringRequest) -> calls.PeerScores:
+        return self._call("score_peers", request)
 
-    def save(self, folder: str | Path) -> None:
-        self._call("save", (folder,))
+    def save(self, request: calls.CheckpointRequest) -> None:
+        self._call("save", request)
 
-    def save_policy(self, folder: str | Path) -> None:
-        self._call("save_policy", (folder,))
+    def save_policy(self, request: calls.SavePolicyRequest) -> None:
+        self._call("save_policy", request)
 
-    def load(self, folder: str | Path) -> None:
-        self._call("load", (folder,))
+    def load(self, request: calls.CheckpointRequest) -> None:
+        self._call("load", request)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self._call("state_dict", ())
+        return self._call("state_dict")
 
     def validation_scores(self) -> dict[str, float]:
-        return self._call("validation_scores", ())
+        return self._call("validation_scores")
 
     def nonfinite_state(self, limit: int = 3) -> list[str]:
-        return self._call("nonfinite_state", (limit,))
+        return self._call("nonfinite_state", limit)
 
     @property
     def policy(self) -> Any:
@@ -207,7 +202,7 @@ class DataParallelWorker(_RankCalls):
             self.processes.append(process)
         self._collect("start")
 
-    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, name: str, *args: Any) -> Any:
         if not self.processes:
             raise RankFailure(f"policy {self.name!r}: its ranks were stopped after an earlier failure")
         for connection in self.connections:
@@ -273,7 +268,7 @@ class DataParallelWorker(_RankCalls):
         if not self.processes:
             return
         try:
-            self._call("close", ())
+            self._call("close")
         finally:
             for connection in self.connections:
                 with contextlib.suppress(OSError):
@@ -401,7 +396,7 @@ class RayDataParallelWorker(_RankCalls):
             ],
         )
 
-    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
+    def _call(self, name: str, *args: Any) -> Any:
         if not self.ranks:
             raise RankFailure(f"policy {self.name!r}: its ranks were stopped after an earlier failure")
         return self._gather(name, [rank_actor.call.remote(name, args) for rank_actor in self.ranks])

@@ -37,7 +37,7 @@ class Rescuers(Protocol):
     """What the round needs of the workers (``backends.WorkerGroup.rescue``, which imports this
     module)."""
 
-    def rescue(self, step: int, requests: Sequence[RescueRequest | None]) -> list[RescueResult | None]: ...
+    def rescue(self, request: RescueRoundRequest) -> list[RescueResult | None]: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,16 @@ class RescueRequest:
     """The method's hinted problem text, with {problem} and {hint}."""
     condition: str
     """``hinted``: the rows keep the hinted prompt; ``original``: the cold round's prompt."""
+
+
+@dataclass(frozen=True)
+class RescueRoundRequest:
+    """The round at a step, every receiver's request in policy order (``WorkerGroup.rescue``;
+    the backend's request, beside the other calls' in ``worker_calls``, which imports this module)."""
+
+    step: int
+    requests: tuple[RescueRequest | None, ...]
+    """Each policy's request (None: it rescues nothing)."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +243,7 @@ def run_rescue(
     log rows (``texts``: with the responses' text). ``records`` stay the cold round's (what a peer, the store and the
     probe's samples see); the rescued responses live in the workers' rollout batches."""
     requests, per_source = rescue_requests(method, receivers, problems, outcomes, records, prompt_suffix)
-    results = backend.rescue(step, requests)
+    results = backend.rescue(RescueRoundRequest(step, tuple(requests)))
     diagnostics: dict[str, dict[str, float]] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
     for receiver, request, result in zip(receivers, requests, results, strict=True):

@@ -37,7 +37,7 @@ from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.rundir import RunDir, append_jsonl
 from graftrl.storage.store import TrajectoryStore, TrajectoryWriter
-from graftrl.training.backends import Worker, WorkerGroup, make_backend
+from graftrl.training.backends import BackendSetup, Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.rescue import run_rescue
@@ -46,7 +46,13 @@ from graftrl.training.served_peers import ServedPeers, dense_records
 from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
 from graftrl.training.trajectories import peer_groups
-from graftrl.training.worker import PeerScores
+from graftrl.training.worker_calls import (
+    PeerScores,
+    PeerScoringRequest,
+    RolloutRequest,
+    SavePolicyRequest,
+    UpdateRequest,
+)
 
 __all__ = ["StepExchange", "Trainer", "step_seed"]
 
@@ -140,7 +146,9 @@ class Trainer:
 
             check_before_loading(config)
         self.backend: WorkerGroup = make_backend(
-            config, self.run_dir, self.problems, policies=policies, verifier=verifier, method=self.method
+            BackendSetup(
+                config, self.run_dir, self.problems, self.method, policies=policies, verifier=verifier
+            )
         )
         self.step_callback = step_callback
         self.start_step = 0
@@ -251,7 +259,7 @@ class Trainer:
         """One rollout batch and one update of every policy; returns metrics per model."""
         planned = self.exchange(step, self.sampler.batch(step))
         sampled, outcomes, records, plans = planned.sampled, planned.outcomes, planned.records, planned.plans
-        updates = self.backend.update(step, [plans[name] for name in self.names], records, self.method)
+        updates = self.backend.update(UpdateRequest(step, tuple(plans[name] for name in self.names), records))
         metrics: dict[str, dict[str, Any]] = {}
         for name, update in zip(self.names, updates, strict=True):
             if update.compatibility is not None:
@@ -285,7 +293,13 @@ class Trainer:
         or with ``scoring``'s rule; ``contrast``: measure each moved group's contrast."""
         plans = planned.plans if plans is None else plans
         scored = self.backend.score_peers(
-            step, [plans[name] for name in self.names], planned.records, self.method, scoring, contrast
+            PeerScoringRequest(
+                step,
+                tuple(plans[name] for name in self.names),
+                planned.records,
+                scoring=scoring,
+                contrast=contrast,
+            )
         )
         return dict(zip(self.names, scored, strict=True))
 
@@ -305,7 +319,7 @@ class Trainer:
         seeds the sampling and the plan (``graftrl probe`` runs this without an update)."""
         self.backend.reset_peak_memory()
         sampled: dict[str, PolicyRollout] = dict(
-            zip(self.names, self.backend.rollout(step, problems), strict=True)
+            zip(self.names, self.backend.rollout(RolloutRequest(step, problems)), strict=True)
         )
         outcomes = {name: s.outcomes for name, s in sampled.items()}
         records = {name: s.records for name, s in sampled.items()}
@@ -477,7 +491,7 @@ class Trainer:
                     step,
                     name,
                     score,
-                    lambda folder, i=index: self.backend.save_policy(i, folder),
+                    lambda folder, i=index: self.backend.save_policy(SavePolicyRequest(i, folder)),
                     seconds,
                 )
             )

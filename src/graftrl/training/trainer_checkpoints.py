@@ -43,6 +43,7 @@ from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import METHOD_STATE, STAGING_SUFFIX, TRAINER_STATE, RunDir, checkpoint_step
 from graftrl.storage.store import TrajectoryWriter
 from graftrl.training.backends import WorkerGroup
+from graftrl.training.worker_calls import CheckpointRequest
 
 PROBLEMS_IN_CODE = "(problems passed to Trainer)"
 """The data path recorded for a run whose problems were handed over in code."""
@@ -135,7 +136,7 @@ class TrainerCheckpoints:
         previous = self.latest()
         try:
             staging.mkdir(parents=True)
-            self.backend.save([str(staging / name) for name in self.names])
+            self.backend.save(CheckpointRequest(tuple(str(staging / name) for name in self.names)))
             (staging / METHOD_STATE).write_text(json.dumps(self.method.state_dict()))
             (staging / TRAINER_STATE).write_text(
                 json.dumps(trainer_state(completed, self.method.name, self.inputs()))
@@ -261,7 +262,7 @@ class TrainerCheckpoints:
             )
         for change in changed:
             _warn(f"--force: {change} changed since {folder.name}; resuming on the new content")
-        self.backend.load([str(folder / name) for name in self.names])
+        self.backend.load(CheckpointRequest(tuple(str(folder / name) for name in self.names)))
         method_state = json.loads((folder / METHOD_STATE).read_text())
         if state.get("method") == self.method.name:
             self.method.load_state_dict(method_state)

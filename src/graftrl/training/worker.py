@@ -16,7 +16,6 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.core.contrast import GroupContrast
-from graftrl.methods import ExchangePlan, Method, build_method
+from graftrl.methods import Method, build_method
 from graftrl.methods.receive import scores_peer_rows
 from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, SamplingParams
 from graftrl.storage.data import MathProblem, PromptSampler
-from graftrl.storage.records import TrajectoryRecord
 from graftrl.training.parallel import (
     all_gather_objects,
     broadcast_object,
@@ -43,10 +40,19 @@ from graftrl.training.parallel import (
 from graftrl.training.peak_memory import peak_memory_mb, reset_peak_memory
 from graftrl.training.policy_state import load_state, save_state, save_weights
 from graftrl.training.randomness import EXTRA_PROMPT_STREAM, RESCUE_STREAM, UPDATE_STREAM, step_seed
-from graftrl.training.rescue import RescueRequest, RescueResult, sample_rescue
-from graftrl.training.rows import CompatibilityScores, TrainingBatch, build_rows
+from graftrl.training.rescue import RescueResult, RescueRoundRequest, sample_rescue
+from graftrl.training.rows import TrainingBatch, build_rows
 from graftrl.training.sampling import PolicyRollout, sample_step, with_suffix
 from graftrl.training.update import NonfiniteGuard, Ranks, optimize
+from graftrl.training.worker_calls import (
+    CheckpointRequest,
+    PeerScores,
+    PeerScoringRequest,
+    RolloutRequest,
+    SavePolicyRequest,
+    UpdateRequest,
+    UpdateResult,
+)
 
 
 def make_engine(config: Config, policy: Policy) -> RolloutEngine:
@@ -65,32 +71,6 @@ def make_engine(config: Config, policy: Policy) -> RolloutEngine:
         ) from None
     options = VLLMOptions(**config.rollout.vllm.model_dump())
     return VLLMRolloutEngine(policy, options, seed=config.seed, max_batch_size=config.rollout.max_batch_size)
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """What a policy's update returns to the driver."""
-
-    metrics: dict[str, Any]
-    """The policy's metrics row for this step (the driver adds the step-level ones)."""
-    compatibility: CompatibilityScores | None = None
-    """Scores of the transferred responses (None when nothing was scored)."""
-
-
-@dataclass(frozen=True)
-class PeerScores:
-    """A receiver's peer rows at a step, built but not trained on (``PolicyWorker.score_peers``)."""
-
-    metrics: dict[str, Any]
-    """What building the rows measured (peer responses, admissions, s and w, contrast, timings)."""
-    compatibility: CompatibilityScores | None = None
-    """Each scored peer response's s, w and reward (None when the method scores no peers)."""
-    group_contrasts: dict[int, GroupContrast] = field(default_factory=dict)
-    """The contrast of each peer group, by its index in the plan (when measured)."""
-    row_tokens: int = 0
-    """Prompt + response tokens of every row built: what the update would run forward and backward."""
-    scored_tokens: int = 0
-    """Prompt + response tokens of the peer rows of the no-grad scoring pass (``time_peer_logprob``)."""
 
 
 class _RankZeroVerifier:
@@ -232,15 +212,15 @@ class PolicyWorker:
         process's, so under the local backend all policies' together)."""
         reset_peak_memory(self.policy.device)
 
-    def rollout(self, step: int, problems: list[MathProblem]) -> PolicyRollout:
+    def rollout(self, request: RolloutRequest) -> PolicyRollout:
         """Sample, score and compute GRPO advantages on the step's prompts (``sampling.sample_step``:
         dynamic sampling, records, store rows); the rollout batch stays here for the update."""
         sampled, self._rollout = sample_step(
             self.config,
             self.index,
             self.name,
-            step,
-            problems,
+            request.step,
+            request.problems,
             generate=self._generate,
             score=self._score,
             extra_sampler=self.extra_sampler,
@@ -273,17 +253,18 @@ class PolicyWorker:
             return self.verifier.score(responses, answers)
         return broadcast_object(self.verifier.score(responses, answers) if self.rank == 0 else None)
 
-    def rescue(self, step: int, request: RescueRequest | None) -> RescueResult | None:
-        """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample the
-        hinted prompts and put the groups into the rollout batch the update trains on."""
-        if request is None:
+    def rescue(self, request: RescueRoundRequest) -> RescueResult | None:
+        """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample this
+        policy's hinted prompts and put the groups into the rollout batch the update trains on."""
+        step, own = request.step, request.requests[self.index]
+        if own is None:
             return None
         if self._rollout is None:
             raise RuntimeError(f"policy {self.name!r}: rescue() before rollout() at step {step}")
         return sample_rescue(
             step,
             self.name,
-            request,
+            own,
             self._rollout,
             self._problems,
             policy=self.policy,
@@ -294,19 +275,10 @@ class PolicyWorker:
         )
 
     # ----- the update -----------------------------------------------------------------------
-    def update(
-        self,
-        step: int,
-        plan: ExchangePlan,
-        records: dict[str, list[TrajectoryRecord]],
-        method_state: dict[str, Any] | None = None,
-    ) -> UpdateResult:
-        """Train on the planned groups (own rollout of this step + peers' records).
-
-        ``method_state``: the driver's method state after planning (a worker in another process
-        holds its own copy of the method, e.g. HACPO's capability tracker); None when shared.
-        """
-        batch, timings, generator = self._rows(step, plan, records, method_state, None, True, "update")
+    def update(self, request: UpdateRequest) -> UpdateResult:
+        """Train on this policy's planned groups (own rollout of this step + peers' records)."""
+        batch, timings, generator = self._rows(request, during="update")
+        plan = request.plans[self.index]
         info = dict(batch.metrics)
         info.update(
             optimize(
@@ -332,21 +304,15 @@ class PolicyWorker:
             info["memory_peak_mb"] = max(all_gather_objects(info["memory_peak_mb"]))
         return UpdateResult(info, batch.compatibility)
 
-    def score_peers(
-        self,
-        step: int,
-        plan: ExchangePlan,
-        records: dict[str, list[TrajectoryRecord]],
-        method_state: dict[str, Any] | None = None,
-        method: Method | None = None,
-        contrast: bool = True,
-    ) -> PeerScores:
+    def score_peers(self, request: PeerScoringRequest) -> PeerScores:
         """The update's row building without the optimizer (``graftrl probe``): the plan's peer
         groups re-tokenized, scored in the no-grad pass, weighed and, with ``contrast``, measured,
-        with the random draws of ``update`` at this step. ``method``: score with this method's
-        rule instead of the worker's own (whose state ``method_state`` is, as in ``update``)."""
-        batch, timings, _ = self._rows(step, plan, records, method_state, method, contrast, "score_peers")
-        method = method or self.method
+        with the random draws of ``update`` at this step, by the request's ``scoring`` rule or
+        the worker's own method."""
+        batch, timings, _ = self._rows(
+            request, during="score_peers", scoring=request.scoring, contrast=request.contrast
+        )
+        method = request.scoring or self.method
         tokens = [len(row.prompt_ids) + len(row.response_ids) for row in batch.rows]
         scored = [scores_peer_rows(method) and row.peer and not row.nll for row in batch.rows]
         return PeerScores(
@@ -359,24 +325,22 @@ class PolicyWorker:
 
     def _rows(
         self,
-        step: int,
-        plan: ExchangePlan,
-        records: dict[str, list[TrajectoryRecord]],
-        method_state: dict[str, Any] | None,
-        method: Method | None,
-        contrast: bool,
+        request: UpdateRequest,
+        *,
         during: str,
+        scoring: Method | None = None,
+        contrast: bool = True,
     ) -> tuple[TrainingBatch, dict[str, float], torch.Generator]:
         """The receiver's rows of this step's plan (``rows.build_rows``) with the step's update
-        generator, as ``update`` and ``score_peers`` (``during``) build them: ``method_state`` is
-        the driver's method state after planning (a worker in another process holds its own copy
-        of the method, e.g. HACPO's capability tracker; None when shared); ``method`` scores with
-        another method's rule than the worker's own."""
+        generator, as ``update`` and ``score_peers`` (``during``) build them: the request's
+        ``method_state`` is loaded first; ``scoring`` scores with another method's rule than the
+        worker's own; ``contrast`` measures each peer group's contrast."""
+        step, plan = request.step, request.plans[self.index]
         if self._rollout is None:
             raise RuntimeError(f"policy {self.name!r}: {during}() before rollout() at step {step}")
-        if method_state is not None:
-            self.method.load_state_dict(method_state)
-        method = method or self.method
+        if request.method_state is not None:
+            self.method.load_state_dict(request.method_state)
+        method = scoring or self.method
         timings: dict[str, float] = {}
         generator = torch.Generator().manual_seed(
             step_seed(self.config.seed, step, UPDATE_STREAM + self.index)
@@ -391,7 +355,7 @@ class PolicyWorker:
                 step,
                 self._rollout,
                 plan,
-                records,
+                request.records,
                 policy=self.policy,
                 method=method,
                 config=self.config,
@@ -403,20 +367,20 @@ class PolicyWorker:
         return batch, timings, generator
 
     # ----- checkpoints and validation ---------------------------------------------------------
-    def save(self, folder: str | Path) -> None:
-        """Weights and tokenizer, optimizer state and update state into ``folder``
+    def save(self, request: CheckpointRequest) -> None:
+        """Weights and tokenizer, optimizer state and update state into this policy's folder
         (``policy_state.save_state``: sharded under data parallelism)."""
-        save_state(self.policy, folder, self.guard, self.ranks)
+        save_state(self.policy, request.folders[self.index], self.guard, self.ranks)
 
-    def save_policy(self, folder: str | Path) -> None:
+    def save_policy(self, request: SavePolicyRequest) -> None:
         """Weights and tokenizer only (best-checkpoint copies, exports): a plain save_pretrained
         folder, gathered on rank 0 when the model is sharded."""
-        save_weights(self.policy, folder, self.ranks)
+        save_weights(self.policy, request.folder, self.ranks)
 
-    def load(self, folder: str | Path) -> None:
-        """Weights and optimizer state from a ``save`` folder, written with any number of ranks
-        (a sharded checkpoint is resharded to this run's N); the engine takes the weights."""
-        load_state(self.policy, folder, self.guard, self.ranks)
+    def load(self, request: CheckpointRequest) -> None:
+        """Weights and optimizer state from this policy's ``save`` folder, written with any number
+        of ranks (a sharded checkpoint is resharded to this run's N); the engine takes the weights."""
+        load_state(self.policy, request.folders[self.index], self.guard, self.ranks)
         self._sync_engine()
 
     def _sync_engine(self) -> None:
