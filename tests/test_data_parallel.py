@@ -206,8 +206,28 @@ def test_two_ranks_match_one_rank_for_every_loss(tiny_checkpoints, tmp_path, met
         # 2 optimizer steps per batch, as this check was calibrated (the recipe's 4 let Adam's
         # update of gpt2's near-zero-gradient position embeddings drift past WEIGHT_ATOL)
         raw["hacpo"] = {"minibatch": "prompts"}
+        raw["train"]["kl_coef"] = 0.0  # as calibrated; the KL under ranks: the next test
         Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
     assert_runs_match(tmp_path / "2", tmp_path / "1", 2)
+
+
+@pytest.mark.distributed
+def test_two_ranks_match_one_rank_with_a_kl_reference(tiny_checkpoints, tmp_path):
+    """The k3 KL to a frozen reference (HACPO's recipe keeps one) under two ranks: its token-mean
+    must use the minibatch's kept tokens over both ranks. A per-rank denominator would move the
+    weights by a sizeable part of an Adam step (lr 1e-2) at kl_coef 0.1; what two ranks differ by
+    with a reference (about 2e-4, the same at kl_coef 1e-3 and 0.1, so not the KL's math) is the
+    reduction order that Adam amplifies on near-zero gradients, hence the wider tolerance."""
+    for ranks in (1, 2):
+        raw = data_parallel_config(tiny_checkpoints, "grpo", ranks, steps=2)
+        raw["checkpoint"] = {"every": 0}
+        raw["train"]["kl_coef"] = 0.1
+        Trainer(config_from_dict(raw), tmp_path / str(ranks), verifier=TextRewards()).train()
+    rows, expected = comparable_metrics(tmp_path / "2"), comparable_metrics(tmp_path / "1")
+    assert [row["kl"] for row in rows] == pytest.approx([row["kl"] for row in expected], rel=METRIC_REL)
+    weights, expected_weights = exported_weights(tmp_path / "2", 2), exported_weights(tmp_path / "1", 2)
+    for key, value in expected_weights.items():
+        torch.testing.assert_close(weights[key], value, atol=10 * WEIGHT_ATOL, rtol=0, msg=key)
 
 
 @pytest.mark.distributed
