@@ -23,8 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +50,16 @@ def free_port() -> int:
 
 def serve(model: Path, port: int, context: int, log: Path) -> subprocess.Popen:
     """vLLM's OpenAI-compatible server as docs/served-peer.md starts it on CPU; returns once /v1/models answers."""
+    from graftrl.models.served import wait_until_serving
+
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "peer",
         "--port", str(port), "--max-model-len", str(context), "--dtype", "float32",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
-                return process
-        except OSError:
-            time.sleep(1)
+    if wait_until_serving(f"http://127.0.0.1:{port}/v1", 600, lambda: process.poll() is None):
+        return process
     process.kill()
     raise RuntimeError(f"vllm serve did not start: {log.read_text()[-2000:]}")
 

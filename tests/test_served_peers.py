@@ -14,7 +14,13 @@ from conftest import TextRewards, make_config
 from served_replay import ReplayServer, dead_url, recorded
 
 from graftrl.config import config_from_dict
-from graftrl.models.served import SamplingRequest, ServedPeerClient, ServedPeerError, parse_choices
+from graftrl.models.served import (
+    SamplingRequest,
+    ServedPeerClient,
+    ServedPeerError,
+    parse_choices,
+    wait_until_serving,
+)
 from graftrl.reporting.analysis_report import render_markdown
 from graftrl.reporting.analyze import analyze_run
 from graftrl.storage.rundir import read_metrics
@@ -293,3 +299,13 @@ def test_the_documented_config_is_a_served_peer():
     (block,) = re.findall(r"```yaml\n(.*?)```", doc, re.S)
     (peer,) = config_from_dict(yaml.safe_load(block)).peers
     assert peer.served and peer.endpoint.endswith("/v1") and peer.api_key_env == "PEER_API_KEY"
+
+
+def test_waiting_for_a_server_ends_when_it_answers_or_gives_up():
+    import time
+
+    with ReplayServer() as server:
+        assert wait_until_serving(server.url, 5)
+    started = time.monotonic()
+    assert not wait_until_serving(dead_url(), 60, running=lambda: time.monotonic() - started < 1.5)
+    assert time.monotonic() - started < 10  # `running` turning false stops the wait

@@ -17,14 +17,13 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import TextRewards, make_config
 
 from graftrl.config import config_from_dict
+from graftrl.models.served import wait_until_serving
 from graftrl.storage.rundir import read_metrics
 from graftrl.training.trainer import Trainer
 
@@ -55,15 +54,10 @@ def serve(model: Path, port: int, log: Path) -> subprocess.Popen:
     command = documented_serve(model, port)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     process = subprocess.Popen(command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vllm serve exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
-                return process
-        except OSError:
-            time.sleep(1)
+    if wait_until_serving(f"http://127.0.0.1:{port}/v1", 300, lambda: process.poll() is None):
+        return process
+    if process.poll() is not None:
+        pytest.fail(f"vllm serve exited with {process.returncode}: {log.read_text()[-2000:]}")
     process.kill()
     pytest.fail(f"vllm serve not ready in 300 s: {log.read_text()[-2000:]}")
 

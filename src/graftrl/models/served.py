@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -362,6 +362,19 @@ class ServedPeerClient:
     def close(self) -> None:
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_until_serving(endpoint: str, within_s: float, running: Callable[[], bool] = lambda: True) -> bool:
+    """Poll ``{endpoint}/models`` about once a second until it answers (True), or ``running()`` turns
+    false or ``within_s`` pass (False): a server being started (``vllm serve`` takes 25-40 s on CPU)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and running():
+        try:
+            with urllib.request.urlopen(f"{endpoint.rstrip('/')}/models", timeout=2):
+                return True
+        except OSError:
+            time.sleep(1)
+    return False
 
 
 def _error_message(error: urllib.error.HTTPError) -> str:
