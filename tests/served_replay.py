@@ -81,6 +81,8 @@ class ReplayServer:
                     self._send(200, server.fixture["completions"][payload["prompt"]])
 
         class Server(ThreadingHTTPServer):
+            request_queue_size = 64  # the client's concurrent connects, on a loaded machine too
+
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # a client that gave up (the step's timeout) closed its socket: not a failure
 

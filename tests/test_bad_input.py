@@ -324,7 +324,8 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoi
     checkpoints = folder / "run" / "checkpoints"
     before = digest(checkpoints)
 
-    def full(self, target):
+    def full(self, request):
+        target = request.folders[self.index]
         Path(target).mkdir(parents=True, exist_ok=True)
         (Path(target) / "model.safetensors").write_bytes(b"partial")
         raise RuntimeError(

@@ -206,12 +206,12 @@ def test_a_cell_stopped_by_a_full_disk_names_the_compare_rerun_which_continues_i
 
     args = setup(qwen2_llama_pair, tmp_path)
     save = PolicyWorker.save
-    saves: list[str] = []
+    saves: list = []
 
-    def full_at_the_second_checkpoint(self, target):
-        saves.append(target)
+    def full_at_the_second_checkpoint(self, request):
+        saves.append(request)
         if len(saves) <= 2:  # the two policies of checkpoint 1
-            return save(self, target)
+            return save(self, request)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(PolicyWorker, "save", full_at_the_second_checkpoint)
