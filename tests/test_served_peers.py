@@ -286,7 +286,17 @@ def test_a_served_peer_under_the_ray_backend_gives_the_local_run(tiny_checkpoint
             }
             for row in read_metrics(tmp_path / backend)
         ]
-    assert runs["ray"] == runs["local"] and sum(r["served_prompts/gpt2"] for r in runs["ray"]) > 0
+    # Floats to float32 reduction noise: a process that once ran torch on 2 threads (an in-process
+    # CLI test before this one) reduces in another order than the Ray actors' fresh processes, even
+    # back on 1 thread; the plans, counts and served answers must be identical.
+    assert len(runs["ray"]) == len(runs["local"]) and sum(r["served_prompts/gpt2"] for r in runs["ray"]) > 0
+    for ray_row, local_row in zip(runs["ray"], runs["local"], strict=True):
+        assert ray_row.keys() == local_row.keys()
+        for key, value in local_row.items():
+            if isinstance(value, float):
+                assert ray_row[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (local_row["step"], key)
+            else:
+                assert ray_row[key] == value, (local_row["step"], key)
 
 
 def test_the_documented_config_is_a_served_peer():
