@@ -367,13 +367,20 @@ def sweep(
     task: TaskOption = DEFAULT_TASK,
     jobs: JobsOption = 1,
     reuse: ReuseOption = None,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            help="Train nothing: warm-start (or load) each point's pair, pin it and write its base "
+            "config (OUT/<point>/data/config.yaml), to probe the points before spending on cells."
+        ),
+    ] = False,
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
     from graftrl.experiments.sweep import OVERLAP, SweepError, SweepSettings, overlap_points, run_points
 
     check_task(task)
-    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
+    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [], prepare)
     if knob == "mastery":
         from graftrl.experiments.mastery import MASTERY, mastery_points
 
