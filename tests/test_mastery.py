@@ -261,3 +261,12 @@ def test_prepare_writes_each_points_models_and_config_and_trains_nothing(tiny_ta
     for point in ("0.2", "0.01"):
         assert str(out / f"mastery-{point}" / "data" / "config.yaml") in flat
     assert not (out / "results.json").exists()
+
+
+def test_the_rule_preset_is_the_mastery_presets_grpo_and_graft_cells():
+    from graftrl.experiments.matrix import preset_matrix
+
+    rule, full = preset_matrix("rule"), preset_matrix("mastery")
+    # the same variants, so the same cells by digest: a later `--preset mastery` reuses them
+    assert rule.variants == full.variants[:2] and [v.name for v in rule.variants] == ["grpo", "graft"]
+    assert (rule.baseline, rule.reference) == (full.baseline, full.reference)

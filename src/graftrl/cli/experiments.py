@@ -354,8 +354,9 @@ def sweep(
     preset: Annotated[
         str,
         typer.Option(
-            help="--knob mastery's compare at each point: `mastery` (GRPO, GRAFT, success-only, SGT) "
-            "or `hint` (the same cells and the hint method beside them)."
+            help="--knob mastery's compare at each point: `mastery` (GRPO, GRAFT, success-only, SGT), "
+            "`hint` (the same cells and the hint method beside them) or `rule` (its GRPO and GRAFT "
+            "cells only: what scores the probe's rule)."
         ),
     ] = "mastery",
     steps: StepsOption = None,
@@ -385,8 +386,8 @@ def sweep(
         from graftrl.experiments.mastery import MASTERY, mastery_points
 
         thread_note()
-        if preset not in ("mastery", "hint"):
-            raise SweepError(f"--preset: `mastery` or `hint`, got {preset!r}")
+        if preset not in ("mastery", "hint", "rule"):
+            raise SweepError(f"--preset: `mastery`, `hint` or `rule`, got {preset!r}")
         names = [part.strip() for part in points.split(",") if part.strip()]
         line_knob = replace(MASTERY, preset=preset)  # hint: the mastery cells, hint beside them
         run_points(out, mastery_points(out, names, line), line, line_knob, console)
