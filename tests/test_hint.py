@@ -400,7 +400,7 @@ def test_sweep_takes_the_hint_preset_for_the_mastery_line_only(tmp_path, monkeyp
     wrong = CliRunner().invoke(
         app, ["sweep", "--knob", "mastery", "--preset", "table1", "--out", str(tmp_path)]
     )
-    assert wrong.exit_code == 2 and "--preset: `mastery` or `hint`" in wrong.output
+    assert wrong.exit_code == 2 and "--preset: `mastery`, `hint` or `rule`" in wrong.output
     overlap = CliRunner().invoke(app, ["sweep", "--preset", "hint", "--out", str(tmp_path)])
     assert overlap.exit_code == 2 and "--preset goes with --knob mastery" in overlap.output
 

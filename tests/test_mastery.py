@@ -169,3 +169,104 @@ def test_the_demo_default_rule_reads_the_regime_first_and_needs_every_seed():
         "models": {"a": _receiver(regrouping=0.8, low=0.001), "b": _receiver(regrouping=0.65)},
     }
     assert mastery.demo_default([good, sharper], seeds=5, seeds_planned=5)["point"] == "0.08"
+
+
+def test_the_hint_preset_adds_hint_rows_corrected_together_across_the_line(tiny_task, tmp_path, monkeypatch):
+    from graftrl.evaluation.decisions import holm
+
+    monkeypatch.setattr(sweep, "embedded_task", lambda *args, **kwargs: tiny_task)
+    out = tmp_path / "line"
+    args = ["sweep", "--knob", "mastery", "--preset", "hint", "--points", "default,0.08"]
+    result = CliRunner().invoke(app, [*args, "--seeds", "2", "--out", str(out), "--quick"])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    family = []
+    for summary in results["summaries"]:
+        rows = json.loads((out / f"mastery-{summary['point']}" / "results.json").read_text())["rows"]
+        score = {(r["variant"], r["model"], r["seed"]): r["pass_at_1"] for r in rows}
+        vs = summary["hint"]["vs"]
+        assert {(row["versus"], row["receiver"]) for row in vs} == {
+            (ref, model) for ref in ("grpo", "graft", "success-only", "sgt") for model in summary["models"]
+        }
+        for row in vs:  # hint minus each reference, paired by seed
+            deltas = [
+                score[("hint", row["receiver"], s)] - score[(row["versus"], row["receiver"], s)]
+                for s in (0, 1)
+            ]
+            assert row["mean"] == pytest.approx(sum(deltas) / 2) and row["n"] == 2
+        family += vs
+        assert set(summary["hint"]["rescue"]) <= set(summary["models"])
+    # one family over the line: Holm's adjusted p-values of every hint row, together
+    tested = [row for row in family if row["p"] is not None]
+    assert tested
+    assert [row["adjusted_p"] for row in tested] == pytest.approx(holm([row["p"] for row in tested]))
+    assert all(row["survives"] == (row["adjusted_p"] <= 0.05) for row in tested)
+    report = (out / "report.md").read_text()
+    assert "## The peer in the prompt (hint) against the peer in the gradient" in report
+    assert f"the {len(tested)} comparisons of this table are corrected together" in report
+
+
+def test_the_rescue_summary_counts_the_rounds_and_classifies_the_wrong_hinted_responses(tmp_path):
+    from graftrl.evaluation.benchmarks import write_problems
+    from graftrl.experiments.mastery_hint import rescue_summary
+    from graftrl.storage.data import MathProblem
+    from graftrl.storage.rundir import RunDir
+
+    problems = [MathProblem("p0", "37+5", "42"), MathProblem("p1", "50-3", "47")]
+    write_problems(problems, tmp_path / "train.jsonl")
+    run = RunDir(tmp_path / "hint-seed0")
+    run.root.mkdir()
+    run.config.write_text(yaml.safe_dump({"data": {"train": str(tmp_path / "train.jsonl")}}))
+    metrics = [
+        {"step": 0, "model": "a", "rescue_attempted": 2.0, "rescue_solved": 1.0, "rescue_truncated": 2.0,
+         "rescue_skipped": 1.0},
+        {"step": 1, "model": "a", "rescue_attempted": 0.0, "rescue_solved": 0.0, "rescue_truncated": 0.0,
+         "rescue_skipped": 0.0},
+    ]  # fmt: skip
+    run.metrics.write_text("".join(json.dumps(row) + "\n" for row in metrics))
+    carry_forgotten = "ones 7+5=12, write 2 carry 0; tens 3+0=3. The answer is \\boxed{32}."
+    right = "ones 7+5=12, write 2 carry 1; tens 3+1=4. The answer is \\boxed{42}."
+    responses = [("p0", carry_forgotten, 0.0), ("p0", right, 1.0), ("p1", "no idea", 0.0), ("p1", "?", 0.0)]
+    run.rescues.write_text(
+        "".join(
+            json.dumps({"step": 0, "receiver": "a", "source": "b", "prompt_id": pid, "index": i, "reward": reward,
+                        "hinted": "x\nHint: y\n", "response": text}) + "\n"
+            for i, (pid, text, reward) in enumerate(responses)
+        )
+    )  # fmt: skip
+    summary = rescue_summary([run.root])["a"]
+    assert summary["prompts_per_step"] == 1.0  # 2 prompts over 2 steps
+    assert summary["rescue_rate"] == 0.5 and summary["hinted_accuracy"] == 0.25
+    assert summary["hint_cut_share"] == pytest.approx(2 / 3) and summary["skipped_share"] == pytest.approx(
+        1 / 3
+    )
+    assert summary["wrong_responses"] == 3
+    assert summary["wrong_errors"]["regrouping"] == pytest.approx(1 / 3)
+    assert summary["wrong_errors"]["format"] == pytest.approx(2 / 3)
+
+
+def test_prepare_writes_each_points_models_and_config_and_trains_nothing(tiny_task, tmp_path, monkeypatch):
+    asked: list[str] = []
+    trained: list[str] = []
+    monkeypatch.setattr(Trainer, "train", lambda self, *a, **k: trained.append(self.run_dir.name))
+    monkeypatch.setattr(
+        sweep, "embedded_task", lambda out_dir, *args, **kwargs: asked.append(out_dir.name) or tiny_task
+    )
+    out = tmp_path / "new"
+    args = ["sweep", "--knob", "mastery", "--points", "0.2,0.01", "--out", str(out), "--prepare"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert asked == ["mastery-0.2", "mastery-0.01"] and trained == []
+    flat = result.output.replace("\n", "")
+    for point in ("0.2", "0.01"):
+        assert str(out / f"mastery-{point}" / "data" / "config.yaml") in flat
+    assert not (out / "results.json").exists()
+
+
+def test_the_rule_preset_is_the_mastery_presets_grpo_and_graft_cells():
+    from graftrl.experiments.matrix import preset_matrix
+
+    rule, full = preset_matrix("rule"), preset_matrix("mastery")
+    # the same variants, so the same cells by digest: a later `--preset mastery` reuses them
+    assert rule.variants == full.variants[:2] and [v.name for v in rule.variants] == ["grpo", "graft"]
+    assert (rule.baseline, rule.reference) == (full.baseline, full.reference)

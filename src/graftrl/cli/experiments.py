@@ -354,8 +354,9 @@ def sweep(
     preset: Annotated[
         str,
         typer.Option(
-            help="--knob mastery's compare at each point: `mastery` (GRPO, GRAFT, success-only, SGT) "
-            "or `hint` (the same cells and the hint method beside them)."
+            help="--knob mastery's compare at each point: `mastery` (GRPO, GRAFT, success-only, SGT), "
+            "`hint` (the same cells and the hint method beside them) or `rule` (its GRPO and GRAFT "
+            "cells only: what scores the probe's rule)."
         ),
     ] = "mastery",
     steps: StepsOption = None,
@@ -367,19 +368,26 @@ def sweep(
     task: TaskOption = DEFAULT_TASK,
     jobs: JobsOption = 1,
     reuse: ReuseOption = None,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            help="Train nothing: warm-start (or load) each point's pair, pin it and write its base "
+            "config (OUT/<point>/data/config.yaml), to probe the points before spending on cells."
+        ),
+    ] = False,
 ) -> None:
     """Where does exchange help? GRAFT - GRPO (n = 8) over the skill overlap of the pair, or which
     transfer rule wins where along the peer's mastery of the receiver's missing step; resumable."""
     from graftrl.experiments.sweep import OVERLAP, SweepError, SweepSettings, overlap_points, run_points
 
     check_task(task)
-    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [])
+    line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [], prepare)
     if knob == "mastery":
         from graftrl.experiments.mastery import MASTERY, mastery_points
 
         thread_note()
-        if preset not in ("mastery", "hint"):
-            raise SweepError(f"--preset: `mastery` or `hint`, got {preset!r}")
+        if preset not in ("mastery", "hint", "rule"):
+            raise SweepError(f"--preset: `mastery`, `hint` or `rule`, got {preset!r}")
         names = [part.strip() for part in points.split(",") if part.strip()]
         line_knob = replace(MASTERY, preset=preset)  # hint: the mastery cells, hint beside them
         run_points(out, mastery_points(out, names, line), line, line_knob, console)

@@ -26,19 +26,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
 from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.mastery_hint import as_json, correct_line, hint_markdown, hint_summary
 from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, written_by
-from graftrl.reporting.run_logs import read_log, read_run_metrics
+from graftrl.reporting.run_logs import read_log, read_run_metrics, run_train_file
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
@@ -97,17 +96,6 @@ def _runs(folder: Path, variant: str, seeds: int) -> list[Path]:
     return [runs.run(variant, s).root for s in range(seeds) if runs.run(variant, s).holds_run()]
 
 
-def _train_file(run: Path) -> str:
-    """The training data a run read (its config.yaml's ``data.train``)."""
-    path = RunDir(run).config
-    try:
-        return str(yaml.safe_load(path.read_bytes().decode("utf-8"))["data"]["train"])
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as error:
-        raise UserError(
-            f"{path}: cannot read data.train ({type(error).__name__}); restore the file"
-        ) from None
-
-
 def _deficit(rows: Sequence[Mapping[str, Any]], model: str) -> str | None:
     """The receiver's deficit family: its lowest held-out pass@1 at the warm-start."""
     start = next((r for r in rows if r["variant"] == WARM_START and r["model"] == model), None)
@@ -143,7 +131,7 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
         if RunDir(run).compatibility.exists()
         for row in read_log(RunDir(run).compatibility)
     ]
-    problems = {p.id: p.problem for run in graft[:1] for p in load_problems(_train_file(run))}
+    problems = {p.id: p.problem for run in graft[:1] for p in load_problems(run_train_file(run))}
     errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES)
     by_family = family_rows(rows)
     vs = {ref: (paired_deltas(rows, ref), paired_deltas(by_family, ref)) for ref in (BASELINE, REFERENCE)}
@@ -193,7 +181,9 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
             "moved_errors": errors.get(model),
             "clipped_peer": {v: c.get(model) for v, c in clipping.items()},
         }
-    return {"point": point, "models": out}
+    return {"point": point, "models": out, "hint": hint_summary(
+        point, folder, rows, seeds, {model: m["deficit"] for model, m in out.items()}
+    )}
 
 
 def _regrouping_share(m: Mapping[str, Any]) -> float | None:
@@ -281,7 +271,10 @@ def report_markdown(
     task: CompareTask,
     provenance: dict[str, Any],
     decision: Mapping[str, Any] | None = None,
+    hint_family: int = 0,
 ) -> str:
+    """The line's report.md; ``hint_family``: the size of the hint rows' corrected family
+    (``mastery_hint.correct_line``)."""
     s = task.settings
     lines = [
         "# graftrl sweep --knob mastery: which transfer rule wins where",
@@ -291,7 +284,8 @@ def report_markdown(
         "",
         f"Task {task.name}. Point `default` is the task's pair; a number e is a drilled pair (both models "
         "know the single-digit facts; each has its own regrouping family at share e of its warm-start mix). "
-        f"Per point: GRPO (n = {s.n}), GRAFT, success-only transfer and SGT, seeds 0-{seeds - 1}, {s.steps} steps x "
+        f"Per point: GRPO (n = {s.n}), GRAFT, success-only transfer and SGT (and the hint rescue where "
+        f"`--preset hint` ran it), seeds 0-{seeds - 1}, {s.steps} steps x "
         f"{s.batch_prompts} prompts per model; held-out pass@1 on {s.n_eval} problems x {s.eval_samples} samples, "
         "in percent.",
         "",
@@ -362,6 +356,7 @@ def report_markdown(
             f"{_plain(m['groups_moved_per_step'])} | "
             f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
         )
+    lines += hint_markdown(points, hint_family)
     if decision is not None:
         lines += _decision_lines(decision)
     lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
@@ -405,6 +400,7 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
     points = [p for p in tasks if p in results]
     summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
     decision = demo_default(summaries, seeds_done, done.settings.seeds)
+    hint_family = correct_line(summaries)
     final = {
         "task": task,
         "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
@@ -422,7 +418,9 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
             "models": {p: tasks[p].provenance.get("models", {}) for p in points},
         },
     }
-    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision)
+    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision, hint_family)
+    for summary in summaries:
+        summary["hint"] = as_json(summary["hint"])
     return done.save(final, report, plot_mastery, summaries, "mastery.png")
 
 

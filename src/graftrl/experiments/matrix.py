@@ -82,7 +82,7 @@ def yaml_value(value: Any) -> str:
     return text
 
 
-PRESETS = ("table1", "table2", "demo", "mastery", "hint")
+PRESETS = ("table1", "table2", "demo", "mastery", "hint", "rule")
 
 
 def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts, policies: int = 2) -> Matrix:
@@ -122,11 +122,12 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts, policie
         # `graftrl demo`: GRPO (n = 8) and GRAFT on the same prompts, steps and rollout budget.
         variants = [Variant("grpo", "grpo"), Variant("graft", "graft")]
         return Matrix(variants, baseline="grpo", reference="graft", source="preset demo")
-    if name in ("mastery", "hint"):
+    if name in ("mastery", "hint", "rule"):
         # `graftrl sweep --knob mastery`: which transfer rule wins where. GRAFT and success-only
         # transfer log the transferred texts, for the error classes of the moved wrong responses.
         # `hint` adds the peer in the prompt (CoRe's rescue round) beside them: the same cells
-        # otherwise, so a mastery line's committed cells are reused by digest.
+        # otherwise, so a mastery line's committed cells are reused by digest. `rule` keeps only
+        # GRPO and GRAFT, the cells that score the probe's rule (docs/results.md §7).
         texts = {"logging.log_transfers": True}
         variants = [
             Variant("grpo", "grpo"),
@@ -136,6 +137,8 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts, policie
         ]
         if name == "hint":  # with the rescued responses' texts (rescues.jsonl), for their errors
             variants.append(Variant("hint", "hint", texts))
+        if name == "rule":
+            variants = variants[:2]
         return Matrix(variants, baseline="grpo", reference="graft", source=f"preset {name}")
     raise CompareError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 

@@ -61,6 +61,9 @@ class SweepSettings:
     """Cells side by side."""
     reuse: Sequence[Path] = ()
     """Folders whose finished cells with the same digest are copied, not trained."""
+    prepare: bool = False
+    """Train nothing: warm-start (or load) every point's pair and write its base config, to probe
+    the points before any cell is trained (``--prepare``)."""
 
 
 def point_dir(out_dir: Path, overlap: float) -> Path:
@@ -244,7 +247,8 @@ def run_points(
     label, ``embedded_task``'s keywords)), seed-major: seed 0 at every point, then seed 1, ...;
     ``knob.write`` after every round, so an interrupted sweep already has every point's report
     and the figure so far. Returns the last results.json; ``knob.error`` when ``settings.seeds``
-    is below 1."""
+    is below 1. ``settings.prepare``: only the points' models and base configs (returns
+    ``{"prepared": {label: config path}}``)."""
     if settings.seeds < 1:
         raise knob.error(f"--seeds must be >= 1, got {settings.seeds}")
     console = console or Console()
@@ -255,6 +259,11 @@ def run_points(
         p: embedded_task(folder, settings.cache_dir, settings.quick, console, settings.task, **options)
         for p, (folder, _, options) in points.items()
     }
+    if settings.prepare:
+        configs = {label: ExperimentDir(folder).base.config for folder, label, _ in points.values()}
+        for label, config in configs.items():
+            console.print(f"{label}: {config}  (graftrl probe {config} --set method=graft)")
+        return {"prepared": {label: str(config) for label, config in configs.items()}}
     results: dict[Any, dict[str, Any]] = {}
     final: dict[str, Any] = {}
     for seed in range(settings.seeds):

@@ -14,7 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from graftrl.console import warn
+from graftrl.errors import UserError
 from graftrl.storage.log_keys import logs, row_checker
 from graftrl.storage.rundir import RunDir, read_jsonl
 from graftrl.training.log_schema import metric_keys
@@ -37,3 +40,14 @@ def read_run_metrics(
 ) -> list[dict[str, Any]]:
     """The valid rows of a run's metrics.jsonl (``read_log``)."""
     return read_log(RunDir(run_dir).metrics, on_bad=on_bad)
+
+
+def run_train_file(run_dir: str | Path) -> str:
+    """The training data a run read (its config.yaml's ``data.train``)."""
+    path = RunDir(run_dir).config
+    try:
+        return str(yaml.safe_load(path.read_bytes().decode("utf-8"))["data"]["train"])
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as error:
+        raise UserError(
+            f"{path}: cannot read data.train ({type(error).__name__}); restore the file"
+        ) from None
