@@ -21,6 +21,7 @@ from typing import Any
 from graftrl.embedded.task import WORKED_OUTCOMES, classify_worked
 from graftrl.evaluation.stats import family_rows
 from graftrl.experiments.paired_decisions import Comparison, Decisions, decide, paired_table
+from graftrl.reporting.contrast import moved_error_classes
 from graftrl.reporting.problem_results import folder_problem_results
 from graftrl.reporting.run_logs import read_log, read_run_metrics, run_train_file
 from graftrl.storage.data import load_problems
@@ -48,7 +49,7 @@ def rescue_summary(runs: Sequence[Path]) -> dict[str, dict[str, Any]]:
     least once with the hint, the hinted responses' accuracy, the share of hints cut to the
     context, and the error classes of the wrong hinted responses (where texts were logged)."""
     sums: dict[str, Counter[str]] = {}
-    errors: dict[str, Counter[str]] = {}
+    texts: list[dict[str, Any]] = []  # as compatibility.jsonl's rows, for moved_error_classes
     problems = _problems(runs[0]) if runs else {}
     for run in runs:
         for row in read_run_metrics(run):
@@ -64,25 +65,22 @@ def rescue_summary(runs: Sequence[Path]) -> dict[str, dict[str, Any]]:
             s = sums.setdefault(row["receiver"], Counter())
             s["responses"] += 1
             s["correct"] += float(row["reward"] > 0)
-            text, problem = row.get("response"), problems.get(row["prompt_id"])
-            if row["reward"] > 0 or text is None or problem is None:
-                continue
-            try:
-                errors.setdefault(row["receiver"], Counter())[classify_worked(problem, text)] += 1
-            except ValueError:  # a problem the classifier does not read (another task's)
-                continue
+            if row.get("response") is not None:
+                texts.append({key: row[key] if key == "receiver" else [row[key]]
+                              for key in ("receiver", "prompt_id", "response", "reward")})  # fmt: skip
+    errors = moved_error_classes(texts, problems, classify_worked, WORKED_OUTCOMES)
     out = {}
     for receiver, s in sums.items():
         sent = s["attempted"] + s["skipped"]
-        wrong = errors.get(receiver, Counter())
+        wrong = errors.get(receiver, {"wrong_responses": 0})
         out[receiver] = {
             "prompts_per_step": s["attempted"] / s["steps"] if s["steps"] else None,
             "rescue_rate": s["solved"] / s["attempted"] if s["attempted"] else None,
             "hinted_accuracy": s["correct"] / s["responses"] if s["responses"] else None,
             "hint_cut_share": s["truncated"] / sent if sent else None,
             "skipped_share": s["skipped"] / sent if sent else None,
-            "wrong_responses": sum(wrong.values()),
-            "wrong_errors": {name: wrong[name] / max(sum(wrong.values()), 1) for name in ERRORS},
+            "wrong_responses": wrong["wrong_responses"],
+            "wrong_errors": {name: wrong.get(name, 0.0) for name in ERRORS},
         }
     return out
 
