@@ -33,6 +33,7 @@ from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_d
 from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask
 from graftrl.experiments.mastery_hint import as_json, correct_line, hint_markdown, hint_summary
+from graftrl.experiments.mastery_rule import line_record, rule_markdown, rule_summary
 from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
@@ -272,9 +273,10 @@ def report_markdown(
     provenance: dict[str, Any],
     decision: Mapping[str, Any] | None = None,
     hint_family: int = 0,
+    rule_lines: Sequence[str] = (),
 ) -> str:
     """The line's report.md; ``hint_family``: the size of the hint rows' corrected family
-    (``mastery_hint.correct_line``)."""
+    (``mastery_hint.correct_line``); ``rule_lines``: the probe rule's test (``mastery_rule``)."""
     s = task.settings
     lines = [
         "# graftrl sweep --knob mastery: which transfer rule wins where",
@@ -357,6 +359,7 @@ def report_markdown(
             f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
         )
     lines += hint_markdown(points, hint_family)
+    lines += rule_lines
     if decision is not None:
         lines += _decision_lines(decision)
     lines += ["", "Figure: `mastery.png`; every point's own report in `mastery-<point>/report.md`.", ""]
@@ -401,6 +404,10 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
     summaries = [point_summary(p, point_dir(out_dir, p), results[p]["rows"], seeds_done) for p in points]
     decision = demo_default(summaries, seeds_done, done.settings.seeds)
     hint_family = correct_line(summaries)
+    for summary in summaries:
+        point = summary["point"]
+        summary["rule"] = rule_summary(point, point_dir(out_dir, point), results[point]["rows"])
+    record = line_record(summaries)
     final = {
         "task": task,
         "knob": "mastery: 'default' is the task's pair; e is a drilled pair with its own regrouping family at share e",
@@ -411,6 +418,7 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
         "settings": results[points[0]]["settings"],
         "summaries": summaries,
         "demo_default": decision,
+        "probe_rule": record.as_dict() if record else None,
         "mixes": {p: mastery_mixes(task, p) for p in points},
         "total_wall_s": round(time.perf_counter() - done.started, 1),
         "provenance": {
@@ -418,7 +426,10 @@ def write_mastery(done: SweepRound) -> dict[str, Any]:
             "models": {p: tasks[p].provenance.get("models", {}) for p in points},
         },
     }
-    report = report_markdown(summaries, seeds_done, tasks[points[0]], final["provenance"], decision, hint_family)
+    rule_lines = rule_markdown(summaries, record, seeds_done)
+    report = report_markdown(
+        summaries, seeds_done, tasks[points[0]], final["provenance"], decision, hint_family, rule_lines
+    )
     for summary in summaries:
         summary["hint"] = as_json(summary["hint"])
     return done.save(final, report, plot_mastery, summaries, "mastery.png")

@@ -8,6 +8,7 @@ from typing import Any
 
 from graftrl.files import atomic_write
 from graftrl.reporting.plots import plot_histograms
+from graftrl.reporting.probe_rule import RULE_METHOD, TrackRecord
 from graftrl.reporting.probe_stats import QUANTILES, StepData, histogram_values
 from graftrl.storage.rundir import ProbeDir
 
@@ -193,6 +194,7 @@ def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
             ],
         ),
         "",
+        *verdict_lines(figures.get("verdict")),
         "## Cost",
         "",
         *_cost_lines(cost, batch),
@@ -207,6 +209,51 @@ def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
         "figures predicted, and what they did not, on the embedded testbed: docs/your-pair.md.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def verdict_lines(verdict: Mapping[str, Any] | None) -> list[str]:
+    """probe.md's verdict: the rule's, per direction, with its measured track record; or why none."""
+    if verdict is None:  # a probe.json written before the rule was scored
+        return []
+    record = verdict["track_record"]
+    lines = ["## Verdict", ""]
+    rule = f"The rule of docs/results.md §7 (fixed at {verdict['registered']}): {verdict['rule']}."
+    if record is None:
+        return [*lines, f"No verdict: the rule has no measured track record yet. {rule}", ""]
+    measured = TrackRecord(**{k: v for k, v in record.items() if k != "passed"}).describe()
+    if not record["passed"]:
+        return [
+            *lines,
+            f"No verdict. {rule} Tested on new conditions of the embedded testbed, it failed its registered "
+            f"bar: {measured}. The figures above are necessary conditions only (nothing to move means no "
+            "gain), not a prediction that exchange will help.",
+            "",
+        ]
+    if not verdict["directions"]:
+        return [
+            *lines,
+            f"No verdict: the rule reads a `{RULE_METHOD}` probe (`--set method={RULE_METHOD}`).",
+            "",
+        ]
+    return [
+        *lines,
+        *_table(
+            ["source -> receiver", "net mass / group", "correct / wrong s > delta", "verdict"],
+            [
+                [
+                    f"{d['source']} -> {d['receiver']}",
+                    _num((d["inputs"] or {}).get("mass")),
+                    f"{_pct((d['inputs'] or {}).get('admitted_correct'))} / "
+                    f"{_pct((d['inputs'] or {}).get('admitted_wrong'))}",
+                    d["verdict"],
+                ]
+                for d in verdict["directions"]
+            ],
+        ),
+        "",
+        f"{rule} Its track record is the embedded testbed's, not your pair's: {measured}.",
+        "",
+    ]
 
 
 def _cost_lines(cost: Mapping[str, Any], batch: int) -> list[str]:

@@ -27,6 +27,7 @@ from graftrl.core.contrast import GroupContrast, contrast_metrics
 from graftrl.errors import UserError
 from graftrl.reporting.contrast import contrast_summary
 from graftrl.reporting.diagnostics import advantage_mass, gate_by_outcome
+from graftrl.reporting.probe_rule import verdicts
 from graftrl.reporting.served import served_costs
 from graftrl.reporting.weights import WeightRule
 from graftrl.storage.rundir import ProbeDir, read_jsonl
@@ -303,6 +304,7 @@ def probe_statistics(settings: ProbeSettings, steps: Sequence[StepData]) -> dict
     }
     if any(s.rescue for s in steps):
         figures["rescue"] = _rescue(steps, settings)
+    figures["verdict"] = verdicts(figures)
     return figures
 
 

@@ -1,0 +1,130 @@
+"""The probe rule's test on a mastery line (issue 48, item 5; docs/results.md §7).
+
+Where a point's probe sits beside its cells (``probe-<point>/probe.json``, run with the registered
+command before the cells trained), each receiver-point gets the rule's verdict from the probe
+(``reporting.probe_rule``) and the outcome it predicts: GRAFT − GRPO on the receiver's held-out
+pass@1 with compare's default interval (paired over seeds and problems, uncorrected for the other
+receiver-points). "Beats" when the interval's lower end is above 0. The line's report then scores
+the rule over every receiver-point it has both for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from graftrl.experiments.paired_decisions import paired_table
+from graftrl.reporting.probe_rule import GAIN, M0, NO_GAIN, REGISTERED, SEEDS, TrackRecord, rule_inputs, score
+from graftrl.reporting.problem_results import folder_problem_results
+from graftrl.storage.rundir import ProbeDir
+
+BASELINE, REFERENCE, COLUMN = "grpo", "graft", "heldout"
+
+
+def probe_dir(folder: Path, point: str) -> Path:
+    """A point's probe, beside its cells: ``<out>/probe-<point>`` next to ``<out>/mastery-<point>``."""
+    return folder.parent / f"probe-{point}"
+
+
+def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """Per receiver at one point: the probe's rule inputs and verdict, GRAFT − GRPO and whether the
+    verdict was right (None when the point has no probe; ``right`` None until both variants share
+    two seeds)."""
+    probe = ProbeDir(probe_dir(folder, point))
+    if not probe.json.exists():
+        return None
+    figures = json.loads(probe.json.read_text())
+    cells = sorted({(r["variant"], int(r["seed"])) for r in rows})
+    comparisons = {
+        c.model: c.diff
+        for c in paired_table(
+            rows, folder_problem_results(folder, cells), [COLUMN], BASELINE, [REFERENCE], [COLUMN]
+        )
+    }
+    out = []
+    for pair in figures["pairs"]:
+        inputs = rule_inputs(pair)
+        predicted = inputs is not None and inputs.predicts_gain
+        diff = comparisons.get(pair["receiver"])
+        happened = None if diff is None or diff.low is None else diff.low > 0
+        out.append(
+            {
+                "source": pair["source"],
+                "receiver": pair["receiver"],
+                "method": figures["probe"]["method"],
+                "inputs": asdict(inputs) if inputs else None,
+                "verdict": GAIN if predicted else NO_GAIN,
+                "graft_vs_grpo": diff.as_dict() if diff else None,
+                "happened": happened,
+                "right": None if happened is None else predicted == happened,
+            }
+        )
+    return out
+
+
+def line_record(summaries: Sequence[Mapping[str, Any]]) -> TrackRecord | None:
+    """The rule scored over every receiver-point of the line with a probe and an outcome."""
+    outcomes = [
+        (row["verdict"] == GAIN, row["happened"])
+        for s in summaries
+        for row in s.get("rule") or []
+        if row["happened"] is not None
+    ]
+    return score(outcomes) if outcomes else None
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def rule_markdown(
+    summaries: Sequence[Mapping[str, Any]], record: TrackRecord | None, seeds: int
+) -> list[str]:
+    """The line report's section on the rule (empty when no point has a probe); the score is
+    provisional while the line has fewer ``seeds`` than the test registered."""
+    rows = [(s["point"], row) for s in summaries for row in s.get("rule") or []]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## The probe rule's test (issue 48 item 5, docs/results.md §7)",
+        "",
+        f'Rule (fixed at {REGISTERED}), from each point\'s `probe-<point>/probe.json`: "{GAIN}" when the '
+        f"net advantage mass per moved group *M* > {M0} and the gate admits more of the candidate "
+        f'correct responses than of the wrong ones (*a_c* > *a_w*); else "{NO_GAIN}". Outcome: GRAFT − '
+        "GRPO on the receiver's held-out pass@1, paired over seeds and problems (compare's default "
+        "interval, uncorrected), a gain when the interval's lower end is above 0.",
+        "",
+        "| point | peer -> receiver | *M* | *a_c* / *a_w* (%) | verdict | GRAFT − GRPO | gain | right |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for point, row in rows:
+        inputs, diff = row["inputs"] or {}, row["graft_vs_grpo"]
+        interval = (
+            "—"
+            if diff is None or diff["low"] is None
+            else f"{100 * diff['mean']:+.1f} [{100 * diff['low']:+.1f}, {100 * diff['high']:+.1f}] ({diff['n']} seeds)"
+        )
+        yes_no = {None: "—", True: "yes", False: "no"}
+        lines.append(
+            f"| {point} | {row['source']} -> {row['receiver']} | "
+            f"{'—' if not inputs else format(inputs['mass'], '+.2f')} | "
+            f"{_pct(inputs.get('admitted_correct'))} / {_pct(inputs.get('admitted_wrong'))} | {row['verdict']} | "
+            f"{interval} | {yes_no[row['happened']]} | {yes_no[row['right']]} |"
+        )
+    if record is not None:
+        pending = seeds < SEEDS
+        verdict = (
+            ("would pass" if pending else "passes")
+            if record.passed
+            else ("would fail" if pending else "fails")
+        )
+        lines += [
+            "",
+            f"Score{f' (provisional: {seeds} of the {SEEDS} seeds registered)' if pending else ''}: {record.describe()}. "
+            f"The rule {verdict} its registered bar (at most one miss and more right than the constant rule).",
+        ]
+    return lines
