@@ -88,10 +88,17 @@ def test_the_package_record_is_the_committed_lines():
         folder = LINE / f"mastery-{point}"
         rows = json.loads((folder / "results.json").read_text())["rows"]
         summaries.append({"point": point, "rule": rule_summary(point, folder, rows)})
-    record = line_record(summaries)
-    assert record is not None and record.trials == 8
-    assert record == probe_rule.TRACK_RECORD
-    assert record.as_dict() == line["probe_rule"]
+    record, package = line_record(summaries), probe_rule.TRACK_RECORD
+    assert record is not None and package is not None and record.trials == 8
+    written = line["probe_rule"]
+    assert {k: v for k, v in record.as_dict().items() if k not in ("low", "high")} == {
+        k: v for k, v in written.items() if k not in ("low", "high")
+    }
+    assert (record.low, record.high) == pytest.approx((written["low"], written["high"]), abs=1e-9)
+    counts = ("trials", "hits", "called", "called_right", "never_hits")
+    assert [getattr(record, k) for k in counts] == [getattr(package, k) for k in counts]
+    assert (record.low, record.high) == pytest.approx((package.low, package.high), abs=1e-4)
+    assert record.passed == package.passed
 
 
 def _write_cells(folder: Path, diffs: dict[str, list[float]]) -> list[dict]:
