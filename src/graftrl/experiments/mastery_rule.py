@@ -16,12 +16,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from graftrl.experiments.mastery_hint import COLUMN
 from graftrl.experiments.paired_decisions import paired_table
-from graftrl.reporting.probe_rule import GAIN, M0, NO_GAIN, REGISTERED, SEEDS, TrackRecord, rule_inputs, score
+from graftrl.reporting.probe_rule import (
+    GAIN,
+    M0,
+    NO_GAIN,
+    REGISTERED,
+    SEEDS,
+    TrackRecord,
+    rule_inputs,
+    score,
+    verdict_of,
+)
 from graftrl.reporting.problem_results import folder_problem_results
 from graftrl.storage.rundir import ProbeDir
 
-BASELINE, REFERENCE, COLUMN = "grpo", "graft", "heldout"
+BASELINE, REFERENCE = "grpo", "graft"
 
 
 def probe_dir(folder: Path, point: str) -> Path:
@@ -47,7 +58,7 @@ def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) ->
     out = []
     for pair in figures["pairs"]:
         inputs = rule_inputs(pair)
-        predicted = inputs is not None and inputs.predicts_gain
+        verdict = verdict_of(inputs)
         diff = comparisons.get(pair["receiver"])
         happened = None if diff is None or diff.low is None else diff.low > 0
         out.append(
@@ -56,10 +67,10 @@ def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) ->
                 "receiver": pair["receiver"],
                 "method": figures["probe"]["method"],
                 "inputs": asdict(inputs) if inputs else None,
-                "verdict": GAIN if predicted else NO_GAIN,
+                "verdict": verdict,
                 "graft_vs_grpo": diff.as_dict() if diff else None,
                 "happened": happened,
-                "right": None if happened is None else predicted == happened,
+                "right": None if happened is None else (verdict == GAIN) == happened,
             }
         )
     return out
@@ -78,6 +89,9 @@ def line_record(summaries: Sequence[Mapping[str, Any]]) -> TrackRecord | None:
 
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
+
+
+YES_NO = {None: "—", True: "yes", False: "no"}
 
 
 def rule_markdown(
@@ -108,12 +122,11 @@ def rule_markdown(
             if diff is None or diff["low"] is None
             else f"{100 * diff['mean']:+.1f} [{100 * diff['low']:+.1f}, {100 * diff['high']:+.1f}] ({diff['n']} seeds)"
         )
-        yes_no = {None: "—", True: "yes", False: "no"}
         lines.append(
             f"| {point} | {row['source']} -> {row['receiver']} | "
             f"{'—' if not inputs else format(inputs['mass'], '+.2f')} | "
             f"{_pct(inputs.get('admitted_correct'))} / {_pct(inputs.get('admitted_wrong'))} | {row['verdict']} | "
-            f"{interval} | {yes_no[row['happened']]} | {yes_no[row['right']]} |"
+            f"{interval} | {YES_NO[row['happened']]} | {YES_NO[row['right']]} |"
         )
     if record is not None:
         pending = seeds < SEEDS

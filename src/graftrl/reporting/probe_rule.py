@@ -62,6 +62,11 @@ def rule_inputs(pair: Mapping[str, Any]) -> RuleInputs | None:
     return RuleInputs(pair["source"], pair["receiver"], mass, correct, wrong, pair["moved"]["groups"])
 
 
+def verdict_of(inputs: RuleInputs | None) -> str:
+    """The rule's call for one direction; nothing moved (no inputs) calls no gain."""
+    return GAIN if inputs is not None and inputs.predicts_gain else NO_GAIN
+
+
 @dataclass(frozen=True)
 class TrackRecord:
     """The rule scored over ``trials`` receiver-points: ``hits`` right, ``called`` gains it called
@@ -135,7 +140,7 @@ def verdicts(figures: Mapping[str, Any], record: TrackRecord | None = TRACK_RECO
                 "source": pair["source"],
                 "receiver": pair["receiver"],
                 "inputs": asdict(inputs) if inputs else None,
-                "verdict": (GAIN if inputs.predicts_gain else NO_GAIN) if inputs else NO_GAIN,
+                "verdict": verdict_of(inputs),
             }
         )
     return out
