@@ -32,7 +32,15 @@ from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
 from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask
-from graftrl.experiments.mastery_hint import as_json, correct_line, hint_markdown, hint_summary
+from graftrl.experiments.mastery_hint import (
+    BASELINE,
+    REFERENCE,
+    as_json,
+    correct_line,
+    hint_markdown,
+    hint_summary,
+    pct,
+)
 from graftrl.experiments.mastery_rule import line_record, rule_markdown, rule_summary
 from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
@@ -43,8 +51,7 @@ from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
 PRESET = "mastery"
-BASELINE, REFERENCE = "grpo", "graft"
-RULES = ("graft", "success-only", "sgt")
+RULES = (REFERENCE, "success-only", "sgt")
 """The transfer rules compared, each against GRPO; the last two also against GRAFT."""
 EARLY_STEPS = 10
 """The peer's accuracy on the receiver's deficit family is its training reward over these first steps."""
@@ -242,10 +249,6 @@ def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned:
     return {"point": chosen, "status": status, "points": rows}
 
 
-def _pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{100 * value:.{digits}f}"
-
-
 def _num(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:+.{digits}f}"
 
@@ -316,7 +319,7 @@ def report_markdown(
     for point, model, m in point_models(points):
         d = m["deficit_pass_at_1"]
         lines.append(
-            f"| {point['point']} | {model} · {m['deficit']} | {_pct(d.get(WARM_START, {}).get('mean'))} | "
+            f"| {point['point']} | {model} · {m['deficit']} | {pct(d.get(WARM_START, {}).get('mean'))} | "
             f"{_ms(d.get(BASELINE))} | "
             + " | ".join(_diff(m["deficit_vs_grpo"][v]) for v in RULES)
             + " | "
@@ -344,19 +347,19 @@ def report_markdown(
     for point, model, m in point_models(points):
         c, e = m["contrast"] or {}, m["moved_errors"]
         errors = (
-            " / ".join(_pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
+            " / ".join(pct(e.get(k), 0) for k in ("regrouping", "fact", "copy", "format"))
             + f" ({e['wrong_responses']})"
             if e
             else "—"
         )
         clip = m["clipped_peer"].get(REFERENCE) or {}
         lines.append(
-            f"| {point['point']} | {model} | {_pct(m['peer_deficit_accuracy'])} | {errors} | "
-            f"{_pct(c.get('lesson'))} | {_pct(c.get('overlap'))} | {_pct(c.get('divergence'))} | "
+            f"| {point['point']} | {model} | {pct(m['peer_deficit_accuracy'])} | {errors} | "
+            f"{pct(c.get('lesson'))} | {pct(c.get('overlap'))} | {pct(c.get('divergence'))} | "
             f"{_num(c.get('mass_shared'))} | "
-            f"{_num(c.get('mass_distinct'))} | {_pct(m['all_fail_share'])} | {_pct(m['complementarity'])} | "
+            f"{_num(c.get('mass_distinct'))} | {pct(m['all_fail_share'])} | {pct(m['complementarity'])} | "
             f"{_plain(m['groups_moved_per_step'])} | "
-            f"{_pct(m['admitted_share'], 0)} | {_pct(clip.get('pos'), 2)} / {_pct(clip.get('neg'), 2)} |"
+            f"{pct(m['admitted_share'], 0)} | {pct(clip.get('pos'), 2)} / {pct(clip.get('neg'), 2)} |"
         )
     lines += hint_markdown(points, hint_family)
     lines += rule_lines

@@ -27,8 +27,10 @@ from graftrl.reporting.run_logs import read_log, read_run_metrics, run_train_fil
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
+BASELINE, REFERENCE = "grpo", "graft"
+"""The line's baseline and its reference transfer rule (cells' variant names)."""
 HINT = "hint"
-REFERENCES = ("grpo", "graft", "success-only", "sgt")
+REFERENCES = (BASELINE, REFERENCE, "success-only", "sgt")
 """What the hint rows are compared with: GRPO, then the peer in the gradient."""
 COLUMN = "heldout"
 ERRORS = tuple(name for name in WORKED_OUTCOMES if name != "correct")
@@ -154,7 +156,8 @@ def as_json(hint: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def _pct(value: float | None, digits: int = 1) -> str:
+def pct(value: float | None, digits: int = 1) -> str:
+    """A share in percent for the line's tables; — where there is none."""
     return "—" if value is None else f"{100 * value:.{digits}f}"
 
 
@@ -205,10 +208,10 @@ def hint_markdown(summaries: Sequence[Mapping[str, Any]], family: int) -> list[s
     ]
     for s in points:
         for model, r in sorted(s["hint"]["rescue"].items()):
-            errors = " / ".join(_pct(r["wrong_errors"][k], 0) for k in ERRORS) + f" ({r['wrong_responses']})"
+            errors = " / ".join(pct(r["wrong_errors"][k], 0) for k in ERRORS) + f" ({r['wrong_responses']})"
             per_step = "—" if r["prompts_per_step"] is None else f"{r['prompts_per_step']:.2f}"
             lines.append(
-                f"| {s['point']} | {model} | {per_step} | {_pct(r['rescue_rate'])} | "
-                f"{_pct(r['hinted_accuracy'])} | {_pct(r['hint_cut_share'], 0)} | {errors} |"
+                f"| {s['point']} | {model} | {per_step} | {pct(r['rescue_rate'])} | "
+                f"{pct(r['hinted_accuracy'])} | {pct(r['hint_cut_share'], 0)} | {errors} |"
             )
     return lines

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from graftrl.experiments.mastery_hint import COLUMN
+from graftrl.experiments.mastery_hint import BASELINE, COLUMN, REFERENCE, pct
 from graftrl.experiments.paired_decisions import paired_table
 from graftrl.reporting.probe_rule import (
     GAIN,
@@ -31,8 +31,6 @@ from graftrl.reporting.probe_rule import (
 )
 from graftrl.reporting.problem_results import folder_problem_results
 from graftrl.storage.rundir import ProbeDir
-
-BASELINE, REFERENCE = "grpo", "graft"
 
 
 def probe_dir(folder: Path, point: str) -> Path:
@@ -87,10 +85,6 @@ def line_record(summaries: Sequence[Mapping[str, Any]]) -> TrackRecord | None:
     return score(outcomes) if outcomes else None
 
 
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
-
-
 YES_NO = {None: "—", True: "yes", False: "no"}
 
 
@@ -125,7 +119,7 @@ def rule_markdown(
         lines.append(
             f"| {point} | {row['source']} -> {row['receiver']} | "
             f"{'—' if not inputs else format(inputs['mass'], '+.2f')} | "
-            f"{_pct(inputs.get('admitted_correct'))} / {_pct(inputs.get('admitted_wrong'))} | {row['verdict']} | "
+            f"{pct(inputs.get('admitted_correct'))} / {pct(inputs.get('admitted_wrong'))} | {row['verdict']} | "
             f"{interval} | {YES_NO[row['happened']]} | {YES_NO[row['right']]} |"
         )
     if record is not None:
