@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field, create_model, model_validator
 
 from graftrl.config.peers import PeerConfig
+from graftrl.config.rewards import RewardConfig
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.contrast import MAX_PAIRS, MAX_TOKENS
 from graftrl.core.losses import EPS_HIGH, EPS_LOW
@@ -236,22 +237,6 @@ class DataConfig(_Section):
     """Appended to every problem (after a space); null for none."""
 
 
-class RewardConfig(_Section):
-    timeout_s: float = Field(default=5.0, gt=0)
-    """Per-answer verification timeout; a timeout scores 0."""
-    deadline_s: float | None = Field(default=600.0, gt=0)
-    """Overall deadline of one verifier call (a policy's answers at a step; worker start-up not
-    charged): answers not verified by then score 0 and are counted in `verifier_timeouts`, so a
-    flood of hanging answers cannot stall a step. None = no overall deadline."""
-    workers: int = Field(default=1, ge=1)
-    """Verifier worker processes."""
-    extraction: Literal["last_box", "math_verify"] = "last_box"
-    """What of a response is compared with the gold: `last_box` (the content of the last
-    `\\boxed{}`/`\\fbox{}`, as verl's DAPO scorer; no box or a truncated last box scores 0) or
-    `math_verify` (math_verify's own extraction over the whole response: every box, then
-    "final answer is" lines, then the last LaTeX/number; see docs/robustness.md)."""
-
-
 class LoggingConfig(_Section):
     tensorboard: bool = False
     """Also write TensorBoard event files (needs the `tensorboard` extra)."""
@@ -376,6 +361,20 @@ class RunConfig(_Section):
         recipe = METHODS[method].recipe(batch, len(policies) if isinstance(policies, list) else 1)
         unset = {key: value for key, value in recipe.items() if key not in train}
         return {**data, "train": {**train, **unset}} if unset else data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _suffix_of_the_reward(cls, data: Any) -> Any:
+        """`data.prompt_suffix` defaults to the paper's math instruction (`\\boxed{}`) only for
+        `reward.kind: math`; for any other verifier an unset suffix is none (the rows say what to
+        answer, and a code task asked for a box would be asked the wrong thing)."""
+        if not isinstance(data, dict):
+            return data
+        reward, section = data.get("reward"), data.get("data")
+        kind = reward.get("kind", "math") if isinstance(reward, dict) else getattr(reward, "kind", "math")
+        if kind == "math" or not isinstance(section, dict) or "prompt_suffix" in section:
+            return data
+        return {**data, "data": {**section, "prompt_suffix": None}}
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

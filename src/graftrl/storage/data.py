@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "PAPER_PROMPT_SUFFIX",
     "DataError",
     "MathProblem",
+    "Problem",
     "PromptSampler",
     "load_problems",
 ]
@@ -39,15 +40,25 @@ class DataError(UserError):
 
 
 @dataclass(frozen=True)
-class MathProblem:
-    """One prompt with its gold answer (a string, as math_verify parses strings)."""
+class Problem:
+    """One prompt with what its verifier needs: a gold answer (math, match), tests (code), or any
+    other fields of the row (``extra``: a user's scorer gets them all)."""
 
     id: str
     problem: str
-    answer: str
+    """The prompt text (the user turn; a data file's chat messages are folded into it)."""
+    answer: str = ""
+    """Gold answer as a string (math_verify parses strings); empty for rows checked by tests."""
     family: str | None = None
     """Optional sub-skill or subject (a record's ``family`` field): held-out pass@1 and the
     training reward are also reported per family."""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """The row's other fields as read (``tests``, ``entry_point``, verl's ``data_source`` and
+    ``extra_info``, ...), passed through to the verifier; not part of equality or hashing."""
+
+
+MathProblem = Problem
+"""The name of ``Problem`` before verifiers other than math existed (kept for a release)."""
 
 
 # --------------------------------------------------------------------------------------------

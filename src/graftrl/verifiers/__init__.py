@@ -1,0 +1,9 @@
+"""Verifiers: a response and its problem row in, a reward and its reason out (``reward.kind``).
+
+``base`` declares the interface (``Verifier``, ``Verdict``, the failure classes); one module per
+kind: ``math`` (math_verify in killable worker processes, the default), ``match`` (string and
+multiple-choice match), ``function`` (the user's scorer, verl's ``compute_score`` unchanged),
+``code`` (Python programs against the row's tests, each run in ``sandbox``'s OS sandbox; the code
+that runs inside it is ``sandbox_entry``). ``registry`` builds the run's verifier from its config.
+Imports the foundation, storage, config and models.
+"""
