@@ -326,8 +326,8 @@ def main(argv: list[str]) -> None:
     if role == "serve":
         confine(limits)
         devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)  # the program's prints and input() reach nobody
-        os.dup2(devnull, 1)
+        for fd in (0, 1, 2):  # the program's prints, tracebacks and input() reach nobody
+            os.dup2(devnull, fd)
         serve(Channel(read_fd, write_fd))
     elif role == "judge":
         confine(limits)

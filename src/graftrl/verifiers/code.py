@@ -1,0 +1,506 @@
+"""``reward.kind: code``: Python programs scored by the fraction of the row's tests they pass.
+
+The program is the response's last fenced code block (an unclosed last fence runs to the end of
+the response, as a length-truncated answer does), or the whole response when it has none. Tests
+come in the problem row (``Problem.extra``) in either form code datasets use:
+
+- **assert statements** (HumanEval/MBPP): ``tests`` (or ``test_list``, or HumanEval's one ``test``
+  string defining ``check(candidate)``) with an optional ``entry_point`` and ``setup`` (or
+  ``test_setup_code``). The tests run in a judge process of their own, calling the program's
+  top-level functions through a pipe (``sandbox_entry``): arguments and results must be data.
+- **stdin/stdout pairs** (APPS/CodeContests): ``tests`` as ``[{"input": ..., "output": ...}]``
+  (or ``{"inputs": [...], "outputs": [...]}``, also inside verl's ``ground_truth``). Each test runs
+  the program once with its input; stdout is compared here, outside the sandbox, line by line with
+  trailing white space ignored, and the run must exit 0.
+
+Every program runs in ``graftrl.verifiers.sandbox`` (never in this process); programs run in
+parallel, one per ``reward.workers`` thread, and an identical (program, tests) pair is run once
+(an LRU of verdicts, like the math verifier's). A test past ``reward.code.test_timeout_s`` fails as
+``timeout`` and the program is restarted for the next test; ``program_timeout_s`` bounds a program's
+tests together, and ``reward.deadline_s`` a whole call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from graftrl.storage.data import Problem
+from graftrl.verifiers.base import (
+    CRASH,
+    ERROR,
+    MEMORY,
+    NO_CODE,
+    SYNTAX_ERROR,
+    TESTS_FAILED,
+    TIMEOUT,
+    Verdict,
+    VerifierBase,
+    VerifierError,
+    check_lengths,
+)
+from graftrl.verifiers.sandbox import Limits, Sandbox, Started
+
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
+
+PASS, FAIL = "pass", "fail"
+"""A test's outcomes besides ``timeout``, ``crash`` and ``memory`` (the failure classes)."""
+
+SYNTAX_EXIT = 86
+"""Exit code of ``run`` when the program does not compile (``sandbox_entry.main``)."""
+
+
+def extract_program(response: str) -> str | None:
+    """The last fenced code block, else the whole response; None when that is blank."""
+    blocks = _FENCE.findall(response)
+    program = blocks[-1] if blocks else response
+    return program if program.strip() else None
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    """A problem's tests, in one of the two forms."""
+
+    stdio: bool
+    """True: stdin/stdout pairs; False: assert statements."""
+    tests: tuple[Any, ...]
+    """Assert-statement strings, or (input, output) pairs."""
+    entry_point: str | None = None
+    setup: str | None = None
+
+    @classmethod
+    def from_row(cls, extra: Mapping[str, Any], max_tests: int | None = None) -> TestSuite:
+        """The suite of a row; ValueError naming the field when there is none usable."""
+        raw = next((extra[k] for k in ("tests", "test_list", "test") if extra.get(k) not in (None, "", [])), None)
+        if raw is None:
+            raw = _tests_in_ground_truth(extra.get("ground_truth"))
+        if raw is None:
+            raise ValueError(
+                "field 'tests' is missing: reward.kind 'code' needs a list of assert statements or "
+                "of {input, output} pairs (or a HumanEval 'test' with 'entry_point')"
+            )
+        if isinstance(raw, str):
+            raw = [raw]
+        if isinstance(raw, Mapping) and "inputs" in raw and "outputs" in raw:
+            raw = [{"input": i, "output": o} for i, o in zip(raw["inputs"], raw["outputs"], strict=False)]
+        if not isinstance(raw, list) or not raw:
+            raise ValueError("field 'tests' must be a non-empty list of assert statements or {input, output} pairs")
+        entry = extra.get("entry_point")
+        setup = extra.get("setup") or extra.get("test_setup_code") or None
+        if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
+            raise ValueError(f"field 'entry_point' must be a function name, got {entry!r}")
+        if setup is not None and not isinstance(setup, str):
+            raise ValueError("field 'setup' must be a string of Python statements")
+        if all(isinstance(t, str) for t in raw):
+            for index, test in enumerate(raw):
+                try:
+                    compile(test, f"test {index}", "exec")
+                except SyntaxError as exc:
+                    raise ValueError(f"field 'tests'[{index}] is not valid Python ({exc.msg})") from None
+            tests: tuple[Any, ...] = tuple(raw)
+            stdio = False
+        elif all(isinstance(t, Mapping) and "input" in t and "output" in t for t in raw):
+            tests = tuple((_text(t["input"]), _text(t["output"])) for t in raw)
+            stdio = True
+        else:
+            raise ValueError("field 'tests' mixes forms: use only assert strings, or only {input, output} pairs")
+        return cls(stdio, tests[:max_tests] if max_tests else tests, entry, setup)
+
+    def key(self) -> str:
+        return json.dumps([self.stdio, list(self.tests), self.entry_point, self.setup])
+
+    def judge_spec(self, start: int) -> bytes:
+        spec = {"tests": list(self.tests[start:]), "entry_point": self.entry_point, "setup": self.setup}
+        return json.dumps(spec).encode()
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _tests_in_ground_truth(ground_truth: Any) -> Any:
+    """verl's code rows keep {"inputs", "outputs"} (or a JSON string of it) in ``ground_truth``."""
+    if isinstance(ground_truth, str) and ground_truth.lstrip().startswith("{"):
+        try:
+            ground_truth = json.loads(ground_truth)
+        except ValueError:
+            return None
+    if isinstance(ground_truth, Mapping) and "inputs" in ground_truth and "outputs" in ground_truth:
+        return ground_truth
+    return None
+
+
+@dataclass(frozen=True)
+class TestResult:
+    index: int
+    outcome: str
+    """``pass``, ``fail``, ``timeout``, ``crash`` or ``memory``."""
+    detail: str = ""
+
+
+def same_output(got: str, expected: str) -> bool:
+    """Line by line, trailing white space and trailing blank lines ignored."""
+
+    def lines(text: str) -> list[str]:
+        out = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+        while out and not out[-1]:
+            out.pop()
+        return out
+
+    return lines(got) == lines(expected)
+
+
+class CodeVerifier(VerifierBase):
+    """Reward = fraction of the row's tests a response's program passes, run in the sandbox."""
+
+    kind: ClassVar[str] = "code"
+
+    def __init__(
+        self,
+        *,
+        isolation: str = "bwrap",
+        limits: Limits | None = None,
+        test_timeout_s: float = 4.0,
+        program_timeout_s: float = 30.0,
+        workers: int = 1,
+        max_tests: int = 64,
+        deadline_s: float | None = None,
+        python: str | None = None,
+        cache_size: int = 65_536,
+    ) -> None:
+        self.sandbox = Sandbox(isolation, limits, python)  # type: ignore[arg-type]
+        self.test_timeout_s = test_timeout_s
+        self.program_timeout_s = program_timeout_s
+        self.workers = workers
+        self.max_tests = max_tests
+        self.deadline_s = deadline_s
+        self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
+        self._cache_size = cache_size
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graftrl-code")
+        self._lock = threading.Lock()
+        self._stats = dict.fromkeys(
+            ("answers", "no_code", "cache_hits", "programs", "tests", "timeouts", "crashes", "deadline_skips"), 0
+        )
+        self._seconds = 0.0
+
+    @classmethod
+    def from_config(cls, reward: Any) -> CodeVerifier:
+        code = reward.code
+        limits = Limits(code.cpu_s, code.memory_mb, code.processes, code.file_mb, code.output_kb << 10)
+        return cls(
+            isolation=reward.sandbox,
+            limits=limits,
+            test_timeout_s=code.test_timeout_s,
+            program_timeout_s=code.program_timeout_s,
+            workers=reward.workers,
+            max_tests=code.max_tests,
+            deadline_s=reward.deadline_s,
+            python=code.python,
+        )
+
+    # ------------------------------------------------------------ the interface
+
+    def check_problem(self, problem: Problem) -> str | None:
+        try:
+            TestSuite.from_row(problem.extra, self.max_tests)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def verify(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
+        check_lengths("CodeVerifier.verify", responses, problems)
+        started = time.perf_counter()
+        due = None if self.deadline_s is None else time.monotonic() + self.deadline_s
+        verdicts: list[Verdict | None] = [None] * len(responses)
+        todo: dict[tuple[str, str], list[int]] = {}
+        suites: dict[tuple[str, str], TestSuite] = {}
+        with self._lock:
+            for i, (response, problem) in enumerate(zip(responses, problems, strict=True)):
+                program = extract_program(response)
+                if program is None:
+                    self._stats["no_code"] += 1
+                    verdicts[i] = Verdict.failed(NO_CODE, "no code found")
+                    continue
+                try:
+                    suite = TestSuite.from_row(problem.extra, self.max_tests)
+                except ValueError as exc:
+                    verdicts[i] = Verdict.failed(ERROR, f"problem {problem.id!r}: {exc}")
+                    continue
+                key = (program, suite.key())
+                cached = self._cache.get(key)
+                if cached is not None or key in todo:
+                    self._stats["cache_hits"] += 1
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    verdicts[i] = cached
+                else:
+                    todo.setdefault(key, []).append(i)
+                    suites[key] = suite
+        futures = {key: self._pool.submit(self._judge, key[0], suites[key], due) for key in todo}
+        for key, future in futures.items():
+            verdict, cacheable = future.result()
+            with self._lock:
+                if cacheable:
+                    self._cache[key] = verdict
+                    if len(self._cache) > self._cache_size:
+                        self._cache.popitem(last=False)
+            for i in todo[key]:
+                verdicts[i] = verdict
+        with self._lock:
+            self._stats["answers"] += len(responses)
+            self._seconds += time.perf_counter() - started
+        return [v if v is not None else Verdict.failed(ERROR, "not verified") for v in verdicts]
+
+    def start(self) -> None:
+        """Run a known program through the sandbox: a broken sandbox fails here, in one line."""
+        if self.sandbox.isolation == "none":
+            warnings.warn(
+                "reward.sandbox is none: model-written programs run WITHOUT isolation (network, files "
+                "and environment of this machine are reachable); use it only for code you trust",
+                stacklevel=2,
+            )
+        program = "def add(a, b):\n    return a + b\n\nprint(add(*map(int, input().split())))\n"
+        calls = TestSuite(False, ("assert add(1, 2) == 3", "assert add(2, 2) == 5"))
+        stdio = TestSuite(True, (("20 22\n", "42\n"),))
+        slot = self.sandbox.take_slot()
+        try:
+            got = [r.outcome for r in self._run_calls(program, calls, slot, time.monotonic() + 60.0)[1]]
+            got += [self._run_stdio_test(program, stdio.tests[0], 0, slot, 60.0).outcome]
+        finally:
+            self.sandbox.give_slot(slot)
+        if got != [PASS, FAIL, PASS]:
+            raise VerifierError(
+                f"reward.sandbox: the sandbox's self-check failed ({self._start_failure or got}); "
+                "bubblewrap needs user namespaces (or root); set reward.sandbox: none to run programs "
+                "WITHOUT isolation"
+            )
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return {**self._stats, "cache_entries": len(self._cache), "seconds": self._seconds}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ one program
+
+    _start_failure: str = ""
+
+    def _judge(self, program: str, suite: TestSuite, due: float | None) -> tuple[Verdict, bool]:
+        now = time.monotonic()
+        if due is not None and now >= due:
+            with self._lock:
+                self._stats["deadline_skips"] += 1
+            return Verdict.failed(TIMEOUT, "not run: the call's deadline (reward.deadline_s) had passed"), False
+        program_due = now + self.program_timeout_s
+        if due is not None:
+            program_due = min(program_due, due)
+        slot = self.sandbox.take_slot()
+        try:
+            if suite.stdio:
+                load, results = "ok", self._run_stdio(program, suite, slot, program_due)
+            else:
+                load, results = self._run_calls(program, suite, slot, program_due)
+        finally:
+            self.sandbox.give_slot(slot)
+        with self._lock:
+            self._stats["programs"] += 1
+            self._stats["tests"] += len(results)
+            self._stats["timeouts"] += sum(r.outcome == TIMEOUT for r in results)
+            self._stats["crashes"] += sum(r.outcome == CRASH for r in results)
+        return summarise(load, results, len(suite.tests)), True
+
+    def _run_stdio(self, program: str, suite: TestSuite, slot: int, due: float) -> list[TestResult]:
+        results: list[TestResult] = []
+        for index, test in enumerate(suite.tests):
+            left = due - time.monotonic()
+            if left <= 0:
+                break
+            result = self._run_stdio_test(program, test, index, slot, min(self.test_timeout_s, left))
+            results.append(result)
+            if result.outcome == SYNTAX_ERROR:
+                break
+        return results
+
+    def _run_stdio_test(self, program: str, test: tuple[str, str], index: int, slot: int, timeout_s: float) -> TestResult:
+        started = self.sandbox.start("run", {"program.py": program.encode()}, slot, stdin=subprocess.PIPE)
+        try:
+            out, err, timed_out, overflow = _exchange(
+                started, test[0].encode(), self.sandbox.limits.output_bytes, time.monotonic() + timeout_s
+            )
+        finally:
+            started.kill()
+        code = started.proc.returncode
+        if timed_out or code in (-9, 128 + 9, -24, 128 + 24, 152):  # wall clock, or SIGXCPU/SIGKILL of RLIMIT_CPU
+            return TestResult(index, TIMEOUT, f"ran past {timeout_s:g} s" if timed_out else "CPU time limit")
+        if code == SYNTAX_EXIT:
+            return TestResult(index, SYNTAX_ERROR, err.decode("utf-8", "replace").strip()[-300:])
+        if overflow:
+            return TestResult(index, CRASH, f"printed more than {self.sandbox.limits.output_bytes >> 10} KiB")
+        if b"MemoryError" in err:
+            return TestResult(index, MEMORY, "MemoryError")
+        if code != 0:
+            last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+            if code == 1 and not err and self.sandbox.isolation == "bwrap":
+                self._start_failure = "exit code 1 without output"
+            return TestResult(index, CRASH, last[0][:300])
+        if same_output(out.decode("utf-8", "replace"), test[1]):
+            return TestResult(index, PASS)
+        return TestResult(index, FAIL, f"wrong output {out[:80].decode('utf-8', 'replace')!r}")
+
+    def _run_calls(self, program: str, suite: TestSuite, slot: int, due: float) -> tuple[str, list[TestResult]]:
+        """Assert tests through a program and a judge sandbox; a test that hangs or kills the
+        program ends that pair, and a fresh one carries on from the next test."""
+        results: list[TestResult] = []
+        while len(results) < len(suite.tests) and time.monotonic() < due:
+            load, batch = self._call_pair(program, suite, len(results), slot, due)
+            if load != "ok":
+                return load, results
+            results.extend(batch)
+            if not batch or batch[-1].outcome not in (TIMEOUT, CRASH):
+                break
+        return "ok", results
+
+    def _call_pair(
+        self, program: str, suite: TestSuite, start: int, slot: int, due: float
+    ) -> tuple[str, list[TestResult]]:
+        to_program_r, to_program_w = os.pipe()
+        to_judge_r, to_judge_w = os.pipe()
+        serve = judge = None
+        try:
+            serve = self.sandbox.start(
+                "serve", {"program.py": program.encode()}, slot,
+                args=(str(to_program_r), str(to_judge_w)), pass_fds=(to_program_r, to_judge_w),
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            judge = self.sandbox.start(
+                "judge", {"tests.json": suite.judge_spec(start)}, slot,
+                args=(str(to_judge_r), str(to_program_w), repr(self.test_timeout_s)),
+                pass_fds=(to_judge_r, to_program_w),
+            )  # fmt: skip
+        finally:
+            for fd in (to_program_r, to_program_w, to_judge_r, to_judge_w):
+                os.close(fd)
+        load, results = "crash", []
+        try:
+            for message in _lines(judge, due):
+                if "load" in message:
+                    load = str(message["load"])
+                    if load != "ok":
+                        detail = str(message.get("detail", ""))[:300]
+                        return load, [TestResult(start, load, detail)]
+                elif "test" in message:
+                    results.append(TestResult(start + int(message["test"]), str(message["outcome"]), str(message.get("detail", ""))))
+            if load == "ok" and len(results) < len(suite.tests) - start:
+                left = "timeout" if time.monotonic() >= due else "crash"
+                results.append(TestResult(start + len(results), left, "the judge stopped"))
+            elif load != "ok" and judge.proc.poll() is not None and judge.proc.returncode not in (0, None):
+                self._start_failure = judge.stderr_line() or f"judge exit code {judge.proc.returncode}"
+        finally:
+            judge.kill()
+            if serve is not None:
+                serve.kill()
+        return load, results
+
+
+def _lines(started: Started, due: float):
+    """The judge's JSON lines until it exits or ``due`` passes."""
+    stream = started.proc.stdout
+    assert stream is not None
+    buffer = b""
+    fd = stream.fileno()
+    while True:
+        left = due - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                yield message
+
+
+def _exchange(started: Started, data: bytes, cap: int, due: float) -> tuple[bytes, bytes, bool, bool]:
+    """Feed stdin, read stdout (up to ``cap``) and stderr (its first 64 KiB) until exit or ``due``:
+    (stdout, stderr, timed out, output over cap)."""
+    proc = started.proc
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    pending = memoryview(data)
+    readers = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    writer: int | None = proc.stdin.fileno()
+    if not pending:
+        proc.stdin.close()
+        writer = None
+    else:
+        os.set_blocking(writer, False)
+    while readers:
+        left = due - time.monotonic()
+        if left <= 0:
+            return bytes(out), bytes(err), True, False
+        ready_r, ready_w, _ = select.select(list(readers), [writer] if writer is not None else [], [], left)
+        if ready_w:
+            try:
+                pending = pending[os.write(writer, pending[: 1 << 16]) :]  # type: ignore[arg-type]
+            except (BrokenPipeError, BlockingIOError):
+                pending = pending[:0] if not isinstance(pending, memoryview) else pending[len(pending) :]
+            if not pending:
+                proc.stdin.close()
+                writer = None
+        for fd in ready_r:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                del readers[fd]
+                continue
+            buffer = readers[fd]
+            if buffer is out and len(out) + len(chunk) > cap:
+                return bytes(out), bytes(err), False, True
+            if buffer is out or len(err) < 1 << 16:
+                buffer += chunk
+    remaining = due - time.monotonic()
+    try:
+        proc.wait(timeout=max(0.0, remaining))
+    except subprocess.TimeoutExpired:
+        return bytes(out), bytes(err), True, False
+    return bytes(out), bytes(err), False, False
+
+
+def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:
+    """The verdict of a program from its load outcome and its tests' results."""
+    if load != "ok":
+        detail = results[0].detail if results else ""
+        failure = {SYNTAX_ERROR: SYNTAX_ERROR, MEMORY: MEMORY, TIMEOUT: TIMEOUT}.get(load, CRASH)
+        words = {SYNTAX_ERROR: "syntax error", MEMORY: "out of memory while loading", TIMEOUT: "timeout while loading"}
+        return Verdict.failed(failure, f"{words.get(load, 'crash while loading')}: {detail}".rstrip(": "))
+    if results and results[0].outcome == SYNTAX_ERROR:
+        return Verdict.failed(SYNTAX_ERROR, f"syntax error: {results[0].detail}".rstrip(": "))
+    passed = sum(r.outcome == PASS for r in results)
+    if passed == total:
+        return Verdict.correct(1.0, f"{total} of {total} tests passed")
+    outcomes = {r.outcome for r in results}
+    failure = next((c for c in (TIMEOUT, MEMORY, CRASH) if c in outcomes), TESTS_FAILED)
+    if len(results) < total and failure == TESTS_FAILED:
+        failure = TIMEOUT  # the program's time ran out before every test ran
+    first = next((r for r in results if r.outcome != PASS), None)
+    where = f"; test {first.index}: {first.outcome}" + (f" ({first.detail})" if first.detail else "") if first else ""
+    if len(results) < total:
+        where += f"; {total - len(results)} not run (reward.code.program_timeout_s)"
+    return Verdict.failed(failure, f"{passed} of {total} tests passed{where}", passed / total)
