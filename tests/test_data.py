@@ -14,7 +14,15 @@ from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graftrl.storage.data import PAPER_PROMPT_SUFFIX, DataError, MathProblem, PromptSampler, load_problems
+from graftrl.storage.data import (
+    PAPER_PROMPT_SUFFIX,
+    DataError,
+    MathProblem,
+    Problem,
+    PromptSampler,
+    load_problems,
+)
+from graftrl.storage.data_formats import fold_messages, normalise_tests
 
 JSONL = FIXTURES / "math_small.jsonl"
 # math_small.parquet is math_small.jsonl written with pyarrow (answers as strings);
@@ -144,6 +152,279 @@ def test_unsupported_suffix_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         load_problems(tmp_path / "nope.jsonl")
     assert issubclass(DataError, ValueError)
+
+
+# ------------------------------------------------------------------ other formats
+
+
+def _write_json_lines(path: Path, rows: list[object]) -> Path:
+    return _write_jsonl(path, [json.dumps(row) for row in rows])
+
+
+def _one_line_error(path: Path, where: str, field: str) -> str:
+    with pytest.raises(DataError) as info:
+        load_problems(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path} {where}: "), message
+    assert f"field {field!r}" in message, message
+    return message
+
+
+def test_math_rows_read_as_before_with_nothing_extra() -> None:
+    rows = [json.loads(line) for line in JSONL.read_text().splitlines()]
+    problems = load_problems(JSONL)
+    assert [(p.id, p.problem, p.answer, p.family, dict(p.extra)) for p in problems] == [
+        (r["id"], r["problem"], str(r["answer"]), None, {}) for r in rows
+    ]
+    assert all(dict(p.extra) == {} for p in load_problems(PARQUET))
+
+
+def test_other_fields_of_a_row_are_kept_in_extra(tmp_path: Path) -> None:
+    row = {"problem": "1+1?", "answer": 2, "solution": "1+1=2", "level": 3, "tags": ["add"], "meta": {"a": 1}}
+    (problem,) = load_problems(_write_json_lines(tmp_path / "x.jsonl", [row]))
+    assert problem == Problem("x-0", "1+1?", "2")  # extra is not part of equality
+    assert problem.extra == {"solution": "1+1=2", "level": 3, "tags": ["add"], "meta": {"a": 1}}
+
+
+def _verl_row(index: int, content: str, ground_truth: object, system: str | None = None) -> dict:
+    prompt = [{"role": "user", "content": content}]
+    if system is not None:
+        prompt.insert(0, {"role": "system", "content": system})
+    return {
+        "data_source": "openai/gsm8k",
+        "prompt": prompt,
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": "train", "index": index},
+    }
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    """Rows as one table; fields a row lacks are null (``from_pylist`` takes the first row's)."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.Table.from_pylist([{name: row.get(name) for name in names} for row in rows])
+
+
+def test_verl_parquet_math_and_code_rows(tmp_path: Path) -> None:
+    """verl's rows as its docs show them, written with pyarrow: one file holds math rows and a
+    code row, so Parquet fills the fields a row lacks with null."""
+    rows = [
+        _verl_row(0, "Natalia sold 48 clips ... How many?", "72"),
+        _verl_row(1, "What is 6 * 7?", 42, system="You are a careful solver."),
+        {
+            **_verl_row(2, "Write add(a, b).", None),
+            "data_source": "mbpp",
+            "ability": "code",
+            "tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"],
+            "entry_point": "add",
+        },
+    ]
+    rows[1]["prompt"][0]["content"] = "You are a careful solver."
+    rows[1]["reward_model"]["ground_truth"] = "42"  # one Parquet column holds one type
+    path = tmp_path / "verl.parquet"
+    pq.write_table(_table(rows), path)
+
+    first, second, code = load_problems(path)
+    assert (first.id, first.problem, first.answer) == ("0", "Natalia sold 48 clips ... How many?", "72")
+    assert second.problem == "You are a careful solver.\n\nWhat is 6 * 7?"
+    assert (second.id, second.answer, second.family) == ("1", "42", None)
+    assert first.extra == {
+        "data_source": "openai/gsm8k",
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "72"},
+        "ground_truth": "72",
+        "extra_info": {"split": "train", "index": 0},
+    }
+    assert (code.id, code.problem, code.answer) == ("2", "Write add(a, b).", "")
+    assert code.extra["tests"] == ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]
+    assert code.extra["entry_point"] == "add"
+    assert code.extra["data_source"] == "mbpp"
+    assert "ground_truth" not in code.extra and "prompt" not in code.extra
+
+
+def test_verl_code_ground_truth_that_is_not_an_answer_is_kept_in_extra(tmp_path: Path) -> None:
+    truth = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    row = {**_verl_row(7, "Read a and b, print a+b.", truth), "ability": "code"}
+    del row["extra_info"]
+    path = tmp_path / "code.parquet"
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    (problem,) = load_problems(path)
+    assert (problem.id, problem.answer) == ("code-0", "")  # no extra_info.index: generated id
+    assert problem.extra["ground_truth"] == truth
+    assert problem.extra["ability"] == "code"
+
+
+def test_verl_rows_with_repeated_indices_say_where_ids_come_from(tmp_path: Path) -> None:
+    path = _write_json_lines(tmp_path / "v.jsonl", [_verl_row(0, "a", "1"), _verl_row(0, "b", "2")])
+    with pytest.raises(
+        DataError, match=r"duplicate id '0' at line 1 and line 2 \(ids come from verl's 'extra_info\.index'"
+    ):
+        load_problems(path)
+    rows = [{**_verl_row(0, "a", "1"), "id": "a"}, {**_verl_row(0, "b", "2"), "id": "b"}]
+    assert [p.id for p in load_problems(_write_json_lines(tmp_path / "w.jsonl", rows))] == ["a", "b"]
+
+
+def test_trl_prompt_rows(tmp_path: Path) -> None:
+    rows = [
+        {"prompt": [{"role": "user", "content": "What is 2+2?"}], "solution": "4"},
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3+3?"}],
+            "answer": 6,
+            "solution": "3+3 is 6",
+        },
+        {"prompt": "Standard format: 5+5?", "solution": "10"},
+        {"prompt": [{"role": "system", "content": "  "}, {"role": "user", "content": "1+0?"}], "answer": "1"},
+    ]
+    problems = load_problems(_write_json_lines(tmp_path / "trl.jsonl", rows))
+    assert [(p.id, p.problem, p.answer) for p in problems] == [
+        ("trl-0", "What is 2+2?", "4"),
+        ("trl-1", "Be brief.\n\n3+3?", "6"),  # 'answer' before 'solution'
+        ("trl-2", "Standard format: 5+5?", "10"),
+        ("trl-3", "1+0?", "1"),  # a blank system message is dropped
+    ]
+    assert problems[0].extra == {"solution": "4"}
+    assert problems[1].extra == {"solution": "3+3 is 6"}
+
+
+def test_a_problem_field_wins_over_prompt_and_prompt_is_then_kept(tmp_path: Path) -> None:
+    row = {"problem": "raw", "prompt": [{"role": "user", "content": "templated"}], "answer": "1"}
+    (problem,) = load_problems(_write_json_lines(tmp_path / "p.jsonl", [row]))
+    assert problem.problem == "raw"
+    assert problem.extra == {"prompt": [{"role": "user", "content": "templated"}]}
+
+
+def test_code_rows_normalise_their_tests(tmp_path: Path) -> None:
+    pairs = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
+    rows = [
+        {
+            "problem": "HumanEval style",
+            "tests": ["assert f(1) == 2"],
+            "entry_point": "f",
+            "canonical_solution": "x",
+        },
+        {"problem": "APPS", "tests": {"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}},
+        {"problem": "CodeContests", "tests": {"input": ["1 2\n", "5 5\n"], "output": ["3\n", "10\n"]}},
+        {"problem": "pairs", "tests": pairs, "answer": ""},
+        {"problem": "JSON string", "tests": json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]})},
+        {"problem": "MBPP", "tests": ["assert g() == 1"], "setup": "import os", "imports": ["import re"]},
+    ]
+    problems = load_problems(_write_json_lines(tmp_path / "code.jsonl", rows))
+    assert all(p.answer == "" for p in problems)
+    assert problems[0].extra == {"tests": ["assert f(1) == 2"], "entry_point": "f", "canonical_solution": "x"}
+    assert problems[1].extra["tests"] == problems[2].extra["tests"] == problems[3].extra["tests"] == pairs
+    assert problems[4].extra["tests"] == pairs[:1]
+    assert problems[5].extra == {"tests": ["assert g() == 1"], "setup": "import os", "imports": ["import re"]}
+    # The same rows from Parquet (the dict-valued tests as JSON strings, as hub copies store them).
+    path = tmp_path / "apps.parquet"
+    apps = json.dumps({"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
+    pq.write_table(pa.table({"problem": ["APPS"], "tests": [apps], "id": [17]}), path)
+    (problem,) = load_problems(path)
+    assert (problem.id, problem.answer, problem.extra["tests"]) == ("17", "", pairs)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fragment"),
+    [
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "q2"},
+            ],
+            "roles ['user', 'assistant', 'user']; graftrl takes one user message",
+        ),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "roles ['user', 'user']"),
+        ([{"role": "user", "content": "q"}, {"role": "system", "content": "s"}], "roles ['user', 'system']"),
+        ([{"role": "assistant", "content": "a"}], "roles ['assistant']"),
+        ([{"role": "user", "content": [{"type": "text", "text": "q"}]}], "message 0 (user) has list content"),
+        ([{"content": "q"}], "message 0 is not a chat message"),
+        (["q"], "message 0 is not a chat message"),
+        ([], "non-empty list of chat messages"),
+        ({"role": "user", "content": "q"}, "non-empty list of chat messages"),
+        ([{"role": "user", "content": "  "}], "empty user message"),
+    ],
+)
+def test_bad_message_shapes_are_one_line_naming_file_row_and_field(
+    tmp_path: Path, prompt: object, fragment: str
+) -> None:
+    path = _write_json_lines(
+        tmp_path / "chat.jsonl",
+        [{"prompt": [{"role": "user", "content": "ok"}], "answer": "1"}, {"prompt": prompt, "answer": "1"}],
+    )
+    assert fragment in _one_line_error(path, "line 2", "prompt")
+
+
+def test_bad_prompt_in_parquet_names_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "chat.parquet"
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    pq.write_table(_table([_verl_row(0, "fine", "1"), {**_verl_row(1, "", "2"), "prompt": turns}]), path)
+    assert "roles ['user', 'assistant']" in _one_line_error(path, "row 1", "prompt")
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "fragment"),
+    [
+        ({"tests": []}, "tests", "is empty"),
+        ({"tests": "assert f() == 1"}, "tests", "not JSON"),
+        ({"tests": ["assert f() == 1", {"input": "", "output": ""}]}, "tests", "all tests of one kind"),
+        ({"tests": [{"input": [1, 2], "output": "3"}]}, "tests", "test 0 needs a string 'input'"),
+        ({"tests": {"inputs": ["1"], "outputs": []}}, "tests", "has 1 inputs but 0 outputs"),
+        ({"tests": {"fn_name": "f"}}, "tests", "without the lists 'input' and 'output'"),
+        ({"tests": ["assert f() == 1"], "entry_point": 3}, "entry_point", "must be a string"),
+        ({"tests": ["assert f() == 1"], "imports": [1]}, "imports", "a string or a list of strings"),
+        ({"answer": "1", "reward_model": "72"}, "reward_model", "an object like verl's"),
+        ({"reward_model": {"ground_truth": ""}}, "reward_model.ground_truth", "is empty"),
+    ],
+)
+def test_bad_code_and_verl_fields(tmp_path: Path, row: dict, field: str, fragment: str) -> None:
+    path = _write_json_lines(tmp_path / "rows.jsonl", [{"problem": "p", **row}])
+    assert fragment in _one_line_error(path, "line 1", field)
+
+
+def test_answer_is_needed_unless_the_row_has_tests_or_a_ground_truth(tmp_path: Path) -> None:
+    path = _write_json_lines(tmp_path / "a.jsonl", [{"prompt": "q"}])
+    message = _one_line_error(path, "line 1", "answer")  # "missing field 'answer'"
+    assert "'answer' or 'solution'" in message and "'tests'" in message
+    path = _write_json_lines(
+        tmp_path / "b.jsonl", [{"problem": "q", "answer": None, "tests": ["assert True"]}]
+    )
+    assert load_problems(path)[0].answer == ""
+    path = _write_json_lines(
+        tmp_path / "c.jsonl", [{"problem": "q", "reward_model": {"ground_truth": [1, 2]}}]
+    )
+    assert load_problems(path)[0].answer == ""
+
+
+def test_check_callback_message_names_file_and_row(tmp_path: Path) -> None:
+    rows = [{"problem": "q", "tests": ["assert True"]}, {"problem": "r", "answer": "1"}]
+    path = _write_json_lines(tmp_path / "mixed.jsonl", rows)
+    seen: list[str] = []
+
+    def needs_tests(problem: Problem) -> str | None:
+        seen.append(problem.id)
+        return (
+            None
+            if "tests" in problem.extra
+            else "field 'tests' is missing (the code verifier runs a row's tests)"
+        )
+
+    with pytest.raises(DataError) as info:
+        load_problems(path, check=needs_tests)
+    assert (
+        str(info.value) == f"{path} line 2: field 'tests' is missing (the code verifier runs a row's tests)"
+    )
+    assert seen == ["mixed-0", "mixed-1"]
+    assert [p.id for p in load_problems(path, check=lambda problem: None)] == ["mixed-0", "mixed-1"]
+
+
+def test_helpers_and_pickling() -> None:
+    import pickle
+
+    assert fold_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]) == "S\n\nU"
+    assert normalise_tests({"inputs": ["a"], "outputs": ["b"]}) == [{"input": "a", "output": "b"}]
+    problem = Problem("p", "q", extra={"tests": [{"input": "a", "output": "b"}]})
+    assert pickle.loads(pickle.dumps(problem)).extra == problem.extra  # verifier workers get rows
 
 
 # ------------------------------------------------------------------ prompts

@@ -1,16 +1,20 @@
-"""Math prompt datasets: loading problem files, sampling prompt batches.
+"""Prompt datasets: loading problem files, sampling prompt batches.
 
 Files are JSONL, JSON (an array of records, or JSONL under a ``.json`` name) or Parquet, one
-record per problem with ``problem``, ``answer`` and an optional ``id``. Errors name the file,
-the line (JSONL, 1-based) or record/row (0-based) and the field, and say how to fix it: a bad
-record should cost a minute to find, not a failed run hours later.
+record per problem. graftrl's own rows hold ``problem``, ``answer`` and an optional ``id`` and
+``family``; verl's Parquet rows, TRL's ``prompt`` column (a string or chat messages) and code
+rows with ``tests`` are read as they are (``graftrl.storage.data_formats`` has the rules: how
+chat messages fold into one prompt, where the gold answer and the id come from, which fields go
+to ``Problem.extra``). Errors name the file, the line (JSONL, 1-based) or record/row (0-based)
+and the field, and say how to fix it: a bad record should cost a minute to find, not a failed
+run hours later.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,16 +70,23 @@ MathProblem = Problem
 # --------------------------------------------------------------------------------------------
 
 
-def load_problems(path: str | Path) -> list[MathProblem]:
+def load_problems(path: str | Path, check: Callable[[Problem], str | None] | None = None) -> list[Problem]:
     """Load problems from ``.jsonl``, ``.json`` or ``.parquet``.
 
-    Each record needs a non-empty string ``problem`` and an ``answer`` (a string or a number,
+    graftrl's rows need a non-empty string ``problem`` and an ``answer`` (a string or a number,
     which is converted with ``str``); ``id`` is optional and defaults to
     ``f"{file_stem}-{index}"`` with the 0-based record index (blank JSONL lines are not
     counted), so the same data gives the same ids in JSONL and Parquet. An optional ``family``
-    (string) groups problems for per-family reports. Other fields are ignored.
-    Raises ``DataError`` for a malformed, empty or duplicate-id file.
+    (string) groups problems for per-family reports. verl's rows, TRL's ``prompt`` rows and code
+    rows with ``tests`` are read too, and every other field of a row is kept in
+    ``Problem.extra`` (``graftrl.storage.data_formats`` describes the formats).
+
+    ``check`` (a verifier's ``check_problem``) is called on each problem; a message it returns
+    becomes a ``DataError`` naming the file and the row. Raises ``DataError`` for a malformed,
+    empty or duplicate-id file.
     """
+    from graftrl.storage.data_formats import id_field, row_to_problem
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: problem file not found (expected a .jsonl, .json or .parquet file)")
@@ -89,16 +100,24 @@ def load_problems(path: str | Path) -> list[MathProblem]:
     if not records:
         raise DataError(f"{path}: contains no records (each line/row must hold one problem)")
 
-    problems: list[MathProblem] = []
+    problems: list[Problem] = []
     first_seen: dict[str, str] = {}
     for index, (where, record) in enumerate(records):
-        problem = _to_problem(path, where, index, record)
+        problem = row_to_problem(path, where, index, record)
         if problem.id in first_seen:
+            fix = (
+                "ids come from verl's 'extra_info.index' here: make the indices unique, or give each "
+                "row an 'id'"
+                if id_field(record) == "extra_info.index"
+                else "ids must be unique: rename one, or drop the 'id' field to use generated ids"
+            )
             raise DataError(
-                f"{path}: duplicate id {problem.id!r} at {first_seen[problem.id]} and {where} "
-                "(ids must be unique: rename one, or drop the 'id' field to use generated ids)"
+                f"{path}: duplicate id {problem.id!r} at {first_seen[problem.id]} and {where} ({fix})"
             )
         first_seen[problem.id] = where
+        message = check(problem) if check is not None else None
+        if message:
+            raise DataError(f"{path} {where}: {message}")
         problems.append(problem)
     return problems
 
@@ -142,38 +161,11 @@ def _read_parquet_records(path: Path) -> list[tuple[str, Any]]:
     return [(f"row {i}", rec) for i, rec in enumerate(table.to_pylist())]
 
 
-def _to_problem(path: Path, where: str, index: int, record: Any) -> MathProblem:
-    loc = f"{path} {where}"
-    if not isinstance(record, dict):
-        raise DataError(f"{loc}: expected an object with 'problem' and 'answer', got {type(record).__name__}")
-    for name in ("problem", "answer"):
-        if record.get(name) is None:
-            raise DataError(
-                f"{loc}: missing field {name!r} (each record needs 'problem' and 'answer')"
-                if name not in record
-                else f"{loc}: field {name!r} is null (give it a value or remove the record)"
-            )
-    problem = record["problem"]
-    if not isinstance(problem, str) or not problem.strip():
-        raise DataError(f"{loc}: field 'problem' must be a non-empty string, got {problem!r}")
-    answer = _scalar_to_str(loc, "answer", record["answer"])
-    raw_id = record.get("id")
-    pid = f"{path.stem}-{index}" if raw_id is None else _scalar_to_str(loc, "id", raw_id)
-    raw_family = record.get("family")
-    family = None if raw_family is None else _scalar_to_str(loc, "family", raw_family)
-    return MathProblem(id=pid, problem=problem, answer=answer, family=family)
+def _to_problem(path: Path, where: str, index: int, record: Any) -> Problem:
+    """One record as a ``Problem`` (``graftrl.storage.data_formats.row_to_problem``)."""
+    from graftrl.storage.data_formats import row_to_problem
 
-
-def _scalar_to_str(loc: str, name: str, value: Any) -> str:
-    """Accept strings and numbers (JSON/Parquet often store answers and ids as numbers)."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise DataError(f"{loc}: field {name!r} must be a string or a number, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise DataError(f"{loc}: field {name!r} is {value!r}; write the answer as a string instead")
-    text = str(value).strip()
-    if not text:
-        raise DataError(f"{loc}: field {name!r} is empty")
-    return text
+    return row_to_problem(path, where, index, record)
 
 
 # --------------------------------------------------------------------------------------------
