@@ -51,14 +51,13 @@ from graftrl.verifiers.base import (
     check_lengths,
 )
 from graftrl.verifiers.sandbox import Limits, Sandbox, Started
+from graftrl.verifiers.sandbox_entry import SYNTAX_EXIT
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
 
 PASS, FAIL = "pass", "fail"
 """A test's outcomes besides ``timeout``, ``crash`` and ``memory`` (the failure classes)."""
 
-SYNTAX_EXIT = 86
-"""Exit code of ``run`` when the program does not compile (``sandbox_entry.main``)."""
 
 
 def extract_program(response: str) -> str | None:
@@ -270,13 +269,13 @@ class CodeVerifier(VerifierBase):
                 "and environment of this machine are reachable); use it only for code you trust",
                 stacklevel=2,
             )
-        program = "def add(a, b):\n    return a + b\n\nprint(add(*map(int, input().split())))\n"
+        function = "def add(a, b):\n    return a + b\n"
         calls = TestSuite(False, ("assert add(1, 2) == 3", "assert add(2, 2) == 5"))
-        stdio = TestSuite(True, (("20 22\n", "42\n"),))
+        script = "print(sum(map(int, input().split())))\n"
         slot = self.sandbox.take_slot()
         try:
-            got = [r.outcome for r in self._run_calls(program, calls, slot, time.monotonic() + 60.0)[1]]
-            got += [self._run_stdio_test(program, stdio.tests[0], 0, slot, 60.0).outcome]
+            got = [r.outcome for r in self._run_calls(function, calls, slot, time.monotonic() + 60.0)[1]]
+            got += [self._run_stdio_test(script, ("20 22\n", "42\n"), 0, slot, 60.0).outcome]
         finally:
             self.sandbox.give_slot(slot)
         if got != [PASS, FAIL, PASS]:
@@ -342,12 +341,14 @@ class CodeVerifier(VerifierBase):
         finally:
             started.kill()
         code = started.proc.returncode
-        if timed_out or code in (-9, 128 + 9, -24, 128 + 24, 152):  # wall clock, or SIGXCPU/SIGKILL of RLIMIT_CPU
-            return TestResult(index, TIMEOUT, f"ran past {timeout_s:g} s" if timed_out else "CPU time limit")
-        if code == SYNTAX_EXIT:
-            return TestResult(index, SYNTAX_ERROR, err.decode("utf-8", "replace").strip()[-300:])
+        if timed_out:
+            return TestResult(index, TIMEOUT, f"ran past {timeout_s:g} s")
         if overflow:
             return TestResult(index, CRASH, f"printed more than {self.sandbox.limits.output_bytes >> 10} KiB")
+        if code in (-9, 128 + 9, -24, 128 + 24):  # SIGXCPU, then SIGKILL, of RLIMIT_CPU
+            return TestResult(index, TIMEOUT, "CPU time limit")
+        if code == SYNTAX_EXIT:
+            return TestResult(index, SYNTAX_ERROR, err.decode("utf-8", "replace").strip()[-300:])
         if b"MemoryError" in err:
             return TestResult(index, MEMORY, "MemoryError")
         if code != 0:
@@ -366,7 +367,7 @@ class CodeVerifier(VerifierBase):
         while len(results) < len(suite.tests) and time.monotonic() < due:
             load, batch = self._call_pair(program, suite, len(results), slot, due)
             if load != "ok":
-                return load, results
+                return load, batch
             results.extend(batch)
             if not batch or batch[-1].outcome not in (TIMEOUT, CRASH):
                 break

@@ -223,6 +223,8 @@ class Sandbox:
                 command += ["--ro-bind", top, top]
         prefix = self.interpreter.prefix
         if not (prefix + os.sep).startswith("/usr/"):
+            for parent in reversed(Path(prefix).parents[:-1]):  # traversable by the sandbox's user
+                command += ["--perms", "0755", "--dir", str(parent)]
             command += ["--ro-bind", prefix, prefix]
         for site in self.interpreter.site_dirs:
             command += ["--tmpfs", site]  # the interpreter's installed packages stay out

@@ -36,6 +36,8 @@ SOLUTION_MODULE = "solution"
 ROOT = os.environ.get("GRAFTRL_SANDBOX_DIR", "/sandbox")
 """Where the program and tests are: /sandbox in the sandbox; a temporary folder with ``reward.sandbox: none``."""
 PROGRAM = f"{ROOT}/program.py"
+SYNTAX_EXIT = 86
+"""Exit code of ``run`` for a program that does not compile (the verifier reads it as a syntax error)."""
 TESTS = f"{ROOT}/tests.json"
 
 
@@ -316,6 +318,13 @@ def main(argv: list[str]) -> None:
     role, limits = argv[1], json.loads(argv[2])
     if role == "run":
         confine(limits)
+        try:
+            with open(PROGRAM, encoding="utf-8") as handle:
+                compile(handle.read(), "program.py", "exec")
+        except (SyntaxError, ValueError) as exc:
+            sys.stderr.write(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})\n")
+            sys.stderr.flush()
+            os._exit(SYNTAX_EXIT)
         for fd in range(3, 256):  # nothing but stdin, stdout and stderr reaches the program
             try:
                 os.close(fd)
