@@ -182,7 +182,7 @@ class Sandbox:
                 Path(folder, name).write_bytes(data)
             env = {"GRAFTRL_SANDBOX_DIR": folder, "PYTHONHASHSEED": "0", "PYTHONUTF8": "1", "HOME": folder}
             proc = subprocess.Popen(
-                entry, cwd=folder, env=env, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL,
+                entry, cwd=folder, env=env, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
                 pass_fds=pass_fds, start_new_session=True,
             )  # fmt: skip
             return Started(proc, folder)
