@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from graftrl.errors import UserError
 from graftrl.storage.data import Problem
 
 # Failure classes (``Verdict.failure``): one word each, counted by analyze and verify.
@@ -35,6 +36,11 @@ CRASH = "crash"
 ERROR = "error"
 """The verifier itself failed on this response (a scorer that raised, a sandbox that broke)."""
 FAILURE_CLASSES = (WRONG, NO_ANSWER, TESTS_FAILED, NO_CODE, SYNTAX_ERROR, TIMEOUT, MEMORY, CRASH, ERROR)
+
+
+class VerifierError(UserError):
+    """A verifier cannot be built or started (a scorer that does not load, a sandbox that does not
+    start): one line naming the ``reward`` setting and the fix, raised before any model loads."""
 
 
 @dataclass(frozen=True)
