@@ -20,6 +20,8 @@ from graftrl.verifiers.code import CodeVerifier
 from graftrl.verifiers.sandbox import SANDBOX_UID_BASE, Limits
 
 SECRET = "graftrl-test-secret-4e1f"
+ESCAPED = f"/tmp/graftrl-escaped-{os.getpid()}"
+"""A host path that an escaped program would write (unique to this test process)."""
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def host(tmp_path, monkeypatch):
     yield secret
     assert secret.read_text() == SECRET
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "a program wrote into the host's folder"
-    assert not Path("/tmp/graftrl-escaped").exists()
+    assert not Path(ESCAPED).exists()
     assert _sandbox_processes() == [], "a sandboxed process outlived its program"
 
 
@@ -121,7 +123,7 @@ def test_host_files_and_secrets_are_out_of_reach(verifier, host):
         ("import os\nprint(os.path.exists(os.path.expanduser('~/.ssh')) or os.path.exists('/work'))", stdio("True"), TESTS_FAILED),
         # write outside: the host folder, /tmp of the host, the interpreter
         (f"open({str(host.parent / 'planted.txt')!r}, 'w').write('x')\nprint('wrote')", stdio("wrote"), CRASH),
-        ("open('/tmp/../tmp/graftrl-escaped', 'w').write('x')\nimport os\nprint('wrote' if os.path.exists('/work') else 'no')",
+        (f"open({ESCAPED!r}, 'w').write('x')\nimport os\nprint('wrote' if os.path.exists('/work') else 'no')",
          stdio("wrote"), TESTS_FAILED),
         ("import os, sys\nopen(os.path.join(sys.prefix, 'planted'), 'w').write('x')\nprint('wrote')", stdio("wrote"), CRASH),
         ("import sys\nprint(any('site-packages' in p for p in sys.path) and __import__('torch'))", stdio("True"), None),
@@ -131,7 +133,9 @@ def test_host_files_and_secrets_are_out_of_reach(verifier, host):
 
 def test_a_program_leaves_nothing_for_the_next(verifier, host):
     writer = "open('/tmp/left-behind', 'w').write('hello')\nprint('written')"
-    reader = "import os\nprint(open('/tmp/left-behind').read() if os.path.exists('/tmp/left-behind') else 'clean')"
+    reader = (
+        "import os\nprint(open('/tmp/left-behind').read() if os.path.exists('/tmp/left-behind') else 'clean')"
+    )
     first = verifier.verify([writer], [stdio("written")])[0]
     second = verifier.verify([reader], [stdio("clean")])[0]
     assert first.reward == 1.0 and second.reward == 1.0, (first, second)
@@ -141,19 +145,31 @@ def test_processes_cannot_outlive_or_kill_their_parents(verifier, host):
     parent_pid = os.getpid()
     cases = [
         # fork bomb: bounded by the process limit, the CPU limit and the wall clock
-        ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", stdio("done"), None),
+        (
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            stdio("done"),
+            None,
+        ),
         # a daemon meant to outlive the program
         (
             "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n"
-            "    open('/tmp/graftrl-escaped', 'w').write('x')\nprint('detached')",
+            f"    open({ESCAPED!r}, 'w').write('x')\nprint('detached')",
             stdio("still here"),
             TESTS_FAILED,
         ),
         # killing the parent, the judge, everyone
-        (f"import os, signal\nos.kill({parent_pid}, signal.SIGKILL)\nprint('killed')", stdio("killed"), CRASH),
+        (
+            f"import os, signal\nos.kill({parent_pid}, signal.SIGKILL)\nprint('killed')",
+            stdio("killed"),
+            CRASH,
+        ),
         ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('killed')", stdio("killed"), None),
         ("import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('killed')", stdio("killed"), None),
-        ("import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) > 5)", stdio("True"), TESTS_FAILED),
+        (
+            "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) > 5)",
+            stdio("True"),
+            TESTS_FAILED,
+        ),
     ]
     run(verifier, cases)
     assert os.getppid() > 0  # this process (the trainer's stand-in) is alive and still parented
@@ -197,8 +213,16 @@ def test_passes_cannot_be_faked(verifier, host):
             TESTS_FAILED,
         ),
         # an answer that equals everything
-        ("class Any:\n    def __eq__(self, other): return True\ndef add(a, b): return Any()", add, TESTS_FAILED),
-        ("class I(int):\n    def __eq__(self, other): return True\ndef add(a, b): return I(0)", add, TESTS_FAILED),
+        (
+            "class Any:\n    def __eq__(self, other): return True\ndef add(a, b): return Any()",
+            add,
+            TESTS_FAILED,
+        ),
+        (
+            "class I(int):\n    def __eq__(self, other): return True\ndef add(a, b): return I(0)",
+            add,
+            TESTS_FAILED,
+        ),
         # read the tests: not in its sandbox, and the judge is not in its process namespace
         (
             "import os, glob\ndef add(a, b):\n    found = glob.glob('/sandbox/*') + glob.glob('/proc/*/cwd/tests.json')\n"
@@ -214,7 +238,9 @@ def test_passes_cannot_be_faked(verifier, host):
 
 
 def test_honest_programs_in_the_same_batch_score_right(verifier, host):
-    add = calls("assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0", "assert add(5, 0) == 5")
+    add = calls(
+        "assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0", "assert add(5, 0) == 5"
+    )
     responses = [
         "```python\ndef add(a, b):\n    return a + b\n```",
         "import os\nwhile True:\n    os.fork()",

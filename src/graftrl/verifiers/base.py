@@ -16,12 +16,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from graftrl.errors import UserError
 from graftrl.storage.data import Problem
 
-
-class VerifierError(UserError):
-    """The verifier cannot work as configured (a scorer that does not load, a sandbox that cannot
-    start); one line naming the setting and the fix, raised before any model loads."""
-
-
 # Failure classes (``Verdict.failure``): one word each, counted by analyze and verify.
 WRONG = "wrong"
 """An answer was found and is not the gold one (math, match, a scorer's 0)."""
@@ -54,7 +48,7 @@ class Verdict:
     """One response's score and its reason."""
 
     reward: float
-    """In [0, 1]: math and match 0/1, code the fraction of tests passed, a scorer what it returned."""
+    """Math and match 0/1, code the fraction of tests passed (in [0, 1]), a scorer what it returned."""
     reason: str
     """For people: ``correct``, ``3 of 5 tests passed``, ``timeout on test 2``, ``no code found``."""
     failure: str | None = None

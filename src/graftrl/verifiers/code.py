@@ -59,7 +59,6 @@ PASS, FAIL = "pass", "fail"
 """A test's outcomes besides ``timeout``, ``crash`` and ``memory`` (the failure classes)."""
 
 
-
 def extract_program(response: str) -> str | None:
     """The last fenced code block, else the whole response; None when that is blank."""
     blocks = _FENCE.findall(response)
@@ -68,7 +67,7 @@ def extract_program(response: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class TestSuite:
+class CodeTests:
     """A problem's tests, in one of the two forms."""
 
     stdio: bool
@@ -79,9 +78,11 @@ class TestSuite:
     setup: str | None = None
 
     @classmethod
-    def from_row(cls, extra: Mapping[str, Any], max_tests: int | None = None) -> TestSuite:
+    def from_row(cls, extra: Mapping[str, Any], max_tests: int | None = None) -> CodeTests:
         """The suite of a row; ValueError naming the field when there is none usable."""
-        raw = next((extra[k] for k in ("tests", "test_list", "test") if extra.get(k) not in (None, "", [])), None)
+        raw = next(
+            (extra[k] for k in ("tests", "test_list", "test") if extra.get(k) not in (None, "", [])), None
+        )
         if raw is None:
             raw = _tests_in_ground_truth(extra.get("ground_truth"))
         if raw is None:
@@ -94,7 +95,9 @@ class TestSuite:
         if isinstance(raw, Mapping) and "inputs" in raw and "outputs" in raw:
             raw = [{"input": i, "output": o} for i, o in zip(raw["inputs"], raw["outputs"], strict=False)]
         if not isinstance(raw, list) or not raw:
-            raise ValueError("field 'tests' must be a non-empty list of assert statements or {input, output} pairs")
+            raise ValueError(
+                "field 'tests' must be a non-empty list of assert statements or {input, output} pairs"
+            )
         entry = extra.get("entry_point")
         setup = extra.get("setup") or extra.get("test_setup_code") or None
         if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
@@ -113,7 +116,9 @@ class TestSuite:
             tests = tuple((_text(t["input"]), _text(t["output"])) for t in raw)
             stdio = True
         else:
-            raise ValueError("field 'tests' mixes forms: use only assert strings, or only {input, output} pairs")
+            raise ValueError(
+                "field 'tests' mixes forms: use only assert strings, or only {input, output} pairs"
+            )
         return cls(stdio, tests[:max_tests] if max_tests else tests, entry, setup)
 
     def key(self) -> str:
@@ -189,7 +194,17 @@ class CodeVerifier(VerifierBase):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graftrl-code")
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(
-            ("answers", "no_code", "cache_hits", "programs", "tests", "timeouts", "crashes", "deadline_skips"), 0
+            (
+                "answers",
+                "no_code",
+                "cache_hits",
+                "programs",
+                "tests",
+                "timeouts",
+                "crashes",
+                "deadline_skips",
+            ),
+            0,
         )
         self._seconds = 0.0
 
@@ -212,7 +227,7 @@ class CodeVerifier(VerifierBase):
 
     def check_problem(self, problem: Problem) -> str | None:
         try:
-            TestSuite.from_row(problem.extra, self.max_tests)
+            CodeTests.from_row(problem.extra, self.max_tests)
         except ValueError as exc:
             return str(exc)
         return None
@@ -223,7 +238,7 @@ class CodeVerifier(VerifierBase):
         due = None if self.deadline_s is None else time.monotonic() + self.deadline_s
         verdicts: list[Verdict | None] = [None] * len(responses)
         todo: dict[tuple[str, str], list[int]] = {}
-        suites: dict[tuple[str, str], TestSuite] = {}
+        suites: dict[tuple[str, str], CodeTests] = {}
         with self._lock:
             for i, (response, problem) in enumerate(zip(responses, problems, strict=True)):
                 program = extract_program(response)
@@ -232,7 +247,7 @@ class CodeVerifier(VerifierBase):
                     verdicts[i] = Verdict.failed(NO_CODE, "no code found")
                     continue
                 try:
-                    suite = TestSuite.from_row(problem.extra, self.max_tests)
+                    suite = CodeTests.from_row(problem.extra, self.max_tests)
                 except ValueError as exc:
                     verdicts[i] = Verdict.failed(ERROR, f"problem {problem.id!r}: {exc}")
                     continue
@@ -270,7 +285,7 @@ class CodeVerifier(VerifierBase):
                 stacklevel=2,
             )
         function = "def add(a, b):\n    return a + b\n"
-        calls = TestSuite(False, ("assert add(1, 2) == 3", "assert add(2, 2) == 5"))
+        calls = CodeTests(False, ("assert add(1, 2) == 3", "assert add(2, 2) == 5"))
         script = "print(sum(map(int, input().split())))\n"
         slot = self.sandbox.take_slot()
         try:
@@ -296,12 +311,14 @@ class CodeVerifier(VerifierBase):
 
     _start_failure: str = ""
 
-    def _judge(self, program: str, suite: TestSuite, due: float | None) -> tuple[Verdict, bool]:
+    def _judge(self, program: str, suite: CodeTests, due: float | None) -> tuple[Verdict, bool]:
         now = time.monotonic()
         if due is not None and now >= due:
             with self._lock:
                 self._stats["deadline_skips"] += 1
-            return Verdict.failed(TIMEOUT, "not run: the call's deadline (reward.deadline_s) had passed"), False
+            return Verdict.failed(
+                TIMEOUT, "not run: the call's deadline (reward.deadline_s) had passed"
+            ), False
         program_due = now + self.program_timeout_s
         if due is not None:
             program_due = min(program_due, due)
@@ -320,7 +337,7 @@ class CodeVerifier(VerifierBase):
             self._stats["crashes"] += sum(r.outcome == CRASH for r in results)
         return summarise(load, results, len(suite.tests)), True
 
-    def _run_stdio(self, program: str, suite: TestSuite, slot: int, due: float) -> list[TestResult]:
+    def _run_stdio(self, program: str, suite: CodeTests, slot: int, due: float) -> list[TestResult]:
         results: list[TestResult] = []
         for index, test in enumerate(suite.tests):
             left = due - time.monotonic()
@@ -332,7 +349,9 @@ class CodeVerifier(VerifierBase):
                 break
         return results
 
-    def _run_stdio_test(self, program: str, test: tuple[str, str], index: int, slot: int, timeout_s: float) -> TestResult:
+    def _run_stdio_test(
+        self, program: str, test: tuple[str, str], index: int, slot: int, timeout_s: float
+    ) -> TestResult:
         started = self.sandbox.start("run", {"program.py": program.encode()}, slot, stdin=subprocess.PIPE)
         try:
             out, err, timed_out, overflow = _exchange(
@@ -360,7 +379,9 @@ class CodeVerifier(VerifierBase):
             return TestResult(index, PASS)
         return TestResult(index, FAIL, f"wrong output {out[:80].decode('utf-8', 'replace')!r}")
 
-    def _run_calls(self, program: str, suite: TestSuite, slot: int, due: float) -> tuple[str, list[TestResult]]:
+    def _run_calls(
+        self, program: str, suite: CodeTests, slot: int, due: float
+    ) -> tuple[str, list[TestResult]]:
         """Assert tests through a program and a judge sandbox; a test that hangs or kills the
         program ends that pair, and a fresh one carries on from the next test."""
         results: list[TestResult] = []
@@ -374,7 +395,7 @@ class CodeVerifier(VerifierBase):
         return "ok", results
 
     def _call_pair(
-        self, program: str, suite: TestSuite, start: int, slot: int, due: float
+        self, program: str, suite: CodeTests, start: int, slot: int, due: float
     ) -> tuple[str, list[TestResult]]:
         to_program_r, to_program_w = os.pipe()
         to_judge_r, to_judge_w = os.pipe()
@@ -402,8 +423,15 @@ class CodeVerifier(VerifierBase):
                         detail = str(message.get("detail", ""))[:300]
                         return load, [TestResult(start, load, detail)]
                 elif "test" in message:
-                    results.append(TestResult(start + int(message["test"]), str(message["outcome"]), str(message.get("detail", ""))))
-            if load == "ok" and len(results) < len(suite.tests) - start:
+                    results.append(
+                        TestResult(
+                            start + int(message["test"]),
+                            str(message["outcome"]),
+                            str(message.get("detail", "")),
+                        )
+                    )
+            ended = bool(results) and results[-1].outcome in (TIMEOUT, CRASH)  # the judge stops there
+            if load == "ok" and not ended and len(results) < len(suite.tests) - start:
                 left = "timeout" if time.monotonic() >= due else "crash"
                 results.append(TestResult(start + len(results), left, "the judge stopped"))
             elif load != "ok" and judge.proc.poll() is not None and judge.proc.returncode not in (0, None):
@@ -489,7 +517,11 @@ def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:
     if load != "ok":
         detail = results[0].detail if results else ""
         failure = {SYNTAX_ERROR: SYNTAX_ERROR, MEMORY: MEMORY, TIMEOUT: TIMEOUT}.get(load, CRASH)
-        words = {SYNTAX_ERROR: "syntax error", MEMORY: "out of memory while loading", TIMEOUT: "timeout while loading"}
+        words = {
+            SYNTAX_ERROR: "syntax error",
+            MEMORY: "out of memory while loading",
+            TIMEOUT: "timeout while loading",
+        }
         return Verdict.failed(failure, f"{words.get(load, 'crash while loading')}: {detail}".rstrip(": "))
     if results and results[0].outcome == SYNTAX_ERROR:
         return Verdict.failed(SYNTAX_ERROR, f"syntax error: {results[0].detail}".rstrip(": "))
@@ -501,7 +533,11 @@ def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:
     if len(results) < total and failure == TESTS_FAILED:
         failure = TIMEOUT  # the program's time ran out before every test ran
     first = next((r for r in results if r.outcome != PASS), None)
-    where = f"; test {first.index}: {first.outcome}" + (f" ({first.detail})" if first.detail else "") if first else ""
+    where = (
+        f"; test {first.index}: {first.outcome}" + (f" ({first.detail})" if first.detail else "")
+        if first
+        else ""
+    )
     if len(results) < total:
         where += f"; {total - len(results)} not run (reward.code.program_timeout_s)"
     return Verdict.failed(failure, f"{passed} of {total} tests passed{where}", passed / total)

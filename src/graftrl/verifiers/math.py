@@ -30,7 +30,9 @@ class MathRewards(VerifierBase):
 
     def verify(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
         verdicts = []
-        for response, reward, problem in zip(responses, self.rewards(responses, problems), problems, strict=True):
+        for response, reward, problem in zip(
+            responses, self.rewards(responses, problems), problems, strict=True
+        ):
             if reward >= 1.0:
                 verdicts.append(Verdict.correct())
                 continue
@@ -38,7 +40,9 @@ class MathRewards(VerifierBase):
             if answer is None or not answer.strip():
                 verdicts.append(Verdict.failed(NO_ANSWER, "no answer found (no \\boxed{})"))
             else:
-                verdicts.append(Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}"))
+                verdicts.append(
+                    Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}")
+                )
         return verdicts
 
     def check_problem(self, problem: Problem) -> str | None:

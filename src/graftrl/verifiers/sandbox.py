@@ -108,7 +108,11 @@ class Interpreter:
         sites = sorted(
             {
                 os.path.realpath(d)
-                for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages", "local/lib/python3*")
+                for pattern in (
+                    "lib/python3*/site-packages",
+                    "lib/python3*/dist-packages",
+                    "local/lib/python3*",
+                )
                 for d in glob.glob(os.path.join(prefix, pattern))
             }
         )
@@ -129,7 +133,9 @@ class Sandbox:
     """Starts sandboxed processes running ``sandbox_entry`` in a role, with files put under
     ``/sandbox``. One per verifier; ``slot()`` hands out the per-sandbox user ids."""
 
-    def __init__(self, isolation: Isolation = "bwrap", limits: Limits | None = None, python: str | None = None):
+    def __init__(
+        self, isolation: Isolation = "bwrap", limits: Limits | None = None, python: str | None = None
+    ):
         self.isolation = isolation
         self.limits = limits or Limits()
         self.interpreter = Interpreter.find(python)

@@ -90,7 +90,9 @@ def encode(value: object, depth: int = 0) -> object:
             return {tag: [encode(v, depth + 1) for v in value]}
     if type(value) is dict:
         return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError(f"a {type(value).__name__} is not data (None, bool, numbers, str, bytes, list, tuple, set, dict)")
+    raise TypeError(
+        f"a {type(value).__name__} is not data (None, bool, numbers, str, bytes, list, tuple, set, dict)"
+    )
 
 
 def decode(value: object) -> object:
@@ -226,7 +228,9 @@ def judge(channel: Channel, timeout_s: float) -> None:
     except (EOFError, OSError, ValueError):
         return emit({"load": "crash", "detail": "the program's process ended while loading"})
     if not isinstance(hello, dict) or hello.get("load") != "ok":
-        return emit(hello if isinstance(hello, dict) and "load" in hello else {"load": "crash", "detail": "?"})
+        return emit(
+            hello if isinstance(hello, dict) and "load" in hello else {"load": "crash", "detail": "?"}
+        )
     emit({"load": "ok"})
     raised: list[str] = []
 
@@ -322,14 +326,12 @@ def main(argv: list[str]) -> None:
             with open(PROGRAM, encoding="utf-8") as handle:
                 compile(handle.read(), "program.py", "exec")
         except (SyntaxError, ValueError) as exc:
-            sys.stderr.write(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})\n")
+            sys.stderr.write(
+                f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})\n"
+            )
             sys.stderr.flush()
             os._exit(SYNTAX_EXIT)
-        for fd in range(3, 256):  # nothing but stdin, stdout and stderr reaches the program
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        os.closerange(3, 256)  # nothing but stdin, stdout and stderr reaches the program
         os.execv(sys.executable, [sys.executable, "-S", "-s", "-B", PROGRAM])
     read_fd, write_fd = int(argv[3]), int(argv[4])
     if role == "serve":
