@@ -1,0 +1,191 @@
+"""The code verifier's cost: programs verified per second in the bubblewrap sandbox against the
+same runs without isolation (``reward.sandbox: none``), and a training step's worth of responses
+verified as code against the same number verified as math.
+
+Part 1 (sandbox vs none): one batch of ``--programs`` distinct programs (so the verdict cache never
+answers) of the two test forms, assert statements (a program and a judge process per program) and
+stdin/stdout pairs (one process per test), verified with ``--workers`` threads. Repeats alternate
+the two settings (which goes first alternates too); the figure is programs per second, median over
+repeats, and the sandbox/none ratio of the medians, in wall-clock and in the machine's CPU-seconds.
+
+Part 2 (a step's verification, code vs math): ``--prompts`` x ``--n`` responses as one step of
+GRAFT verifies them (each policy's own rollouts, one call): code responses drawn from right,
+partly right, wrong and crashing programs of the tests' function, and math responses with boxed
+answers (a third right), each through its verifier with a warm cache-free verifier per repeat.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/verifier_speed.py --repeats 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--programs", type=int, default=64, help="distinct programs per batch (part 1)")
+    ap.add_argument("--tests", type=int, default=4, help="tests per problem")
+    ap.add_argument("--workers", type=int, default=2, help="reward.workers: programs run in parallel")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=32, help="part 2: prompts of a step")
+    ap.add_argument("--n", type=int, default=8, help="part 2: responses per prompt")
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    return ap.parse_args(argv)
+
+
+def cpu_seconds() -> float:
+    """CPU-seconds of the whole machine (/proc/stat: user + nice + system, every core): sandboxed
+    programs are grandchildren killed with their namespace, which this process's rusage misses, so
+    run on an otherwise idle machine."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:4]
+    return sum(int(f) for f in fields) / os.sysconf("SC_CLK_TCK")
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def programs(count: int, salt: str) -> list[str]:
+    """Distinct correct programs (a comment makes each one its own cache entry)."""
+    body = "def f(x):\n    return x * x\n\nif __name__ == '__main__':\n    print(f(int(input())))\n"
+    return [f"# {salt} {i}\n{body}" for i in range(count)]
+
+
+def problems(tests: int):
+    from graftrl.storage.data import Problem
+
+    calls = Problem("calls", "x", extra={"tests": [f"assert f({x}) == {x * x}" for x in range(tests)]})
+    stdio = Problem(
+        "stdio", "x", extra={"tests": [{"input": f"{x}\n", "output": f"{x * x}\n"} for x in range(tests)]}
+    )
+    return {"asserts": calls, "stdio": stdio}
+
+
+def timed(verifier, responses, problems_) -> tuple[float, float, list[float]]:
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    rewards = verifier.rewards(responses, problems_)
+    return time.perf_counter() - wall, cpu_seconds() - cpu, rewards
+
+
+def sandbox_vs_none(args: argparse.Namespace) -> list[dict]:
+    from graftrl.verifiers.code import CodeVerifier
+
+    rows = []
+    for form, problem in problems(args.tests).items():
+        runs: dict[str, list[tuple[float, float]]] = {"bwrap": [], "none": []}
+        for repeat in range(args.repeats):
+            order = ("bwrap", "none") if repeat % 2 == 0 else ("none", "bwrap")
+            for isolation in order:
+                verifier = CodeVerifier(isolation=isolation, workers=args.workers)
+                batch = programs(args.programs, f"{isolation}-{form}-{repeat}")
+                wall, cpu, rewards = timed(verifier, batch, [problem] * len(batch))
+                verifier.close()
+                assert rewards == [1.0] * len(batch), (isolation, form, set(rewards))
+                runs[isolation].append((wall, cpu))
+        med = {
+            k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+            for k, v in runs.items()
+        }
+        rows.append(
+            {
+                "form": form,
+                "sandboxed programs/s": args.programs / med["bwrap"][0],
+                "unsandboxed programs/s": args.programs / med["none"][0],
+                "wall ratio (sandbox / none)": med["bwrap"][0] / med["none"][0],
+                "machine CPU-s per program, sandbox": med["bwrap"][1] / args.programs,
+                "machine CPU-s per program, none": med["none"][1] / args.programs,
+                "CPU ratio": med["bwrap"][1] / med["none"][1],
+            }
+        )
+    return rows
+
+
+def step_code_vs_math(args: argparse.Namespace) -> list[dict]:
+    from graftrl.config.rewards import RewardConfig
+    from graftrl.storage.data import Problem
+    from graftrl.verifiers.registry import build_verifier
+
+    rng = random.Random(0)
+    variants = [
+        "def f(x):\n    return x * x",
+        "def f(x):\n    return x * x if x < 2 else x",
+        "def f(x):\n    return x + x",
+        "def f(x):\n    raise ValueError(x)",
+    ]
+    tests = [f"assert f({x}) == {x * x}" for x in range(args.tests)]
+    code_rows, math_rows = [], []
+    for p in range(args.prompts):
+        code_problem = Problem(f"c{p}", "x", extra={"tests": tests})
+        math_problem = Problem(f"m{p}", "x", answer=str(p * 7))
+        for i in range(args.n):
+            # distinct per prompt and sample as sampled text is, so the cache answers only repeats
+            code_rows.append((f"```python\n# {p} {i % 3}\n{rng.choice(variants)}\n```", code_problem))
+            math_rows.append((f"so \\boxed{{{p * 7 + rng.choice((0, 0, 1, 2))}}}", math_problem))
+    results = []
+    for kind, rows, config in (
+        ("code", code_rows, RewardConfig(kind="code", workers=args.workers)),
+        ("math", math_rows, RewardConfig(kind="math", workers=1)),
+    ):
+        walls, cpus = [], []
+        for _ in range(args.repeats):
+            verifier = build_verifier(config)
+            verifier.start()
+            wall, cpu, _ = timed(verifier, [r for r, _ in rows], [q for _, q in rows])
+            verifier.close()
+            walls.append(wall)
+            cpus.append(cpu)
+        results.append(
+            {
+                "verifier": kind,
+                "responses": len(rows),
+                "wall s (median)": statistics.median(walls),
+                "machine CPU-s (median)": statistics.median(cpus),
+            }
+        )
+    results.append(
+        {
+            "verifier": "code / math",
+            "responses": len(code_rows),
+            "wall s (median)": ratio(results[0]["wall s (median)"], results[1]["wall s (median)"]),
+            "machine CPU-s (median)": ratio(
+                results[0]["machine CPU-s (median)"], results[1]["machine CPU-s (median)"]
+            ),
+        }
+    )
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    C.set_threads(1)
+    note = C.contention_note(1)
+    if note:
+        print(note)
+    part1 = sandbox_vs_none(args)
+    print(
+        C.table(
+            list(part1[0]), [list(r.values()) for r in part1], "Programs verified: bubblewrap sandbox vs none"
+        )
+    )
+    part2 = step_code_vs_math(args)
+    print(
+        C.table(
+            list(part2[0]), [list(r.values()) for r in part2], "One step's responses: code vs math verifier"
+        )
+    )
+    if args.json:
+        payload = {"sandbox_vs_none": part1, "step_code_vs_math": part2, "args": vars(args)}
+        C.write_json(args.json, {**payload, "machine": C.machine_info()})
+
+
+if __name__ == "__main__":
+    main()
