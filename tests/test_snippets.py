@@ -56,6 +56,7 @@ SNIPPETS = {
     "pair-compare": "slow",
     "pair-analyze": "slow",
     "trl": "trl",
+    "verifiers": "default",
 }
 """Every snippet name the docs may use, with the tier of the test that runs it."""
 
@@ -187,6 +188,13 @@ def test_the_convention_check_fails_on_what_it_should():
 
 
 # ----- default tier: cheap snippets as written ----------------------------------------------------
+
+
+def test_snippet_verifiers(capsys):
+    exec(compile(snippet("verifiers").text, "docs/verifiers.md[verifiers]", "exec"), {})
+    printed = capsys.readouterr().out
+    block = next(b for b in documented_blocks() if b.document == "docs/verifiers.md" and b.language == "text")
+    assert printed == block.text  # the output the page shows is what the example prints
 
 
 def test_snippet_core():

@@ -7,3 +7,8 @@ multiple-choice match), ``function`` (the user's scorer, verl's ``compute_score`
 that runs inside it is ``sandbox_entry``). ``registry`` builds the run's verifier from its config.
 Imports the foundation, storage, config and models.
 """
+
+from graftrl.verifiers.base import FAILURE_CLASSES, Verdict, Verifier, VerifierError
+from graftrl.verifiers.registry import VERIFIERS, build_verifier
+
+__all__ = ["FAILURE_CLASSES", "VERIFIERS", "Verdict", "Verifier", "VerifierError", "build_verifier"]
