@@ -50,7 +50,7 @@ from graftrl.verifiers.base import (
     VerifierError,
     check_lengths,
 )
-from graftrl.verifiers.sandbox import Limits, Sandbox, Started
+from graftrl.verifiers.sandbox import Isolation, Limits, Sandbox, Started
 from graftrl.verifiers.sandbox_entry import SYNTAX_EXIT
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
@@ -173,7 +173,7 @@ class CodeVerifier(VerifierBase):
     def __init__(
         self,
         *,
-        isolation: str = "bwrap",
+        isolation: Isolation = "bwrap",
         limits: Limits | None = None,
         test_timeout_s: float = 4.0,
         program_timeout_s: float = 30.0,
@@ -183,7 +183,7 @@ class CodeVerifier(VerifierBase):
         python: str | None = None,
         cache_size: int = 65_536,
     ) -> None:
-        self.sandbox = Sandbox(isolation, limits, python)  # type: ignore[arg-type]
+        self.sandbox = Sandbox(isolation, limits, python)
         self.test_timeout_s = test_timeout_s
         self.program_timeout_s = program_timeout_s
         self.workers = workers
@@ -486,11 +486,13 @@ def _exchange(started: Started, data: bytes, cap: int, due: float) -> tuple[byte
         if left <= 0:
             return bytes(out), bytes(err), True, False
         ready_r, ready_w, _ = select.select(list(readers), [writer] if writer is not None else [], [], left)
-        if ready_w:
+        if ready_w and writer is not None:
             try:
-                pending = pending[os.write(writer, pending[: 1 << 16]) :]  # type: ignore[arg-type]
-            except (BrokenPipeError, BlockingIOError):
-                pending = pending[:0] if not isinstance(pending, memoryview) else pending[len(pending) :]
+                pending = pending[os.write(writer, pending[: 1 << 16]) :]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:  # the program stopped reading: the rest of its input is moot
+                pending = pending[len(pending) :]
             if not pending:
                 proc.stdin.close()
                 writer = None
