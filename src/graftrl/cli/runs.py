@@ -161,6 +161,7 @@ def eval_command(
 ) -> None:
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
     from graftrl.config import ConfigError
+    from graftrl.core.advantages import SUCCESS_THRESHOLD
     from graftrl.evaluation.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.evaluation.evaluate import (
         EvalProtocol,
@@ -187,6 +188,7 @@ def eval_command(
         prompt_suffix=(prompt_suffix or None) if prompt_suffix is not None else default_prompt_suffix(config),
         runs=runs,
         seed=seed,
+        success_threshold=config.reward.success_threshold if config else SUCCESS_THRESHOLD,
     )
     check_prompts(plan.targets, benchmarks, protocol)  # before any model loads (evaluate_targets again)
     engine = HFRolloutEngine(

@@ -14,13 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.methods import ConfigSection
 
 REWARD_KINDS = ("math", "code", "match", "function")
 """The verifiers ``reward.kind`` names (``graftrl.verifiers.VERIFIERS`` holds one class each)."""
-
-SUCCESS_THRESHOLD = 1.0
-"""A response is a success when its reward is at least this (``reward.success_threshold``)."""
 
 
 class _Section(BaseModel):

@@ -9,7 +9,7 @@ switches) and the other methods' pieces: ``hacpo``, ``sgt``, ``luffy``, ``hint``
 rescue round's sources and advantages).
 """
 
-from graftrl.core.advantages import grpo_advantages
+from graftrl.core.advantages import SUCCESS_THRESHOLD, grpo_advantages, is_success
 from graftrl.core.compatibility import (
     compatibility_score,
     compatibility_weight,
@@ -45,6 +45,7 @@ from graftrl.core.selection import (
 )
 
 __all__ = [
+    "SUCCESS_THRESHOLD",
     "PeerPosition",
     "balanced_selection",
     "capability_baseline",
@@ -62,6 +63,7 @@ __all__ = [
     "gspo_own_terms",
     "hacpo_advantages",
     "hacpo_peer_terms",
+    "is_success",
     "k3_kl",
     "k3_sums",
     "mean_token_logprob",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
+
 
 def random_prompt_selection(count: int, num_prompts: int, generator: torch.Generator) -> Tensor:
     """Count-matched random prompts: ``count`` distinct prompts drawn uniformly from the whole batch.
@@ -40,9 +42,10 @@ def random_admission_weight(s: Tensor, delta: float, generator: torch.Generator)
     return weights
 
 
-def success_only_keep(rewards: Tensor) -> Tensor:
-    """Success-only transfer: the responses that enter are the rewarded ones. rewards: [..., n] -> bool."""
-    return rewards > 0.5
+def success_only_keep(rewards: Tensor, threshold: float = SUCCESS_THRESHOLD) -> Tensor:
+    """Success-only transfer: the responses that enter are the successes (r >= ``threshold``).
+    rewards: [..., n] -> bool."""
+    return is_success(rewards, threshold)
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

@@ -1,6 +1,13 @@
-"""Group-relative advantages (algorithm.md §1, eq. 1)."""
+"""Group-relative advantages (algorithm.md §1, eq. 1), and what counts as a success.
+
+Advantages use the reward itself, 0/1 or continuous; GRAFT's counts (k of eq. 4, all-fail,
+all-pass, complementarity, pass@k) count successes, rewards at or above a threshold
+(``is_success``; algorithm.md §1.1).
+"""
 
 from __future__ import annotations
+
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -9,6 +16,24 @@ ADV_EPS = 1e-6
 """eps_adv of eq. 1 (the default of `train.adv_eps`)."""
 ADV_STD_UNBIASED = True
 """Unbiased (n - 1) group std in eq. 1, as verl (the default of `train.adv_std_unbiased`)."""
+SUCCESS_THRESHOLD = 1.0
+"""A response is a success when its reward is at least this (the default of
+`reward.success_threshold`): on 0/1 rewards, the rewarded responses."""
+
+
+@overload
+def is_success(rewards: Tensor, threshold: float = SUCCESS_THRESHOLD) -> Tensor: ...
+@overload
+def is_success(rewards: float, threshold: float = SUCCESS_THRESHOLD) -> bool: ...
+def is_success(rewards: Tensor | float, threshold: float = SUCCESS_THRESHOLD) -> Tensor | bool:
+    """Which rewards are successes: r >= threshold (algorithm.md §1.1).
+
+    rewards: a tensor of any shape (returns a bool tensor of the same shape) or one reward (returns
+    a bool). The one definition of success: every count of GRAFT (k of eq. 4, all-fail, all-pass,
+    complementarity, pass@k, success-only transfer, SGT's pick) goes through it. On rewards in
+    {0, 1} with the default threshold it is r == 1, the same set as r > 0.5 and r > 0.
+    """
+    return rewards >= threshold
 
 
 def grpo_advantages(rewards: Tensor, eps: float = ADV_EPS, unbiased: bool = ADV_STD_UNBIASED) -> Tensor:

@@ -105,7 +105,7 @@ def group_contrast(
     """The contrast of one moved group.
 
     responses: [n] token ids on the receiver's tokenization, content only (no EOS); correct: [n]
-    the source's binary rewards; push: [n] w_i * A_i of the rows the receiver trains on (0 for a
+    which of the source's rewards are successes (``advantages.is_success``); push: [n] w_i * A_i of the rows the receiver trains on (0 for a
     response it does not train on, e.g. a wrong one under success-only transfer); logprobs: [n]
     the receiver's old log-prob of each token of a response (None where not scored), for the
     surprise sums. A group without both outcomes measures nothing.

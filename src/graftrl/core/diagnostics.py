@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
+
 
 def complementarity(k_receiver: Tensor, k_source: Tensor) -> Tensor:
     """Fraction of the receiver's all-fail prompts that the source solves at least once (Figure 1).
@@ -16,9 +18,10 @@ def complementarity(k_receiver: Tensor, k_source: Tensor) -> Tensor:
     return solved.sum().float() / all_fail.sum().float()
 
 
-def group_outcome_fractions(rewards: Tensor) -> tuple[Tensor, Tensor]:
-    """(all-fail fraction, all-pass fraction) over groups. rewards: [P, n] in {0, 1}."""
-    successes = rewards.sum(dim=-1)
+def group_outcome_fractions(rewards: Tensor, threshold: float = SUCCESS_THRESHOLD) -> tuple[Tensor, Tensor]:
+    """(all-fail fraction, all-pass fraction) over groups. rewards: [P, n]; a group is all-fail
+    when none of its rewards is a success (r >= ``threshold``, ``is_success``), all-pass when all are."""
+    successes = is_success(rewards, threshold).sum(dim=-1)  # [P]
     n = rewards.shape[-1]
     return (successes == 0).float().mean(), (successes == n).float().mean()
 

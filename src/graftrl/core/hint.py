@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, SUCCESS_THRESHOLD, grpo_advantages, is_success
 
 NO_PEER = -1
 """``rescue_sources``' value for a prompt that gets no rescue round."""
@@ -35,9 +35,10 @@ def rescued_advantages(
     bonus: float = 0.0,
     eps: float = ADV_EPS,
     unbiased: bool = ADV_STD_UNBIASED,
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> Tensor:
     """Advantages of rescued groups: GRPO's (eq. 1) of their own rewards, plus ``bonus`` on each
-    rescued success.
+    rescued success (r >= ``threshold``, ``is_success``).
 
     rewards: [R, n] the rewards of the n responses sampled with the hint. The bonus is added
     after eq. 1: added to every success's reward before it, it would cancel in the group's
@@ -47,9 +48,10 @@ def rescued_advantages(
     """
     rewards = rewards.float()
     advantages = grpo_advantages(rewards, eps, unbiased)
-    return advantages + bonus * (rewards > 0).float()
+    return advantages + bonus * is_success(rewards, threshold).float()
 
 
-def rescue_counts(rewards: Tensor) -> tuple[int, int]:
-    """(rescued prompts, of them solved at least once with the hint) of rewards [R, n]."""
-    return rewards.shape[0], int((rewards > 0).any(dim=-1).sum())
+def rescue_counts(rewards: Tensor, threshold: float = SUCCESS_THRESHOLD) -> tuple[int, int]:
+    """(rescued prompts, of them solved at least once with the hint) of rewards [R, n]; solved:
+    some reward is a success (r >= ``threshold``)."""
+    return rewards.shape[0], int(is_success(rewards, threshold).any(dim=-1).sum())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
+
 
 def sgt_eligible(k_receiver: Tensor, k_source: Tensor) -> Tensor:
     """Prompts where the receiver has no correct rollout and the source at least one (k_S = n too).
@@ -15,16 +17,18 @@ def sgt_eligible(k_receiver: Tensor, k_source: Tensor) -> Tensor:
     return (k_receiver == 0) & (k_source >= 1)
 
 
-def pick_one_success(rewards: Tensor, prompts: Tensor, generator: torch.Generator) -> Tensor:
+def pick_one_success(
+    rewards: Tensor, prompts: Tensor, generator: torch.Generator, threshold: float = SUCCESS_THRESHOLD
+) -> Tensor:
     """One correct response per selected prompt, drawn uniformly among that group's successes.
 
-    rewards: [P, n] source rewards in {0, 1}; prompts: BoolTensor [P]. Returns BoolTensor [P, n]
-    with exactly one True per selected prompt that has a success, none elsewhere. Draws go in
-    ascending prompt order, one ``randint`` each.
+    rewards: [P, n] source rewards; a success is r >= ``threshold`` (``is_success``); prompts:
+    BoolTensor [P]. Returns BoolTensor [P, n] with exactly one True per selected prompt that has a
+    success, none elsewhere. Draws go in ascending prompt order, one ``randint`` each.
     """
     picked = torch.zeros(rewards.shape, dtype=torch.bool)
     for p in prompts.nonzero().flatten().tolist():
-        successes = (rewards[p] > 0.5).nonzero().flatten()
+        successes = is_success(rewards[p], threshold).nonzero().flatten()
         if successes.numel():
             j = int(torch.randint(successes.numel(), (1,), generator=generator))
             picked[p, successes[j]] = True

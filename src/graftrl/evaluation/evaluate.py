@@ -2,8 +2,9 @@
 
 Protocol: the training prompt format (the data suffix after the policy's template or chat
 template), the training verifier and response length limit; ``samples`` responses per problem
-(8) at temperature 0.6 / top-p 0.95; pass@1 is the mean correctness over samples, then over
-problems; the aggregate is the unweighted mean over benchmarks; each model is evaluated in R
+(8) at temperature 0.6 / top-p 0.95; a sample is correct when its reward is a success (at or
+above ``reward.success_threshold``, ``core.is_success``: the reward itself on 0/1 rewards); pass@1
+is the mean correctness over samples, then over problems; the aggregate is the unweighted mean over benchmarks; each model is evaluated in R
 independent runs (different sampling seeds, default 5) and reported as mean ± std over runs
 (the sample standard deviation, n - 1; 0 for a single run). pass@k for every k <= samples uses
 the unbiased estimator of Chen et al. (2021), 1 - C(n - c, k) / C(n, k), per problem.
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from graftrl.console import progress_bar, warn
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
 from graftrl.evaluation import stats
 from graftrl.evaluation.eval_report import markdown_table, plot_report, verification_summary, write_report
 from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
@@ -69,6 +71,8 @@ class EvalProtocol:
     ``evaluate_pass_at_1`` does one run and ignores this."""
     seed: int = 0
     """Seed of the first run."""
+    success_threshold: float = SUCCESS_THRESHOLD
+    """A sample is correct when its reward is at least this (the run's ``reward.success_threshold``)."""
 
     @property
     def seeds(self) -> list[int]:
@@ -101,8 +105,11 @@ def mean_std(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": summary.mean, "std": summary.std, "runs": values}
 
 
-def summarize_benchmark(correct: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """One run on one benchmark: ``correct`` is [problem][sample] in {0, 1}.
+def summarize_benchmark(
+    correct: Sequence[Sequence[float]], threshold: float = SUCCESS_THRESHOLD
+) -> dict[str, Any]:
+    """One run on one benchmark: ``correct`` is [problem][sample] in {0, 1} (``sample_correctness``),
+    or rewards, of which those at or above ``threshold`` count as correct (``core.is_success``).
 
     Returns pass_at_1 (mean over samples, then problems) and pass_at_k for k = 1..samples
     (the per-problem unbiased estimate, averaged over problems).
@@ -112,6 +119,7 @@ def summarize_benchmark(correct: Sequence[Sequence[float]]) -> dict[str, Any]:
     n = len(correct[0])
     if any(len(row) != n for row in correct):
         raise ValueError("summarize_benchmark: every problem needs the same number of samples")
+    correct = [[float(is_success(x, threshold)) for x in row] for row in correct]
     counts = [round(sum(row)) for row in correct]
     by_k = {k: statistics.fmean(pass_at_k(n, c, k) for c in counts) for k in range(1, n + 1)}
     pass_1 = statistics.fmean(statistics.fmean(row) for row in correct)
@@ -136,7 +144,8 @@ def sample_correctness(
     engine: RolloutEngine | None = None,
     on_chunk: Callable[[int], None] | None = None,
 ) -> list[list[float]]:
-    """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1}.
+    """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1},
+    1 where the reward is a success (at or above ``protocol.success_threshold``).
 
     Any rollout engine serving ``policy`` (the HF engine by default). Problems go through it in
     chunks of ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so
@@ -155,7 +164,8 @@ def sample_correctness(
         answers = [p.answer for p in chunk for _ in range(protocol.samples)]
         rewards = verifier.score(batch.texts, answers)
         for i in range(len(chunk)):
-            out.append([float(r) for r in rewards[i * protocol.samples : (i + 1) * protocol.samples]])
+            group = rewards[i * protocol.samples : (i + 1) * protocol.samples]
+            out.append([float(is_success(float(r), protocol.success_threshold)) for r in group])
         if on_chunk is not None:
             on_chunk(len(chunk))
     return out

@@ -70,14 +70,17 @@ def exchange_tables(
         config = cell_config(task, variant, 0, steps)
         graft, train = config.graft, config.train
         rule = WeightRule.of(variant.method, graft.model_dump())
-        tables.gates[variant.name] = gate_by_outcome(records, graft.delta, rule)
+        threshold = config.reward.success_threshold
+        tables.gates[variant.name] = gate_by_outcome(records, graft.delta, rule, threshold)
         logged = all(logs_mass(record) for record in records)
         if not all(logs_weights(record) for record in records):
             tables.recomputed.append(variant.name)
         whole_groups = graft.groups == "replace" and graft.transfer == "all" and graft.admission == "gate"
         if not logged and (variant.method != "graft" or not whole_groups):
             continue
-        if mass := advantage_mass(records, config.rollout.n, rule, train.adv_eps, train.adv_std_unbiased):
+        if mass := advantage_mass(
+            records, config.rollout.n, rule, train.adv_eps, train.adv_std_unbiased, threshold
+        ):
             tables.masses[variant.name] = mass
             tables.logged_masses |= logged
     return tables

@@ -67,12 +67,14 @@ class Evaluation:
         return [b.name for b in self.benchmarks]
 
     def protocol(self, config: Any) -> EvalProtocol:
-        """The cell's protocol: the paper's sampling with the run's prompt format and length limit
-        (``validation.max_new_tokens`` when set, as validation uses, else the rollout's)."""
+        """The cell's protocol: the paper's sampling with the run's prompt format, length limit
+        (``validation.max_new_tokens`` when set, as validation uses, else the rollout's) and what
+        counts as correct (``reward.success_threshold``)."""
         return EvalProtocol(
             samples=self.samples,
             max_new_tokens=config.validation.max_new_tokens or config.rollout.max_new_tokens,
             prompt_suffix=config.data.prompt_suffix,
+            success_threshold=config.reward.success_threshold,
         )
 
     def key(self, config: Any) -> list[Any]:

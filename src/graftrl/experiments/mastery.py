@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
 from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
@@ -46,7 +47,7 @@ from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_mod
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, written_by
-from graftrl.reporting.run_logs import read_log, read_run_metrics, run_train_file
+from graftrl.reporting.run_logs import read_log, read_run_metrics, run_success_threshold, run_train_file
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
@@ -140,7 +141,8 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
         for row in read_log(RunDir(run).compatibility)
     ]
     problems = {p.id: p.problem for run in graft[:1] for p in load_problems(run_train_file(run))}
-    errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES)
+    threshold = run_success_threshold(graft[0]) if graft else SUCCESS_THRESHOLD
+    errors = moved_error_classes(scores, problems, classify_worked, WORKED_OUTCOMES, threshold)
     by_family = family_rows(rows)
     vs = {ref: (paired_deltas(rows, ref), paired_deltas(by_family, ref)) for ref in (BASELINE, REFERENCE)}
     models = sorted({r["model"] for r in rows if r["variant"] != WARM_START})

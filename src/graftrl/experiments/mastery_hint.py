@@ -18,12 +18,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
 from graftrl.embedded.task import WORKED_OUTCOMES, classify_worked
 from graftrl.evaluation.stats import family_rows
 from graftrl.experiments.paired_decisions import Comparison, Decisions, decide, paired_table
 from graftrl.reporting.contrast import moved_error_classes
 from graftrl.reporting.problem_results import folder_problem_results
-from graftrl.reporting.run_logs import read_log, read_run_metrics, run_train_file
+from graftrl.reporting.run_logs import read_log, read_run_metrics, run_success_threshold, run_train_file
 from graftrl.storage.data import load_problems
 from graftrl.storage.rundir import ExperimentDir, RunDir
 
@@ -63,14 +64,16 @@ def rescue_summary(runs: Sequence[Path]) -> dict[str, dict[str, Any]]:
                 s[key] += float(row.get(f"rescue_{key}") or 0.0)
         if not RunDir(run).rescues.exists():
             continue
+        threshold = run_success_threshold(run)
         for row in read_log(RunDir(run).rescues):
             s = sums.setdefault(row["receiver"], Counter())
             s["responses"] += 1
-            s["correct"] += float(row["reward"] > 0)
+            s["correct"] += float(is_success(row["reward"], threshold))
             if row.get("response") is not None:
                 texts.append({key: row[key] if key == "receiver" else [row[key]]
                               for key in ("receiver", "prompt_id", "response", "reward")})  # fmt: skip
-    errors = moved_error_classes(texts, problems, classify_worked, WORKED_OUTCOMES)
+    threshold = run_success_threshold(runs[0]) if runs else SUCCESS_THRESHOLD
+    errors = moved_error_classes(texts, problems, classify_worked, WORKED_OUTCOMES, threshold)
     out = {}
     for receiver, s in sums.items():
         sent = s["attempted"] + s["skipped"]

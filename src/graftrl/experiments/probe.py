@@ -30,6 +30,7 @@ from typing import Any
 
 from graftrl.config import Config
 from graftrl.console import progress_bar
+from graftrl.core.advantages import is_success
 from graftrl.experiments.probe_steps import Probe, ProbeStep, probe_batches, probe_config
 from graftrl.files import atomic_write
 from graftrl.methods import ExchangePlan
@@ -71,6 +72,7 @@ def settings_of(config: Config, config_path: str, prompts: int, notes: list[str]
         update_epochs=config.train.update_epochs,
         reference_forward=config.train.kl_coef > 0,
         notes=notes,
+        success_threshold=config.reward.success_threshold,
     )
 
 
@@ -256,7 +258,10 @@ def run_probe(
                 append_jsonl(getattr(folder, name), lines)
             step_rows += rows["steps"]
             steps.append(data)
-            status = "  ".join(f"{m} acc={float(data.rewards[m].mean()):.2f}" for m in settings.policies)
+            status = "  ".join(
+                f"{m} acc={float(is_success(data.rewards[m], settings.success_threshold).float().mean()):.2f}"
+                for m in settings.policies
+            )
             bar.update(task, advance=1, status=status)
     finally:
         bar.stop()

@@ -27,7 +27,7 @@ from graftrl.core import (
     minibatch_order,
     pooled_minibatch_order,
 )
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, SUCCESS_THRESHOLD, is_success
 from graftrl.core.losses import EPS_HIGH, EPS_LOW
 from graftrl.methods.loss_metrics import CLIPPING, CLIPPING_BY_SIGN, KL, OWN_S, PEER_S, LossMetric, PlanKey
 
@@ -42,11 +42,13 @@ class GroupOutcomes:
     """[P, n] verifier rewards."""
     advantages: Tensor
     """[P, n] the model's own GRPO advantages (eq. 1)."""
+    success_threshold: float = SUCCESS_THRESHOLD
+    """A reward at or above it is a success (``reward.success_threshold``; ``core.is_success``)."""
 
     @property
     def successes(self) -> Tensor:
-        """[P] success count k per prompt."""
-        return self.rewards.sum(dim=-1).round().long()
+        """[P] success count k per prompt: the rewards at or above ``success_threshold``."""
+        return is_success(self.rewards, self.success_threshold).sum(dim=-1)
 
     @property
     def n(self) -> int:

@@ -211,7 +211,9 @@ class GRAFT(ClippedSurrogate):
             else:
                 src_adv = src.advantages
             keep = (
-                success_only_keep(src.rewards) if self.options.transfer == "success_only" else None
+                success_only_keep(src.rewards, src.success_threshold)
+                if self.options.transfer == "success_only"
+                else None
             )  # [P, n]
             prompts = chosen.nonzero().flatten().tolist()
             peer_groups += [

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
 
+from graftrl.core.advantages import is_success
 from graftrl.core.hint import NO_PEER, rescue_sources, rescued_advantages
 from graftrl.methods.base import (
     ClippedSurrogate,
@@ -179,9 +180,11 @@ class Hint(ClippedSurrogate):
         targets = []
         for prompt in (chosen != NO_PEER).nonzero().flatten().tolist():
             source = peers[int(chosen[prompt])]
+            threshold = outcomes[source].success_threshold
             rewards = outcomes[source].rewards[prompt]  # [n]
-            response = int((rewards > 0).nonzero()[0, 0])
-            assert records[source][prompt * mine.n + response].reward > 0, "records out of step"
+            response = int(is_success(rewards, threshold).nonzero()[0, 0])
+            record = records[source][prompt * mine.n + response]
+            assert is_success(record.reward, threshold), "records out of step"
             targets.append(RescueTarget(prompt, source, response))
         return targets
 
@@ -199,9 +202,13 @@ class Hint(ClippedSurrogate):
         new_rewards, advantages = outcomes.rewards.clone(), outcomes.advantages.clone()
         new_rewards[index] = rewards.float()
         advantages[index] = rescued_advantages(
-            rewards, self.options.rescue_bonus, self.train.adv_eps, self.train.adv_std_unbiased
+            rewards,
+            self.options.rescue_bonus,
+            self.train.adv_eps,
+            self.train.adv_std_unbiased,
+            outcomes.success_threshold,
         )
-        return GroupOutcomes(new_rewards, advantages)
+        return replace(outcomes, rewards=new_rewards, advantages=advantages)
 
     # ----- the step ----------------------------------------------------------------------------
     def plan(

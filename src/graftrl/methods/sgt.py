@@ -108,8 +108,9 @@ class SGT(ClippedSurrogate):
             a_to_b, b_to_a = balanced_selection(a.successes, b.successes, a.n, balance=True)
         else:
             a_to_b, b_to_a = sgt_eligible(b.successes, a.successes), sgt_eligible(a.successes, b.successes)
-        picked_a_to_b = pick_one_success(a.rewards, a_to_b, generator)  # [P, n], A -> B drawn first
-        picked_b_to_a = pick_one_success(b.rewards, b_to_a, generator)
+        # [P, n] each; A -> B drawn first
+        picked_a_to_b = pick_one_success(a.rewards, a_to_b, generator, a.success_threshold)
+        picked_b_to_a = pick_one_success(b.rewards, b_to_a, generator, b.success_threshold)
         return {
             name_b: self._plan_for(name_b, name_a, b, a_to_b, picked_a_to_b),
             name_a: self._plan_for(name_a, name_b, a, b_to_a, picked_b_to_a),

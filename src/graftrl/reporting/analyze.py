@@ -50,7 +50,7 @@ from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.errors import UserError
 from graftrl.reporting.complementarity import Complementarity, check_against_store, complementarity_by_step
 from graftrl.reporting.exchange import Exchange, exchange_by_direction
-from graftrl.reporting.run_logs import read_log
+from graftrl.reporting.run_logs import read_log, success_threshold_of
 from graftrl.reporting.served import ServedCost, served_costs
 from graftrl.reporting.weights import WeightRule, logs_weights, recomputed_note
 from graftrl.storage.checkpoint import newest_usable, required_files
@@ -368,7 +368,9 @@ def analyze_run(
         from graftrl.storage.store import StoreError, TrajectoryStore
 
         try:
-            store_report, store_ok = check_against_store(comps, TrajectoryStore(store_root), steps, notes)
+            store = TrajectoryStore(store_root)
+            threshold = success_threshold_of(config)  # the run's successes, as it logged them
+            store_report, store_ok = check_against_store(comps, store, steps, notes, threshold)
         except StoreError as error:
             store_report, store_ok = str(error), False
     elif store_dir is not None:

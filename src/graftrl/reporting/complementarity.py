@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from graftrl.core import complementarity
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
 
 STORE_TOLERANCE = 1e-6
 """How far a logged value may be from the store's before the check reports a mismatch."""
@@ -66,9 +67,14 @@ def complementarity_by_step(
 
 
 def _complementarity_from_store(
-    store: Any, steps: Sequence[int], pairs: Sequence[tuple[str, str]], notes: list[str]
+    store: Any,
+    steps: Sequence[int],
+    pairs: Sequence[tuple[str, str]],
+    notes: list[str],
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> dict[tuple[str, str], dict[int, float]]:
-    """(receiver, peer) -> step -> complementarity recomputed from stored rewards."""
+    """(receiver, peer) -> step -> complementarity recomputed from stored rewards (successes: at or
+    above ``threshold``, the run's ``reward.success_threshold``)."""
     from graftrl.storage.store import StoreError
 
     out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
@@ -84,7 +90,7 @@ def _complementarity_from_store(
         successes: dict[str, dict[int, tuple[str, float]]] = defaultdict(dict)
         for row in rows:
             prompt, k = successes[row.source].get(row.group_index, (row.prompt_id, 0.0))
-            successes[row.source][row.group_index] = (prompt, k + row.reward)
+            successes[row.source][row.group_index] = (prompt, k + float(is_success(row.reward, threshold)))
         for receiver, peer in pairs:
             own, other = successes.get(receiver), successes.get(peer)
             if not own or not other:
@@ -109,12 +115,18 @@ def _complementarity_from_store(
 
 
 def check_against_store(
-    comps: Sequence[Complementarity], store: Any, steps: Sequence[int], notes: list[str]
+    comps: Sequence[Complementarity],
+    store: Any,
+    steps: Sequence[int],
+    notes: list[str],
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> tuple[str, bool]:
-    """Verify ``store`` and fill each pair's ``store_by_step`` and ``mismatches`` from its rewards;
-    returns the store's verification report and whether it is sound (StoreError propagates)."""
+    """Verify ``store`` and fill each pair's ``store_by_step`` and ``mismatches`` from its rewards
+    (successes at or above ``threshold``); returns the store's verification report and whether it
+    is sound (StoreError propagates)."""
     report = store.verify()
-    recomputed = _complementarity_from_store(store, steps, [(c.receiver, c.peer) for c in comps], notes)
+    pairs = [(c.receiver, c.peer) for c in comps]
+    recomputed = _complementarity_from_store(store, steps, pairs, notes, threshold)
     for c in comps:
         c.store_by_step = recomputed.get((c.receiver, c.peer), {})
         for step, value in sorted(c.store_by_step.items()):

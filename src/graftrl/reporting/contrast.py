@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
+
 MASSES = ("mass_correct_shared", "mass_correct_distinct", "mass_wrong_shared", "mass_wrong_distinct")
 """The four parts of a moved group's w·A (graftrl.core.contrast), as logged with ``contrast_``."""
 
@@ -71,8 +73,10 @@ def moved_error_classes(
     problems: Mapping[str, str],
     classify: Callable[[str, str], str],
     outcomes: Sequence[str],
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> dict[str, dict[str, Any]]:
-    """receiver -> the share of each error class among the wrong peer responses it was given.
+    """receiver -> the share of each error class among the wrong peer responses it was given
+    (wrong: a reward below ``threshold``, the run's ``reward.success_threshold``).
 
     ``scores``: compatibility.jsonl rows written with ``logging.log_transfers`` (rows without
     texts are skipped); ``problems``: prompt id -> problem text; ``classify(problem, response)``
@@ -84,7 +88,7 @@ def moved_error_classes(
         if not texts:
             continue
         for prompt_id, text, reward in zip(row["prompt_id"], texts, row["reward"], strict=True):
-            if reward > 0 or prompt_id not in problems:
+            if is_success(reward, threshold) or prompt_id not in problems:
                 continue
             try:
                 counts[row["receiver"]][classify(problems[prompt_id], text)] += 1

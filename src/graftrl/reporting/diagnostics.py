@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from graftrl.core import compatibility_weight
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, grpo_advantages
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, SUCCESS_THRESHOLD, grpo_advantages, is_success
 from graftrl.core.compatibility import DELTA as DEFAULT_DELTA
 from graftrl.reporting.weights import WeightRule, applied_weights, logs_weights
 
@@ -70,10 +70,14 @@ class GateOutcome:
 
 
 def gate_by_outcome(
-    records: Sequence[Mapping[str, Any]], delta: float = DEFAULT_DELTA, rule: WeightRule | None = None
+    records: Sequence[Mapping[str, Any]],
+    delta: float = DEFAULT_DELTA,
+    rule: WeightRule | None = None,
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> dict[str, dict[str, GateOutcome]]:
     """receiver -> "correct" / "wrong" -> ``GateOutcome``, over ``compatibility.jsonl`` rows (a
-    response is correct when its reward is positive). Admitted: w > 0 of the logged weights, or of
+    response is correct when its reward is a success: at or above ``threshold``, the run's
+    ``reward.success_threshold``). Admitted: w > 0 of the logged weights, or of
     the weights ``rule`` recomputes for a row without them (default: the gate with ``delta``).
 
     The gate is meant to remove stylistically foreign responses; when it passes fewer correct
@@ -86,7 +90,7 @@ def gate_by_outcome(
     for record in records:
         weights = applied_weights(record, rule)
         for k, (s, reward) in enumerate(zip(record["s"], record["reward"], strict=True)):
-            outcome = "correct" if reward > 0 else "wrong"
+            outcome = "correct" if is_success(reward, threshold) else "wrong"
             scores[record["receiver"]][outcome].append(float(s))
             count = admitted[record["receiver"]][outcome]
             if weights is None or count is None:
@@ -135,8 +139,10 @@ def advantage_mass(
     rule: WeightRule | None = None,
     eps: float = ADV_EPS,
     unbiased: bool = ADV_STD_UNBIASED,
+    threshold: float = SUCCESS_THRESHOLD,
 ) -> dict[str, AdvantageMass] | None:
-    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows.
+    """receiver -> ``AdvantageMass`` over ``compatibility.jsonl`` rows; correct responses are the
+    successes (reward at or above ``threshold``), wrong ones the rest.
 
     A row that records each response's w, advantage and prompt (``logs_mass``) counts as logged,
     whatever the transfer rule (pooled advantages, success-only, random admission, no gate); its
@@ -165,7 +171,7 @@ def advantage_mass(
             w = compatibility_weight(s, rule.delta) if rule.weighs else torch.ones_like(s)  # [G * n]
             weighted = w * grpo_advantages(rewards.view(-1, n), eps, unbiased).view(-1)  # [G * n]
             groups = len(s) // n
-        correct = rewards > 0
+        correct = is_success(rewards, threshold)  # [N]
         entry = sums[record["receiver"]]
         entry[0] += groups
         entry[1] += float(weighted[correct].sum())

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.files import atomic_write
 from graftrl.reporting.plots import plot_histograms
 from graftrl.reporting.probe_rule import RULE_METHOD, TrackRecord
@@ -37,10 +38,13 @@ def _slug(direction: str) -> str:
     return "s_" + direction.replace(" -> ", "_to_").replace("/", "_")
 
 
-def write_plots(folder: ProbeDir, steps: Sequence[StepData], delta: float) -> list[Path]:
-    """One histogram of s per direction, correct and wrong candidate responses overlaid."""
+def write_plots(
+    folder: ProbeDir, steps: Sequence[StepData], delta: float, threshold: float = SUCCESS_THRESHOLD
+) -> list[Path]:
+    """One histogram of s per direction, correct and wrong candidate responses overlaid (correct:
+    a reward at or above ``threshold``)."""
     made = []
-    for direction, values in sorted(histogram_values(steps).items()):
+    for direction, values in sorted(histogram_values(steps, threshold).items()):
         path = folder.plot(_slug(direction))
         plot_histograms(
             {f"{outcome} ({len(v)})": v for outcome, v in values.items()},
@@ -297,7 +301,10 @@ def served_lines(figures: Mapping[str, Any]) -> list[str]:
 
 def write_report(folder: ProbeDir, figures: Mapping[str, Any], steps: Sequence[StepData]) -> list[Path]:
     """probe.md and the plots into ``folder``; returns the plots."""
-    plots = write_plots(folder, steps, figures["probe"]["delta"])
+    settings = figures["probe"]
+    plots = write_plots(
+        folder, steps, settings["delta"], settings.get("success_threshold", SUCCESS_THRESHOLD)
+    )
     text = "\n".join([render(figures, plots).rstrip("\n"), *served_lines(figures)]) + "\n"
     atomic_write(folder.report, text.encode())
     return plots

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from graftrl.core import transfer_candidates
+from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
 from graftrl.core.contrast import GroupContrast, contrast_metrics
 from graftrl.errors import UserError
 from graftrl.reporting.contrast import contrast_summary
@@ -84,6 +85,9 @@ class ProbeSettings:
     reference_forward: bool = False
     """``train.kl_coef`` > 0: the update also runs the frozen reference forward."""
     notes: list[str] = field(default_factory=list)
+    success_threshold: float = SUCCESS_THRESHOLD
+    """``reward.success_threshold``: the rewards the figures count as successes (correct); a
+    probe.json written before it was recorded counted 0/1 rewards, the default's successes."""
 
 
 @dataclass
@@ -138,9 +142,12 @@ def _only(rows: Iterable[Mapping[str, Any]], source: str) -> list[dict[str, Any]
     return out
 
 
-def _scores(rows: Sequence[Mapping[str, Any]], delta: float) -> dict[str, Any]:
+def _scores(
+    rows: Sequence[Mapping[str, Any]], delta: float, threshold: float = SUCCESS_THRESHOLD
+) -> dict[str, Any]:
     """Scored responses of one direction: the gate at delta (s > delta) and the admitted ones
-    (w > 0) by outcome (``diagnostics.gate_by_outcome``), with the quantiles of s."""
+    (w > 0) by outcome (``diagnostics.gate_by_outcome``; correct: a reward at or above
+    ``threshold``), with the quantiles of s."""
     if not rows:
         return {"responses": 0}
     record = {
@@ -149,7 +156,7 @@ def _scores(rows: Sequence[Mapping[str, Any]], delta: float) -> dict[str, Any]:
         "reward": [r["reward"] for r in rows],
         "w": [r["w"] for r in rows],
     }
-    gates = gate_by_outcome([record], delta)[record["receiver"]]
+    gates = gate_by_outcome([record], delta, threshold=threshold)[record["receiver"]]
     out: dict[str, Any] = {
         "responses": len(rows),
         "passed": sum(g.passed for g in gates.values()),
@@ -158,7 +165,7 @@ def _scores(rows: Sequence[Mapping[str, Any]], delta: float) -> dict[str, Any]:
     out["passed_share"] = _share(out["passed"], len(rows))
     out["admitted_share"] = _share(out["admitted"], len(rows))
     for outcome, gate in gates.items():
-        values = [r["s"] for r in rows if (r["reward"] > 0) == (outcome == "correct")]
+        values = [r["s"] for r in rows if is_success(r["reward"], threshold) == (outcome == "correct")]
         out[outcome] = {
             "responses": gate.responses,
             "passed": gate.passed,
@@ -184,7 +191,8 @@ def _moved(steps: Sequence[StepData], source: str, receiver: str, settings: Prob
         "scored": sum(len(r["s"]) for r in scores),
         "admitted": sum(sum(bool(a) for a in r.get("admitted") or []) for r in scores),
     }
-    mass = advantage_mass(scores, settings.n, WeightRule(settings.method, delta=settings.delta))
+    rule = WeightRule(settings.method, delta=settings.delta)
+    mass = advantage_mass(scores, settings.n, rule, threshold=settings.success_threshold)
     entry = mass.get(receiver) if mass else None
     out["mass"] = (
         {"groups": entry.groups, "correct": entry.correct, "wrong": entry.wrong, "net": entry.net}
@@ -246,15 +254,16 @@ def _cost(steps: Sequence[StepData], settings: ProbeSettings) -> dict[str, Any]:
 
 def probe_statistics(settings: ProbeSettings, steps: Sequence[StepData]) -> dict[str, Any]:
     """Every figure of probe.json from the probe's steps."""
-    n = settings.n
-    successes = {
-        model: torch.cat([s.rewards[model] for s in steps]).sum(dim=-1).round().long()  # [P]
+    n, threshold = settings.n, settings.success_threshold
+    hits = {
+        model: is_success(torch.cat([s.rewards[model] for s in steps]), threshold)  # [P, n]
         for model in settings.models
     }
+    successes = {model: hit.sum(dim=-1) for model, hit in hits.items()}  # [P] each
     models = {}
     for model, k in successes.items():
         prompts = len(k)
-        correct = int(torch.cat([s.rewards[model] for s in steps]).sum())
+        correct = int(hits[model].sum())
         all_fail, all_pass = int((k == 0).sum()), int((k == n).sum())
         models[model] = {
             "prompts": prompts,
@@ -279,6 +288,7 @@ def probe_statistics(settings: ProbeSettings, steps: Sequence[StepData]) -> dict
                 r for s in steps for r in s.candidates if r["receiver"] == receiver and r["source"] == source
             ]
             moved = _moved(steps, source, receiver, settings)
+            selected = [r for r in scored if r["selected"]]
             pairs.append(
                 {
                     "source": source,
@@ -290,8 +300,8 @@ def probe_statistics(settings: ProbeSettings, steps: Sequence[StepData]) -> dict
                     "candidates_per_batch": candidates * per_batch,
                     "selected": moved["groups"],
                     "selected_per_batch": moved["groups"] * per_batch,
-                    "scored": _scores(scored, settings.delta),
-                    "selected_scored": _scores([r for r in scored if r["selected"]], settings.delta),
+                    "scored": _scores(scored, settings.delta, threshold),
+                    "selected_scored": _scores(selected, settings.delta, threshold),
                     "moved": moved,
                 }
             )
@@ -319,14 +329,16 @@ def _rescue(steps: Sequence[StepData], settings: ProbeSettings) -> dict[str, dic
     return out
 
 
-def histogram_values(steps: Sequence[StepData]) -> dict[str, dict[str, list[float]]]:
-    """Direction -> "correct" / "wrong" -> s of every scored candidate response (the plots)."""
+def histogram_values(
+    steps: Sequence[StepData], threshold: float = SUCCESS_THRESHOLD
+) -> dict[str, dict[str, list[float]]]:
+    """Direction -> "correct" / "wrong" -> s of every scored candidate response (the plots);
+    correct: a reward at or above ``threshold``."""
     out: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"correct": [], "wrong": []})
     for s in steps:
         for r in s.candidates:
-            out[_direction(r["source"], r["receiver"])]["correct" if r["reward"] > 0 else "wrong"].append(
-                r["s"]
-            )
+            outcome = "correct" if is_success(r["reward"], threshold) else "wrong"
+            out[_direction(r["source"], r["receiver"])][outcome].append(r["s"])
     return dict(out)
 
 

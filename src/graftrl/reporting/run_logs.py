@@ -10,13 +10,14 @@ the trace of a run killed mid-append, is skipped with a note instead.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from graftrl.console import warn
+from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.errors import UserError
 from graftrl.storage.log_keys import logs, row_checker
 from graftrl.storage.rundir import RunDir, read_jsonl
@@ -40,6 +41,26 @@ def read_run_metrics(
 ) -> list[dict[str, Any]]:
     """The valid rows of a run's metrics.jsonl (``read_log``)."""
     return read_log(RunDir(run_dir).metrics, on_bad=on_bad)
+
+
+def success_threshold_of(config: Mapping[str, Any]) -> float:
+    """A run's ``reward.success_threshold`` from its config.yaml read as a mapping (what its counts
+    took as a success); the default (1.0) when the config says nothing or holds no number there."""
+    reward = config.get("reward")
+    value = reward.get("success_threshold") if isinstance(reward, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return SUCCESS_THRESHOLD
+
+
+def run_success_threshold(run_dir: str | Path) -> float:
+    """A run folder's ``reward.success_threshold`` (``success_threshold_of`` its config.yaml); the
+    default when config.yaml is missing or unreadable."""
+    try:
+        loaded = yaml.safe_load(RunDir(run_dir).config.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return SUCCESS_THRESHOLD
+    return success_threshold_of(loaded) if isinstance(loaded, dict) else SUCCESS_THRESHOLD
 
 
 def run_train_file(run_dir: str | Path) -> str:

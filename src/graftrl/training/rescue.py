@@ -250,7 +250,7 @@ def run_rescue(
         row = {"rescue_attempted": 0.0, "rescue_solved": 0.0, "rescue_truncated": 0.0, "rescue_skipped": 0.0}
         row.update(per_source[receiver])
         if request is not None and result is not None:
-            attempted, solved = rescue_counts(result.rewards)
+            attempted, solved = rescue_counts(result.rewards, outcomes[receiver].success_threshold)
             row.update(
                 rescue_attempted=float(attempted),
                 rescue_solved=float(solved),

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from graftrl.config import Config
-from graftrl.core import truncated_is_weights
+from graftrl.core import is_success, truncated_is_weights
 from graftrl.core.contrast import GroupContrast, contrast_metrics, group_contrast
 from graftrl.methods import ExchangePlan, Method
 from graftrl.methods.receive import scores_peer_rows, weigh_peers
@@ -249,7 +249,7 @@ def moved_group_contrasts(
                 else policy.encode_response(record.response, record.finished)
             )
             tokens.append(ids[:-1] if record.finished else ids)  # content tokens, no EOS
-            correct.append(record.reward > 0)
+            correct.append(is_success(record.reward, config.reward.success_threshold))
             push.append(rows[row].weight * rows[row].advantage if row is not None else 0.0)
             # the receiver's old log-probs of a scored row (peer rows of a scoring method)
             old = rows[row].old_logprobs if row is not None and scored else None

@@ -152,13 +152,14 @@ def sample_step(
         if len(rewards)
         else torch.zeros_like(rewards)  # every group dropped
     )
-    outcomes = GroupOutcomes(rewards, advantages)
+    threshold = config.reward.success_threshold
+    outcomes = GroupOutcomes(rewards, advantages, threshold)
     records = rollout_records(step, name, kept_problems, rollout, rewards, advantages)
     shared, info = outcomes, {}
     if dynamic:
         assert first_rewards is not None
-        all_fail, all_pass = group_outcome_fractions(first_rewards)
-        shared = GroupOutcomes(first_rewards, torch.zeros_like(first_rewards))
+        all_fail, all_pass = group_outcome_fractions(first_rewards, threshold)
+        shared = GroupOutcomes(first_rewards, torch.zeros_like(first_rewards), threshold)
         info = {
             "sampling_rounds": rounds_run,
             "prompts_sampled": prompts_sampled,

@@ -56,8 +56,9 @@ class ServedStep:
 
 
 def all_fail_prompts(outcomes: Mapping[str, GroupOutcomes]) -> list[int]:
-    """Prompts on which at least one of ``outcomes``' models failed all n responses (k = 0)."""
-    fails = torch.stack([(o.rewards > 0).sum(dim=-1) == 0 for o in outcomes.values()]).any(dim=0)  # [P]
+    """Prompts on which at least one of ``outcomes``' models failed all n responses (k = 0: no
+    reward at or above its ``success_threshold``)."""
+    fails = torch.stack([o.successes == 0 for o in outcomes.values()]).any(dim=0)  # [P]
     return fails.nonzero().flatten().tolist()
 
 
@@ -129,7 +130,7 @@ class ServedPeers:
             by_prompt: list[list[StoredTrajectory] | None] = [None] * len(problems)
             for (p, _), group in zip(got, groups, strict=True):
                 by_prompt[p] = group
-            replayed = peer_groups(by_prompt, n)
+            replayed = peer_groups(by_prompt, n, success_threshold=self.config.reward.success_threshold)
             records = dense_records(replayed.records, problems, step, name, n)
             self.totals[name].merge(stats)
             info = {f"served_{key}/{name}": float(getattr(stats, key)) for key in COST_KEYS}

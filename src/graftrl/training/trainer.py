@@ -398,6 +398,7 @@ class Trainer:
                 {p: rewards[p * n : (p + 1) * n] for p in range(len(ids))},
                 self.config.train.adv_eps,
                 self.config.train.adv_std_unbiased,
+                self.config.reward.success_threshold,
             )
             records = [record for group in replayed.records for record in group or ()]
             out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
@@ -421,6 +422,7 @@ class Trainer:
             {p: rewards[g * n : (g + 1) * n] for g, p in enumerate(present)},
             self.config.train.adv_eps,
             self.config.train.adv_std_unbiased,
+            self.config.reward.success_threshold,
         )
         records = dense_records(replayed.records, problems, step, peer.name, n)
         return replayed.outcomes, records, float(replayed.reward_changes)
@@ -434,7 +436,8 @@ class Trainer:
     ) -> dict[str, Any]:
         """Reward of what the policy trains on; complementarity and per-family figures on the shared batch."""
         own = outcomes[name]
-        all_fail, all_pass = group_outcome_fractions(own.rewards)
+        threshold = self.config.reward.success_threshold
+        all_fail, all_pass = group_outcome_fractions(own.rewards, threshold)
         row: dict[str, Any] = {
             "reward_mean": float(own.rewards.mean()),
             "all_fail_frac": float(all_fail),
@@ -451,7 +454,7 @@ class Trainer:
             rows = torch.tensor([f == family for f in families])  # [P]
             rewards = shared[name].rewards[rows]  # [P_family, n]
             row[f"family_reward/{family}"] = float(rewards.mean())
-            row[f"family_all_fail/{family}"] = float(group_outcome_fractions(rewards)[0])
+            row[f"family_all_fail/{family}"] = float(group_outcome_fractions(rewards, threshold)[0])
         return row
 
     def _log_samples(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, reverified_advantages
+from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED, SUCCESS_THRESHOLD, reverified_advantages
 from graftrl.methods import GroupOutcomes
 from graftrl.models.rollout import RolloutBatch
 from graftrl.storage.data import MathProblem
@@ -121,12 +121,14 @@ def peer_groups(
     reverified: Mapping[int, Sequence[float]] | None = None,
     adv_eps: float = ADV_EPS,
     adv_std_unbiased: bool = ADV_STD_UNBIASED,
+    success_threshold: float = SUCCESS_THRESHOLD,
 ) -> PeerGroups:
     """A peer's ``PeerGroups`` from its stored groups ([P] of n rows in index order, None where absent).
 
     ``reverified``: prompt index -> this run's rewards of the group's n responses; such a group keeps
     its stored advantages if the rewards are unchanged, else gets eq. 1 on the new rewards
     (``reverified_advantages``, algorithm.md §2.3). Groups not listed keep the stored values.
+    ``success_threshold``: the run's ``reward.success_threshold`` (what the outcomes count as successes).
     """
     reverified = reverified or {}
     stored_rewards = torch.zeros(len(groups), n)
@@ -151,4 +153,5 @@ def peer_groups(
         for p, group in enumerate(groups)
     ]
     found = sum(group is not None for group in groups)
-    return PeerGroups(GroupOutcomes(rewards, advantages), records, found, int(changed.sum()))
+    outcomes = GroupOutcomes(rewards, advantages, success_threshold)
+    return PeerGroups(outcomes, records, found, int(changed.sum()))

@@ -90,6 +90,7 @@ class Validator:
             prompt_suffix=config.data.prompt_suffix,
             runs=1,
             seed=config.seed,
+            success_threshold=config.reward.success_threshold,
         )
         if console is None and config.logging.progress:
             from rich import get_console
