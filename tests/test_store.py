@@ -261,7 +261,7 @@ def test_wrong_schema_version(store):
             math.nan,
             r"column 'reward' at row 3 \(source 'gpt2', prompt_id 'p1', index 1\): reward is NaN",
         ),
-        ("reward", 0.5, r"column 'reward' at row 3 .*must be 0 or 1"),
+        ("reward", math.inf, r"column 'reward' at row 3 .*must be a finite number"),
         ("num_tokens", -1, r"column 'num_tokens' at row 3 .*negative token count"),
         ("num_bytes", 3, r"column 'num_bytes' at row 3 .*UTF-8 length"),
         ("mean_logprob", -7.0, r"column 'mean_logprob' at row 3 .*mean of 'token_logprobs'"),
@@ -365,8 +365,8 @@ def test_import_without_logprobs_refuses_naming_line_and_field(tmp_path):
     ("line", "message"),
     [
         (
-            {"prompt_id": "p", "response": "r", "reward": 2, "token_logprobs": []},
-            r"line 1: field 'reward' must be 0 or 1",
+            {"prompt_id": "p", "response": "r", "reward": "1", "token_logprobs": []},
+            r"line 1: field 'reward' must be a finite number",
         ),
         ({"prompt_id": "p", "reward": 1, "token_logprobs": []}, r"line 1: field 'response' is missing"),
         (

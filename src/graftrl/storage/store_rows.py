@@ -207,7 +207,7 @@ def validate_table(table: pa.Table, where: str, step: int, fix: str) -> None:
     check("num_bytes", ints["num_bytes"] != byte_lengths, "differs from the UTF-8 length of 'response'")
     reward = np.asarray(data["reward"], dtype=np.float64)
     check("reward", np.isnan(reward), "reward is NaN")
-    check("reward", (reward != 0.0) & (reward != 1.0), "reward must be 0 or 1")
+    check("reward", np.isinf(reward), "reward must be a finite number (a verifier's reward)")
     for name in ("advantage", "mean_logprob"):
         check(name, ~np.isfinite(np.asarray(data[name], dtype=np.float64)), "not a finite number")
     check(

@@ -99,8 +99,8 @@ def _parse_line(obj: Any, where: str, default_source: str) -> _Line:
     reward = obj["reward"]
     if isinstance(reward, bool):
         reward = float(reward)
-    if not _number(reward) or float(reward) not in (0.0, 1.0):
-        raise bad("reward", f"must be 0 or 1 (a verifier reward), got {reward!r}")
+    if not _number(reward) or not math.isfinite(float(reward)):
+        raise bad("reward", f"must be a finite number (a verifier's reward: 0/1, or a fraction of tests passed), got {reward!r}")
     step = obj.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise bad("step", f"must be an integer >= 0, got {step!r}")
@@ -185,7 +185,8 @@ def import_jsonl(
 ) -> ImportSummary:
     """Import trajectories logged elsewhere (one JSON object per line) as a peer's store.
 
-    Fields per line: ``prompt_id``, ``response``, ``reward`` (0/1) required; optional ``step``
+    Fields per line: ``prompt_id``, ``response``, ``reward`` (the verifier's: 0/1, or a fraction of
+    tests passed) required; optional ``step``
     (default 0), ``source`` (default: ``source`` argument, else the model folder's name, else
     the file's stem), ``prompt`` (the text the template is applied to), ``finish_reason``
     ("stop" default | "length"), ``index``, ``advantage``, ``token_logprobs`` (content tokens,
