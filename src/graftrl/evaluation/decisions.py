@@ -36,6 +36,7 @@ POWER = 0.8
 CORRECTIONS = ("holm", "bh", "none")
 
 
+# Holm 1979, "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (reject where adjusted <= alpha), in input order."""
     p = np.asarray(pvalues, dtype=float)
@@ -47,6 +48,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
+# Benjamini & Hochberg 1995, "Controlling the false discovery rate", J. R. Statist. Soc. B 57
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (false discovery rate), in input order."""
     p = np.asarray(pvalues, dtype=float)
@@ -109,6 +111,7 @@ def problems_limit(
     return (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * math.sqrt(diff.fixed_var) > size
 
 
+# Lan & DeMets 1983, Biometrika 70: alpha spending; O'Brien & Fleming 1979, Biometrics 35: its shape
 def obf_spending(fraction: float | np.ndarray, alpha: float) -> np.ndarray:
     """Lan-DeMets O'Brien-Fleming-type alpha spent by information fraction t: 2 - 2 Φ(z_{α/2} / sqrt t)."""
     t = np.clip(np.asarray(fraction, dtype=float), 1e-12, 1.0)
