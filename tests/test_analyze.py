@@ -379,3 +379,44 @@ def test_analysis_reads_the_applied_weights_of_any_rule(tiny_checkpoints, tmp_pa
         assert ex.admitted == now.admitted  # no gate: all; random: the receiver's logged count
         assert ex.w == (now.w if graft.get("gate") is False else None)
     assert "no applied weights w" in write_analysis(legacy, tmp_path / "old").report.read_text()
+
+
+def markdown_table(report: str, heading: str) -> list[dict[str, str]]:
+    """The first table under ``heading`` in a Markdown report, read back: one dict per row."""
+    lines = report.split(f"\n{heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    header, _, *body = ([cell.strip() for cell in line.strip("|").split("|")] for line in lines[start:end])
+    return [dict(zip(header, row, strict=True)) for row in body]
+
+
+def test_the_served_peers_table_says_which_columns_are_percentages(tmp_path):
+    """Issue 57: a run that missed 59 of the 79 prompts it asked a served peer read `missing 74.684`,
+    a percentage under a header that reads as a count. Read back: the count under "missing", the
+    percentage under a header that says so, and the served share in percent."""
+    asked, missed = [27, 26, 26], [20, 20, 19]
+    rows = [
+        {
+            "step": s,
+            "model": "solo",
+            "reward_mean": 0.1,
+            "all_fail_frac": 0.5,
+            "all_pass_frac": 0.0,
+            "response_length": 10.0,
+            "time_step": 1.0,
+            "selected/gpt2": 2.0,
+            "transferred/gpt2": 8.0,
+            **{f"served_{key}/gpt2": 0.0 for key in ("retries", "prompt_tokens", "completion_tokens")},
+            "served_prompts/gpt2": float(asked[s]),
+            "served_missing/gpt2": float(missed[s]),
+            "served_requests/gpt2": float(asked[s]),
+            "served_latency_s/gpt2": 1.5,
+        }
+        for s in range(3)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.yaml").write_text("policies:\n  - {name: solo, path: x}\n")
+    report = write_analysis(analyze_run(tmp_path), tmp_path / "analysis").report.read_text()
+    (served,) = markdown_table(report, "## Served peers")
+    assert served["prompts asked"] == "79" and served["missing"] == "59"
+    assert served["missing (% of asked)"] == "74.684" and served["served share (%)"] == "100.000"

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import graftrl.experiments.compare as compare
 from graftrl.cli import app
 from graftrl.evaluation.decisions import Sequential
+from graftrl.experiments.paired_decisions import CROSSED_SCOPE
 from graftrl.reporting.problem_results import PER_PROBLEM, read_problem_results
 
 
@@ -48,12 +49,16 @@ def test_cells_keep_per_problem_results_and_the_report_decides_over_seeds_and_pr
     assert "seeds × problems" in report and "Family: the 2 paired comparisons" in report
     assert "Holm's step-down" in report and "seeds needed (observed Δ, 80% power)" in report
     assert "Every interval is over seeds only" not in report
+    # what the interval is about, said once, and what a fixed benchmark changes
+    assert report.count(CROSSED_SCOPE) == 1 and "new seeds and new problems" in CROSSED_SCOPE
+    assert "a fixed benchmark" in CROSSED_SCOPE and "--seed-intervals" in CROSSED_SCOPE
 
     # a cell from before per-problem results: its rows fall back to the interval over seeds
     (out / "runs" / "graft-seed1" / PER_PROBLEM).unlink()
     invoke(*args, "--seeds", "2", "--report-only", "--correction", "bh")
     report = (out / "report.md").read_text()
     assert "Every interval is over seeds only" in report and "Benjamini-Hochberg" in report
+    assert CROSSED_SCOPE not in report
 
     plan = invoke("compare", "--plan", str(out), "--mde", "5")
     assert "a difference of 5 points" in plan and "| graft | grpo |" in plan

@@ -3,10 +3,10 @@ difference needs, and when to stop adding seeds.
 
 - ``correct``: Holm's step-down (family-wise error <= alpha under any dependence; the default) or
   Benjamini-Hochberg (false discovery rate) over the p-values of one report's comparisons.
-- ``seeds_needed``: the seeds at which a difference of a given size is resolved with 80% power at
-  the observed variance (``intervals.Difference``: its seed part shrinks with seeds, its problem
-  part does not, so a difference smaller than the benchmark's own noise may need more problems,
-  not more seeds: None).
+- ``seeds_needed``: the fewest seeds at which a difference of a given size is resolved with 80% power
+  at the observed variance, the power of the two-sided t test taken from the noncentral t law
+  (``intervals.Difference``: its seed part shrinks with seeds, its problem part does not, so a
+  difference smaller than the benchmark's own noise may need more problems, not more seeds: None).
 - ``look_levels`` / ``Sequential``: a group-sequential test for ``--seeds auto``: a look after each
   round of seeds, at information fraction n / K, spends alpha by the Lan-DeMets O'Brien-Fleming-type
   function (almost nothing early, most at K). The levels are calibrated on the exact joint law of
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import nct, norm
 from scipy.stats import t as student_t
 
 from graftrl.evaluation.intervals import Difference
@@ -36,6 +36,7 @@ POWER = 0.8
 CORRECTIONS = ("holm", "bh", "none")
 
 
+# Holm 1979, "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (reject where adjusted <= alpha), in input order."""
     p = np.asarray(pvalues, dtype=float)
@@ -47,6 +48,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
+# Benjamini & Hochberg 1995, "Controlling the false discovery rate", J. R. Statist. Soc. B 57
 def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (false discovery rate), in input order."""
     p = np.asarray(pvalues, dtype=float)
@@ -70,21 +72,35 @@ def correct(pvalues: Sequence[float], method: str = "holm") -> list[float]:
     raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {method!r}")
 
 
+def t_test_power(size: float, se: np.ndarray, df: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
+    """The power of the two-sided t test at level ``alpha`` against a true difference ``size``, for
+    a standard error ``se`` on ``df`` degrees of freedom (arrays, one value per n): the noncentral
+    t law with noncentrality size / se."""
+    # Johnson & Welch 1940, Biometrika 31: the t test's power from the noncentral t distribution
+    crit = student_t.ppf(1 - alpha / 2, df)
+    se = np.asarray(se, dtype=float)
+    with np.errstate(divide="ignore"):
+        noncentrality = abs(size) / se
+    # the far tail as the upper tail of -T (scipy's nct.cdf gives nan there once it is tiny)
+    power = nct.sf(crit, df, noncentrality) + nct.sf(crit, df, -noncentrality)
+    return np.where(se > 0, power, float(size != 0))  # no variance: any difference is certain
+
+
 def seeds_needed(
     diff: Difference, effect: float | None = None, alpha: float = ALPHA, power: float = POWER, cap: int = 1000
 ) -> int | None:
     """The fewest seeds (>= 2) at which |effect| (default the observed mean) is resolved with
     ``power`` at ``diff``'s variance; None when no number of seeds up to ``cap`` does (the
-    benchmark's problem noise alone is too large, or the variance is unknown with one seed)."""
+    benchmark's problem noise alone is too large, or the variance is unknown with one seed).
+
+    The power is the paired t test's at n seeds (``t_test_power``: df n - 1, the seeds' df, which
+    is conservative where the problems add df; standard error sqrt(seed_var / n + fixed_var))."""
     size = abs(diff.mean if effect is None else effect)
     if diff.n < 2 or size == 0 or problems_limit(diff, effect, alpha, power):
         return None
-    for n in range(2, cap + 1):
-        se = math.sqrt(diff.seed_var / n + diff.fixed_var)
-        df = n - 1.0  # the seeds' df: conservative where problems add df
-        if (student_t.ppf(1 - alpha / 2, df) + student_t.ppf(power, df)) * se <= size:
-            return n
-    return None
+    n = np.arange(2, cap + 1)
+    reached = t_test_power(size, np.sqrt(diff.seed_var / n + diff.fixed_var), n - 1.0, alpha) >= power
+    return int(n[np.argmax(reached)]) if reached.any() else None
 
 
 def problems_limit(
@@ -95,6 +111,7 @@ def problems_limit(
     return (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * math.sqrt(diff.fixed_var) > size
 
 
+# Lan & DeMets 1983, Biometrika 70: alpha spending; O'Brien & Fleming 1979, Biometrics 35: its shape
 def obf_spending(fraction: float | np.ndarray, alpha: float) -> np.ndarray:
     """Lan-DeMets O'Brien-Fleming-type alpha spent by information fraction t: 2 - 2 Φ(z_{α/2} / sqrt t)."""
     t = np.clip(np.asarray(fraction, dtype=float), 1e-12, 1.0)

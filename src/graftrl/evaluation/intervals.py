@@ -8,15 +8,18 @@ rates is what varies. We model it as a two-way crossed random-effects design,
 
     d[s, p] = mu + a[s] + c[p] + e[s, p],
 
-and estimate ``Var(mean d)`` = var(a)/S + var(c)/P + var(e)/(S·P) by its unbiased ANOVA estimate
-(the mean squares of seeds, problems and residual), with Satterthwaite's degrees of freedom for
-the Student t quantile (the seed term taken at its median-unbiased size for the df alone). Why this and not a bootstrap: with 3 seeds a percentile bootstrap over
-seeds has only 10 distinct resamples and its intervals are too short (80% coverage at a nominal
-95% where seeds dominate, simulated), while the t quantile on a Satterthwaite df reaches its nominal coverage with 3, 5
-and 10 seeds and 30-500 problems whichever component dominates (tests/test_intervals.py measures
-it). The average over benchmarks (the Avg. column) shares the seeds across benchmarks and has
-independent problems within each, so its variance is the variance of the per-seed averages over
-seeds plus each benchmark's problem term; the same formula with one benchmark.
+and estimate ``Var(mean d)`` = var(a)/S + var(c)/P + var(e)/(S·P) from the mean squares of seeds,
+problems and residual (the ANOVA estimate, its problem component truncated at 0), with
+Satterthwaite's degrees of freedom for the Student t quantile. The interval is about new seeds and
+new problems from the same source, so it is never narrower than the paired t interval over seeds
+(which is about these problems only): where Satterthwaite's df would make it so, it is that
+interval. Why this and not a bootstrap: with 3 seeds a percentile bootstrap over seeds has only 10
+distinct resamples and its intervals are too short (80% coverage at a nominal 95% where seeds
+dominate, simulated), while this interval covers 94-97% with 3, 5 and 10 seeds and 30-500 problems
+whichever component dominates (tests/test_intervals.py measures it). The average over benchmarks
+(the Avg. column) shares the seeds across benchmarks and has independent problems within each, so
+its variance is the variance of the per-seed averages over seeds plus each benchmark's problem
+term; the same formula with one benchmark.
 
 Cells written before per-problem results were kept have only one number per seed: they get the
 paired t interval over seeds (``seed_interval``), and each result says which ``kind`` it is.
@@ -29,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import chi2
 from scipy.stats import t as student_t
 
 from graftrl.evaluation.stats import CONFIDENCE
@@ -38,13 +40,22 @@ CROSSED = "seeds × problems"
 SEEDS_ONLY = "seeds"
 
 
+def _two_sided_p(mean: float, se: float, df: float) -> float:
+    """The t test of "no difference": 2 P(T_df > |mean| / se) (1 or 0 where se is 0)."""
+    if se == 0:
+        return 1.0 if mean == 0 else 0.0
+    return float(2 * student_t.sf(abs(mean) / se, df))
+
+
 @dataclass(frozen=True)
 class Difference:
     """treatment - control: the mean paired difference, its standard error, t interval and p-value.
 
     ``seed_var`` / ``fixed_var``: the parts of ``se**2`` that shrink with more seeds (times the
     seeds, so ``seed_var / n`` with ``n`` seeds) and that do not (the benchmark's problem sample):
-    what planning more seeds needs. ``low``/``high``/``p`` are None with one seed.
+    what planning more seeds needs. ``seed_se``: over seeds and problems, the standard error of the
+    paired t interval over seeds (df n - 1), which the interval is never narrower than (0 for the
+    interval over seeds, whose ``se`` it is). ``low``/``high``/``p`` are None with one seed.
     """
 
     mean: float
@@ -55,6 +66,7 @@ class Difference:
     seed_var: float
     fixed_var: float = 0.0
     confidence: float = CONFIDENCE
+    seed_se: float = 0.0
 
     @property
     def n(self) -> int:
@@ -64,7 +76,11 @@ class Difference:
     def half(self) -> float | None:
         if self.n < 2 or not math.isfinite(self.df):
             return None
-        return float(student_t.ppf(0.5 + self.confidence / 2, self.df)) * self.se
+        quantile = 0.5 + self.confidence / 2
+        half = float(student_t.ppf(quantile, self.df)) * self.se
+        if self.seed_se > 0:  # never narrower than the interval over seeds
+            half = max(half, float(student_t.ppf(quantile, self.n - 1)) * self.seed_se)
+        return half
 
     @property
     def low(self) -> float | None:
@@ -76,12 +92,15 @@ class Difference:
 
     @property
     def p(self) -> float | None:
-        """Two-sided p-value of "no difference" (the t statistic on ``df``)."""
+        """Two-sided p-value of "no difference" (the t statistic on ``df``; over seeds and problems
+        the larger of it and the seeds' paired t test's, so p <= 1 - confidence exactly when the
+        interval excludes 0)."""
         if self.half is None:
             return None
-        if self.se == 0:
-            return 1.0 if self.mean == 0 else 0.0
-        return float(2 * student_t.sf(abs(self.mean) / self.se, self.df))
+        p = _two_sided_p(self.mean, self.se, self.df)
+        if self.seed_se > 0:
+            p = max(p, _two_sided_p(self.mean, self.seed_se, self.n - 1.0))
+        return p
 
     @property
     def resolved(self) -> bool:
@@ -98,7 +117,7 @@ class Difference:
         return f"{text} {mark}" if mark else text
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
-        return {
+        out: dict[str, float | int | bool | str | None] = {
             "mean": self.mean,
             "se": self.se,
             "df": self.df if math.isfinite(self.df) else None,
@@ -110,6 +129,9 @@ class Difference:
             "confidence": self.confidence,
             "resolved": self.resolved,
         }
+        if self.kind == CROSSED:
+            out["seed_se"] = self.seed_se
+        return out
 
 
 def seed_interval(
@@ -128,9 +150,42 @@ def seed_interval(
     )
 
 
-def crossed_moments(diffs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, variance estimate, Satterthwaite df and the seed-free part of the variance of the
-    unweighted mean over benchmarks, for a batch of designs.
+@dataclass(frozen=True)
+class Moments:
+    """A batch of crossed designs' estimates (arrays over the leading, replicate axes).
+
+    ``mean``: the mean difference; ``var``: the estimate of its variance over seeds and problems;
+    ``df``: Satterthwaite's; ``fixed``: the part of ``var`` that more seeds do not shrink
+    (var(c)/P); ``seed_var``: the variance of the mean of the per-seed differences (the paired t
+    interval over seeds has ``sqrt(seed_var)`` as its standard error on ``seeds - 1`` df).
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    df: np.ndarray
+    fixed: np.ndarray
+    seed_var: np.ndarray
+    seeds: int
+
+    def half(self, confidence: float = CONFIDENCE) -> np.ndarray:
+        """The interval's half-width: Satterthwaite's t interval, or the seeds' paired t interval
+        where that one is wider (a sample of problems adds uncertainty, it never removes any)."""
+        quantile = 0.5 + confidence / 2
+        crossed = student_t.ppf(quantile, self.df) * np.sqrt(self.var)
+        return np.maximum(crossed, student_t.ppf(quantile, self.seeds - 1) * np.sqrt(self.seed_var))
+
+    def p(self) -> np.ndarray:
+        """The two-sided p-value that matches ``half``: p <= 1 - c exactly when the c interval
+        excludes 0 (the larger of the two t tests' p-values)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            crossed = 2 * student_t.sf(np.abs(self.mean) / np.sqrt(self.var), self.df)
+            seeds = 2 * student_t.sf(np.abs(self.mean) / np.sqrt(self.seed_var), self.seeds - 1)
+        return np.maximum(crossed, seeds)
+
+
+def crossed_moments(diffs: Sequence[np.ndarray]) -> Moments:
+    """Mean, variance estimate, Satterthwaite df, the seed-free part of the variance and the
+    seed-only variance of the unweighted mean over benchmarks, for a batch of designs.
 
     ``diffs``: per benchmark an array ``[..., S, P_b]`` of paired differences (leading axes are
     independent replicates: the simulation tests pass thousands at once). Every benchmark has the
@@ -150,20 +205,19 @@ def crossed_moments(diffs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray
         noise_terms.append((w * w * ms_err / (seeds * problems), (seeds - 1.0) * (problems - 1)))
     noise = sum(term for term, _ in noise_terms)
     problem = sum(term for term, _ in problem_terms)
-    # var(e)/(S·P) is the least the variance can be; the ANOVA combination can undershoot it
-    var = np.maximum(seed_term + problem - noise, noise)
-    fixed = np.clip(problem - noise, 0.0, var)  # var(c)/P: what more seeds do not shrink
-    # Satterthwaite's df, with the seed term at its median-unbiased value (x (S-1) / chi2 median):
-    # a seed term that came out small would otherwise raise the df of an interval already too
-    # short (with 3 seeds, 92-93% coverage where seeds and problems weigh alike; 94-95% so)
-    lifted = seed_term * (seeds - 1) / chi2.median(seeds - 1)
-    lifted_var = np.maximum(lifted + problem - noise, noise)
-    denominator = lifted**2 / (seeds - 1) + sum(t**2 / df for t, df in problem_terms + noise_terms)
+    # var(c)/P, the problem component, truncated at 0 (its ANOVA estimate, problem - noise, is
+    # negative when the problems differ less than the residual predicts): a variance is never
+    # negative, so the estimate is never below the seeds' own, seed_term
+    fixed = np.maximum(problem - noise, 0.0)
+    # var(e)/(S·P) is the least the variance can be; seed_term can come out below it by chance
+    var = np.maximum(seed_term + fixed, noise)
+    # Satterthwaite 1946, Biometrics Bulletin 2: the df of a sum of mean squares, var**2 / sum(term**2 / df)
+    denominator = seed_term**2 / (seeds - 1) + sum(t**2 / df for t, df in problem_terms + noise_terms)
     with np.errstate(divide="ignore", invalid="ignore"):
-        df = np.where(denominator > 0, lifted_var**2 / denominator, seeds - 1.0)
+        df = np.where(denominator > 0, var**2 / denominator, seeds - 1.0)
     df = np.clip(df, seeds - 1.0, None)  # never fewer than the seeds give
     mean = sum(w * d.mean(axis=(-2, -1)) for d in diffs)
-    return mean, var, df, fixed
+    return Moments(mean, var, df, np.minimum(fixed, var), seed_term, seeds)
 
 
 def crossed_interval(
@@ -178,7 +232,16 @@ def crossed_interval(
         return Difference(mean, 0.0, math.inf, tuple(seeds), CROSSED, 0.0, confidence=confidence)
     if any(a.shape[0] != len(seeds) or a.shape[1] < 2 for a in arrays):
         raise ValueError("crossed_interval: every benchmark needs a row per seed and >= 2 problems")
-    mean, var, df, fixed = (float(x) for x in crossed_moments(arrays))
+    m = crossed_moments(arrays)
+    mean, var, df, fixed, seed_var = (float(x) for x in (m.mean, m.var, m.df, m.fixed, m.seed_var))
     return Difference(
-        mean, math.sqrt(var), df, tuple(seeds), CROSSED, len(seeds) * (var - fixed), fixed, confidence
+        mean,
+        math.sqrt(var),
+        df,
+        tuple(seeds),
+        CROSSED,
+        len(seeds) * (var - fixed),
+        fixed,
+        confidence,
+        math.sqrt(seed_var),
     )

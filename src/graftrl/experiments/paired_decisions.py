@@ -170,7 +170,17 @@ def family_note(family: Sequence[Comparison], decisions: Decisions, tables: Sequ
         + ("" if decisions.correction != "bh" else " (false discovery rate)")
         + f". `**`: survives the correction ({survive}); `*`: the interval excludes 0 but the "
         f"difference does not survive ({only}). Intervals: 95%, {' / '.join(kinds)}."
+        + (f" {CROSSED_SCOPE}" if CROSSED in kinds else "")
     )
+
+
+CROSSED_SCOPE = (
+    "An interval over seeds × problems is about new seeds and new problems from the same source as "
+    "the benchmark's, and is never narrower than the one over seeds; if you only ever evaluate on "
+    "these problems (a fixed benchmark), the problem term drops out and the interval over seeds "
+    "(`--seed-intervals`) is the one that applies."
+)
+"""What the seeds × problems interval is about, said once per report (in the family's note)."""
 
 
 @dataclass

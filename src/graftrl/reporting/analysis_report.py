@@ -378,8 +378,9 @@ def served_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         "",
         "## Served peers",
         "",
-        "Requests go only to prompts some policy failed entirely. Share: the peer's transferred "
-        "responses over all transferred responses; tokens as the endpoint counted them (`usage`); "
+        "Requests go only to prompts some policy failed entirely. Missing: prompts asked that got no "
+        "answer (a count, then in percent of those asked). Served share: the peer's transferred "
+        "responses over all transferred responses, in percent; tokens as the endpoint counted them (`usage`); "
         f"the run's accelerator-hours: {a.compute.total_hours:.4g}.",
     ]
     body = [
@@ -387,6 +388,7 @@ def served_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
             c.peer,
             c.steps,
             c.totals["prompts"],
+            c.totals["missing"],
             _percent(c.missing_share),
             c.totals["requests"],
             c.totals["retries"],
@@ -404,6 +406,7 @@ def served_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         "steps",
         "prompts asked",
         "missing",
+        "missing (% of asked)",
         "requests",
         "retries",
         "tokens requested",
@@ -411,7 +414,7 @@ def served_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         "request time (s)",
         "groups taken",
         "responses transferred",
-        "served share",
+        "served share (%)",
     ]
     return [*out, "", _table(headers, body)]
 

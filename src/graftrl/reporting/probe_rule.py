@@ -101,6 +101,7 @@ def score(outcomes: Sequence[tuple[bool, bool]]) -> TrackRecord:
     if not outcomes:
         raise ValueError("no outcome to score the rule on")
     hits = sum(predicted == happened for predicted, happened in outcomes)
+    # Clopper & Pearson 1934, Biometrika 26: the exact binomial interval ("exact" in scipy)
     interval = binomtest(hits, len(outcomes)).proportion_ci(CONFIDENCE, method="exact")
     return TrackRecord(
         trials=len(outcomes),
