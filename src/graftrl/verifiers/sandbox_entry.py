@@ -325,11 +325,7 @@ def main(argv: list[str]) -> None:
             sys.stderr.write(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})\n")
             sys.stderr.flush()
             os._exit(SYNTAX_EXIT)
-        for fd in range(3, 256):  # nothing but stdin, stdout and stderr reaches the program
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        os.closerange(3, 256)  # nothing but stdin, stdout and stderr reaches the program
         os.execv(sys.executable, [sys.executable, "-S", "-s", "-B", PROGRAM])
     read_fd, write_fd = int(argv[3]), int(argv[4])
     if role == "serve":
