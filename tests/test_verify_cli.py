@@ -129,8 +129,8 @@ def test_problems_checks_rows_and_canonical_solutions(tmp_path):
 
 def test_sandbox_none_warns(tmp_path):
     config = code_config(tmp_path, [ADD], sandbox="none")  # only a benign program runs unisolated
-    responses = write_jsonl(tmp_path / "responses.jsonl", RESPONSES[:1])
-    result = invoke("verify", config, "--responses", responses)
+    responses = write_jsonl(tmp_path / "responses.jsonl", RESPONSES[:3])
+    result = invoke("verify", config, "--responses", responses, "--limit", "1")  # the first only
     assert result.exit_code == 0, result.output
     assert "warning: reward.sandbox is none: model-written programs run WITHOUT isolation" in result.output
     assert "1 response: mean reward 1.000, 1 of 1 successes" in result.output
