@@ -30,6 +30,7 @@ __all__ = [
     "Problem",
     "PromptSampler",
     "load_problems",
+    "scan_problems",
 ]
 
 PAPER_PROMPT_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
@@ -120,6 +121,54 @@ def load_problems(path: str | Path, check: Callable[[Problem], str | None] | Non
             raise DataError(f"{path} {where}: {message}")
         problems.append(problem)
     return problems
+
+
+def scan_problems(
+    path: str | Path,
+    check: Callable[[Problem], str | None] | None = None,
+    limit: int | None = None,
+) -> tuple[list[tuple[str, Problem]], list[str]]:
+    """``load_problems`` that reports every bad row instead of stopping at the first (``graftrl
+    verify --problems``): ``(where, problem)`` for each good row (``where``: ``line N``, ``record
+    N`` or ``row N``) and one message per bad row, naming the file, the row and the field (a
+    duplicate id, or ``check``'s message, too). A file that cannot be read at all is one message.
+    ``limit`` keeps the first that many records."""
+    from graftrl.storage.data_formats import row_to_problem
+
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise DataError(f"{path}: problem file not found (expected a .jsonl, .json or .parquet file)")
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            records = _read_json_records(path)
+        elif suffix == ".parquet":
+            records = _read_parquet_records(path)
+        else:
+            raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+    except DataError as exc:
+        return [], [str(exc)]
+    if not records:
+        return [], [f"{path}: contains no records (each line/row must hold one problem)"]
+    good: list[tuple[str, Problem]] = []
+    bad: list[str] = []
+    first_seen: dict[str, str] = {}
+    for index, (where, record) in enumerate(records[:limit] if limit else records):
+        try:
+            problem = row_to_problem(path, where, index, record)
+        except DataError as exc:
+            bad.append(str(exc))
+            continue
+        if problem.id in first_seen:
+            bad.append(f"{path} {where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]}); ids must be unique")
+            continue
+        first_seen[problem.id] = where
+        message = check(problem) if check is not None else None
+        if message:
+            bad.append(f"{path} {where}: {message}")
+            continue
+        good.append((where, problem))
+    return good, bad
 
 
 def _read_json_records(path: Path) -> list[tuple[str, Any]]:

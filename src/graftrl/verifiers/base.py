@@ -38,11 +38,6 @@ ERROR = "error"
 FAILURE_CLASSES = (WRONG, NO_ANSWER, TESTS_FAILED, NO_CODE, SYNTAX_ERROR, TIMEOUT, MEMORY, CRASH, ERROR)
 
 
-class VerifierError(UserError):
-    """A verifier cannot be built or started (a scorer that does not load, a sandbox that does not
-    start): one line naming the ``reward`` setting and the fix, raised before any model loads."""
-
-
 @dataclass(frozen=True)
 class Verdict:
     """One response's score and its reason."""

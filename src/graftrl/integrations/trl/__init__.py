@@ -9,14 +9,16 @@ Two steps, runnable as written in the README ("From TRL") and explained in docs/
    loaded).
 
 ``math_reward`` is the 0/1 verifier reward ``graftrl train`` gives (the last ``\\boxed{}`` against
-the dataset's ``answer`` column). Stores written here are read by ``graftrl train`` (``peers:``)
-and vice versa. This package imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and
-``RecordingGRPOTrainer`` import TRL when first used (``bash scripts/setup_trl.sh``, or
+the dataset's ``answer`` column); ``verifier_reward(kind=...)`` is any verifier of ``reward.kind``
+(code in graftrl's sandbox, match, a user's scorer), with ``code_reward`` and ``match_reward``
+ready made. Stores written here are read by ``graftrl train`` (``peers:``) and vice versa. This
+package imports without TRL; ``GraftGRPOConfig``, ``GraftGRPOTrainer`` and ``RecordingGRPOTrainer``
+import TRL when first used (``bash scripts/setup_trl.sh``, or
 ``pip install -e '.[trl]'`` from a clone).
 
 Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
-(GRAFT on one generation batch), ``rewards`` (``math_reward``), ``served`` (``ServedPeer``: a peer behind an
-OpenAI-compatible endpoint), ``_compat`` (the TRL versions it
+(GRAFT on one generation batch), ``rewards`` (``math_reward``, ``verifier_reward``), ``served``
+(``ServedPeer``: a peer behind an OpenAI-compatible endpoint), ``_compat`` (the TRL versions it
 runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 from graftrl.integrations.trl._compat import INSTALL_HINT, TRLIntegrationError, TRLUnavailableError
 from graftrl.integrations.trl.exchange import Exchange, graft_exchange, peer_last_order
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin
-from graftrl.integrations.trl.rewards import math_reward
+from graftrl.integrations.trl.rewards import code_reward, match_reward, math_reward, verifier_reward
 from graftrl.integrations.trl.served import ServedPeer
 from graftrl.storage.peers import (
     PROMPT_ID_COLUMN,
@@ -50,12 +52,15 @@ __all__ = [
     "StoredPeer",
     "TRLIntegrationError",
     "TRLUnavailableError",
+    "code_reward",
     "graft_exchange",
+    "match_reward",
     "math_reward",
     "peer_groups",
     "peer_last_order",
     "prompt_hash",
     "prompt_id_of",
+    "verifier_reward",
     *_NEED_TRL,
 ]
 
