@@ -20,6 +20,9 @@ from typer.testing import CliRunner
 
 from graftrl.cli import app
 from graftrl.config import config_from_dict, minibatch_note
+from graftrl.errors import ModelError
+from graftrl.models.prompts import check_prompt_lengths
+from graftrl.storage.data import PAPER_PROMPT_SUFFIX
 
 
 def base_config(paths: dict[str, Path], data: Path) -> dict:
@@ -197,6 +200,10 @@ CASES = {
         train_with(set_key("train.minibatch_prompts", 4)), "minibatch_prompts"
     ),
     "overlong prompt": Case(train_with(data_file(HUGE)), "'huge-1'"),
+    "prompts made too long by the suffix": Case(
+        train_with(lambda c, *a: c["data"].update(prompt_suffix=PAPER_PROMPT_SUFFIX), "--set", "rollout.max_new_tokens=412"),
+        "set data.prompt_suffix: null",
+    ),
     "response limit beyond the context": Case(
         train_with(set_key("rollout.max_new_tokens", 4096)), "rollout.max_new_tokens"
     ),
@@ -276,6 +283,36 @@ def test_unequal_imported_groups_are_said(tmp_path):
     assert result.exit_code == 0, result.output
     notes = [row for row in result.output.splitlines() if row.startswith("note:")]
     assert len(notes) == 1 and "prompt 'q'" in notes[0] and "has 1 responses" in notes[0], result.output
+
+
+def test_a_prompt_too_long_shows_it_rendered_and_names_the_template_and_the_suffix(tiny_checkpoints, tmp_path):
+    """A config copied without `data.prompt_suffix: null` (issue 57): the user sees a short
+    problem, so the message shows the prompt the policy got and what made it long, with the fix."""
+    args = CASES["prompts made too long by the suffix"].prepare(tmp_path, tiny_checkpoints)
+    output = CliRunner().invoke(app, args).output.strip()
+    assert "as rendered (policies[].template '{problem}='; data.prompt_suffix \"Let's think step by step" in output
+    assert "tokens without it): '" in output  # then the prompt, its head and tail: it ends in the suffix
+    assert "' ... '" in output and "output the final answer within \\\\boxed{}.=' (" in output
+    assert output.endswith("set data.prompt_suffix: null (or a shorter suffix), or lower rollout.max_new_tokens")
+
+
+def test_the_too_long_message_shortens_the_prompt_and_names_a_flag_or_a_chat_template():
+    def check(problems, suffix, **names):
+        with pytest.raises(ModelError) as error:
+            check_prompt_lengths(
+                "m", 96, lambda p: f"<{p}>\n", lambda t: list(t.encode()), problems, 80, **names, suffix=suffix
+            )
+        return str(error.value)
+
+    suffix = "Think step by step."
+    text = check([("a", f"1+2 {suffix}")], suffix, limit="--max-new-tokens", suffix_field="--prompt-suffix",
+                 template="the chat template of /models/x")  # fmt: skip
+    assert "(the chat template of /models/x; --prompt-suffix 'Think step by step.' appended; 6 tokens" in text
+    assert "'<1+2 Think step by step.>\\n'" in text  # one line: the newline escaped
+    assert text.endswith("pass --prompt-suffix '' (or a shorter suffix), or lower --max-new-tokens")
+    long = check([("b", "9" * 500 + f" {suffix}")], suffix)  # too long without the suffix too
+    assert f"'<{'9' * 59}' ... '" in long and "(523 characters)" in long and "without it" not in long
+    assert long.endswith("remove or shorten them, or lower rollout.max_new_tokens") and "\n" not in long
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(tiny_checkpoints, tmp_path):

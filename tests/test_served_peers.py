@@ -8,6 +8,7 @@ a real endpoint does. The live vLLM server is the vllm tier's (tests/test_served
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import TextRewards, make_config
@@ -15,6 +16,7 @@ from served_replay import ReplayServer, dead_url, recorded
 
 from graftrl.config import config_from_dict
 from graftrl.models.served import (
+    RequestStats,
     SamplingRequest,
     ServedPeerClient,
     ServedPeerError,
@@ -97,8 +99,24 @@ def test_429_and_503_are_retried_with_backoff_up_to_the_limit():
         server.fail = [503, 503, 503]
         answers, stats = client.complete([PROMPT], SAMPLING, [0])
         assert answers == [None] and (stats.requests, stats.retries, stats.missing) == (3, 2, 1)
-        assert "HTTP 503" in stats.errors[0]
+        ((reason, prompts),) = stats.reasons.items()
+        assert reason.startswith("HTTP 503") and reason.endswith("after 3 requests") and prompts == 1
         client.close()
+
+
+def test_a_missing_prompts_reason_is_given_once_with_its_count():
+    stats = RequestStats(prompts=5, missing=5)
+    for reason in ("no answer (refused) after 3 requests", "HTTP 500", "no answer (refused) after 3 requests"):
+        stats.add_reason(reason)
+    stats.add_reason("unanswered after step_timeout_s 1", 2)
+    assert stats.why() == (
+        "2 prompts: no answer (refused) after 3 requests; 2 prompts: unanswered after step_timeout_s 1; "
+        "1 prompt: HTTP 500"
+    )
+    other = RequestStats(reasons={"HTTP 500": 2, "HTTP 502": 1})
+    stats.merge(other)  # the run's totals count each reason over the steps
+    assert stats.reasons["HTTP 500"] == 3 and stats.why(shown=2).endswith("; 2 other reasons")
+    assert RequestStats().why() == ""
 
 
 def test_the_step_timeout_leaves_prompts_missing():
@@ -106,6 +124,7 @@ def test_the_step_timeout_leaves_prompts_missing():
         client = ServedPeerClient("gpt2", server.url, "gpt2", step_timeout_s=0.5)
         answers, stats = client.complete([PROMPT, PROMPT], SAMPLING)
         assert answers == [None, None] and stats.missing == 2
+        assert stats.reasons == {"unanswered after step_timeout_s 0.5": 2}
         assert stats.latency_s < 2.0
         client.close()
 
@@ -197,7 +216,11 @@ def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(
     assert sum(row["served_prompts/gpt2"] for row in rows) > 0
     assert all(row["peer_responses"] == 0 for row in rows)
     assert all(row["served_requests/gpt2"] == 2 * row["served_prompts/gpt2"] for row in rows)
-    assert "unanswered" in capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().err.splitlines() if "unanswered" in line]
+    assert lines
+    for line in lines:  # each distinct reason once, with the prompts it cost (issue 57)
+        found = re.search(r"left (\d+) of \1 prompts unanswered \(\1 prompts?: (no answer \(.*\) after 2 requests)\)", line)
+        assert found and line.count(found[2]) == 1, line
 
 
 def test_graftrl_probe_measures_the_served_peers_answers_and_cost(tiny_checkpoints, tmp_path):

@@ -25,7 +25,7 @@ from graftrl.cli.common import (
     out_folder,
     thread_note,
 )
-from graftrl.embedded.task import DEFAULT_TASK, MASTERY_POINTS, SKILL_OVERLAPS
+from graftrl.embedded.task import DEFAULT_TASK, SKILL_OVERLAPS
 from graftrl.machine import available_cpus
 
 
@@ -344,12 +344,12 @@ def sweep(
         ),
     ] = "overlap",
     points: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="--knob mastery's points, comma-separated: `default` (the task's pair) or a drilled "
-            "pair's own regrouping share in (0, 1]."
+            "pair's own regrouping share in (0, 1]. Default: the committed line's (docs/mastery/line.json)."
         ),
-    ] = ",".join(MASTERY_POINTS),
+    ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..K-1 per point and method.")] = 5,
     preset: Annotated[
         str,
@@ -383,12 +383,12 @@ def sweep(
     check_task(task)
     line = SweepSettings(seeds, steps, quick, cache, task, jobs, reuse or [], prepare)
     if knob == "mastery":
-        from graftrl.experiments.mastery import MASTERY, mastery_points
+        from graftrl.experiments.mastery import MASTERY, default_points, mastery_points
 
         thread_note()
         if preset not in ("mastery", "hint", "rule"):
             raise SweepError(f"--preset: `mastery`, `hint` or `rule`, got {preset!r}")
-        names = [part.strip() for part in points.split(",") if part.strip()]
+        names = default_points() if points is None else [p.strip() for p in points.split(",") if p.strip()]
         line_knob = replace(MASTERY, preset=preset)  # hint: the mastery cells, hint beside them
         run_points(out, mastery_points(out, names, line), line, line_knob, console)
         return

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 __all__ = [
     "DEFAULT_TASK",
     "FAMILIES",
-    "MASTERY_POINTS",
     "ORIGINAL_TASK",
     "REGROUPING",
     "RESPONSE_FORMAT",
@@ -319,12 +318,6 @@ DEFAULT_TASK = "worked"
 #: warm-start accuracy on carries (training-side, docs/reporting.md): 0.01 at 0, 0.62 at 0.33 and
 #: 0.56 at 0.67, so its transition lies below 0.33 and 0.1 resolves it.
 SKILL_OVERLAPS = (0.0, 0.1, 0.33, 1.0)
-
-#: ``graftrl sweep --knob mastery``'s default points (``mixes.mastery_mixes``): the task's pair
-#: and drilled pairs whose own regrouping share falls, so the peer's failures on the receiver's
-#: missing step become failures of that step (chosen from training-side statistics only,
-#: docs/task_design.md).
-MASTERY_POINTS = ("default", "0.45", "0.08", "0.03")
 
 #: The default of the generator and warm-start functions: the task they served before tasks had
 #: names, so library callers that name no task keep their problems and models.

@@ -385,6 +385,9 @@ def check_prompts(targets: Sequence[ModelTarget], benchmarks: Sequence[Any], pro
                 protocol.max_new_tokens,
                 source=f"benchmark {benchmark.name} ({benchmark.source})",
                 limit="--max-new-tokens",
+                suffix=protocol.prompt_suffix,
+                suffix_field="--prompt-suffix",
+                template_field="--template",
             )
 
 

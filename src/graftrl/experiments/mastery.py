@@ -19,10 +19,11 @@ advantage mass split and the clipping of peer tokens by sign. Outputs: ``results
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from graftrl.experiments.mastery_rule import line_record, rule_markdown, rule_su
 from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
+from graftrl.reporting.lab_data import LINE_FILE, read_lab_data
 from graftrl.reporting.provenance import results_provenance, written_by
 from graftrl.reporting.run_logs import read_log, read_run_metrics, run_success_threshold, run_train_file
 from graftrl.storage.data import load_problems
@@ -56,20 +58,71 @@ RULES = (REFERENCE, "success-only", "sgt")
 """The transfer rules compared, each against GRPO; the last two also against GRAFT."""
 EARLY_STEPS = 10
 """The peer's accuracy on the receiver's deficit family is its training reward over these first steps."""
-REGIME_TARGETS: dict[str, tuple[float, float]] = {
-    "all_fail_share": (0.20, 0.60),
-    "complementarity": (0.30, 1.0),
-    "admitted_share": (0.40, 1.0),
-    "regrouping_share": (0.50, 1.0),
-}
-"""The regime a point must show in both directions before its held-out numbers may make it the
-demo's default (issue 21 item 5; docs/task_design.md): all-fail share, complementarity and the
-gate's admission as the task's design targets, and the contrast target "most moved wrong peer
-responses fail at the step the receiver lacks" read as a majority of them (``moved_errors``).
-Inclusive bounds; measured on the runs' training prompts, never on held-out problems."""
-DECISION_SEEDS = 5
-"""The rule is applied only over at least this many seeds per point (the issue's 5), whatever
-``--seeds`` asked for: a report over fewer says ``pending``."""
+MEASURES = ("all_fail_share", "complementarity", "admitted_share", "regrouping_share")
+"""What a point's regime is read on, per receiver (``regime_misses``)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """The committed mastery line's lab data (``docs/mastery/line.json``): the points
+    ``--points`` defaults to, and issue 21's rule for the demo's default. ``regime_targets``: the
+    regime a point must show in both directions before its held-out numbers may make it the
+    demo's default (issue 21 item 5; docs/task_design.md): all-fail share, complementarity and the
+    gate's admission as the task's design targets, and the contrast target "most moved wrong peer
+    responses fail at the step the receiver lacks" read as a majority of them (``moved_errors``);
+    inclusive bounds, measured on the runs' training prompts, never on held-out problems.
+    ``decision_seeds``: the rule is applied only over at least this many seeds per point, whatever
+    ``--seeds`` asked for: a report over fewer says ``pending``."""
+
+    points: tuple[str, ...]
+    decision_seeds: int
+    regime_targets: dict[str, tuple[float, float]]
+
+
+def load_line(root: Path | None = None) -> Line | None:
+    """The line from ``docs/mastery/line.json`` of the checkout (or of ``root``); None where
+    graftrl runs from no checkout; a one-line ``LabDataError`` where the file is missing or malformed."""
+    data = read_lab_data(LINE_FILE, root)
+    if data is None:
+        return None
+    points = data.get("points", list, 'the default points, a list such as ["default", "0.08"]')
+    for point in points:
+        if not isinstance(point, str):
+            raise data.fail(f'`points`: each a string such as "0.08", got {point!r}')
+        try:
+            mastery_mixes(DEFAULT_TASK, point)
+        except ValueError as error:
+            raise data.fail(f"`points`: {error}") from None
+    seeds = data.integer("decision_seeds", "the seeds the demo-default rule needs, an integer")
+    targets = data.section("regime_targets", "measure -> [low, high]")
+    bounds = {}
+    for key in targets.data:
+        if key not in MEASURES:
+            raise targets.fail(f"unknown measure `{key}`; known: {', '.join(MEASURES)}")
+        pair = targets.get(key, list, "[low, high]")
+        if len(pair) != 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in pair):
+            raise targets.fail(f"`{key}` must be [low, high], got {pair!r}")
+        bounds[key] = (pair[0], pair[1])
+    if not points or seeds < 1:
+        raise data.fail(f"`points` must be non-empty and `decision_seeds` at least 1, got {points}, {seeds}")
+    return Line(tuple(points), seeds, bounds)
+
+
+@functools.cache
+def committed_line() -> Line | None:
+    """The checkout's mastery line (read once); None where graftrl runs from no checkout."""
+    return load_line()
+
+
+def default_points() -> list[str]:
+    """``--points``'s default: the committed line's points."""
+    line = committed_line()
+    if line is None:
+        raise MasteryError(
+            f"--points: give the points, e.g. --points default,0.45,0.12,0.04 (the committed line's, "
+            f"{LINE_FILE}, are read only where graftrl runs from its checkout)"
+        )
+    return list(line.points)
 
 
 PINNED_MODELS = "models"
@@ -201,8 +254,12 @@ def _regrouping_share(m: Mapping[str, Any]) -> float | None:
     return (m.get("moved_errors") or {}).get("regrouping")
 
 
-def regime_misses(m: Mapping[str, Any]) -> list[str]:
-    """The regime targets one receiver's summary misses (unmeasured counts as missed)."""
+def regime_misses(m: Mapping[str, Any], targets: Mapping[str, tuple[float, float]] | None = None) -> list[str]:
+    """The regime targets (by default the committed line's) one receiver's summary misses
+    (unmeasured counts as missed)."""
+    if targets is None:
+        line = committed_line()
+        targets = line.regime_targets if line else {}
     measured = {
         "all_fail_share": m.get("all_fail_share"),
         "complementarity": m.get("complementarity"),
@@ -211,21 +268,27 @@ def regime_misses(m: Mapping[str, Any]) -> list[str]:
     }
     return [
         key
-        for key, (low, high) in REGIME_TARGETS.items()
+        for key, (low, high) in targets.items()
         if measured[key] is None or not low <= measured[key] <= high
     ]
 
 
-def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned: int) -> dict[str, Any]:
+def demo_default(
+    points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned: int, line: Line | None = None
+) -> dict[str, Any] | None:
     """Issue 21 item 5's rule: a point becomes the demo's default if, for both receivers, it meets
-    ``REGIME_TARGETS`` and GRAFT − GRPO's paired interval lies above 0. Several such points: the
-    largest smallest regrouping share (a regime statistic, never a held-out number) decides.
-    Decided only over all planned seeds, and at least ``DECISION_SEEDS``; before that ``point`` is
-    None and ``status`` says why."""
+    the line's ``regime_targets`` and GRAFT − GRPO's paired interval lies above 0. Several such
+    points: the largest smallest regrouping share (a regime statistic, never a held-out number)
+    decides. Decided only over all planned seeds, and at least the line's ``decision_seeds``;
+    before that ``point`` is None and ``status`` says why. ``line``: by default the committed one;
+    None (no decision) where there is none (graftrl runs from no checkout)."""
+    line = line if line is not None else committed_line()
+    if line is None:
+        return None
     rows = []
     for point in points:
         models = point["models"]
-        misses = {model: regime_misses(m) for model, m in models.items()}
+        misses = {model: regime_misses(m, line.regime_targets) for model, m in models.items()}
         above = {
             model: bool((d := m["vs_grpo"].get(REFERENCE)) and d["low"] is not None and d["low"] > 0)
             for model, m in models.items()
@@ -241,7 +304,7 @@ def demo_default(points: Sequence[Mapping[str, Any]], seeds: int, seeds_planned:
             }
         )
     qualified = [r for r in rows if r["regime_met"] and r["graft_above_grpo"]]
-    if seeds < (needed := max(seeds_planned, DECISION_SEEDS)):
+    if seeds < (needed := max(seeds_planned, line.decision_seeds)):
         status, chosen = f"pending: {seeds} of {needed} seeds at every point", None
     elif qualified:
         chosen = max(qualified, key=lambda r: r["min_regrouping_share"])["point"]
@@ -371,9 +434,11 @@ def report_markdown(
     return "\n".join(lines)
 
 
-def _decision_lines(decision: Mapping[str, Any]) -> list[str]:
+def _decision_lines(decision: Mapping[str, Any], line: Line | None = None) -> list[str]:
+    line = line if line is not None else committed_line()
+    targets = line.regime_targets if line else {}
     bounds = ", ".join(
-        f"{key.replace('_', ' ')} {low:.0%}-{high:.0%}" for key, (low, high) in REGIME_TARGETS.items()
+        f"{key.replace('_', ' ')} {low:.0%}-{high:.0%}" for key, (low, high) in targets.items()
     )
     lines = [
         "",

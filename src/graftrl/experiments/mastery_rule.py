@@ -5,7 +5,9 @@ command before the cells trained), each receiver-point gets the rule's verdict f
 (``reporting.probe_rule``) and the outcome it predicts: GRAFT − GRPO on the receiver's held-out
 pass@1 with compare's default interval (paired over seeds and problems, uncorrected for the other
 receiver-points). "Beats" when the interval's lower end is above 0. The line's report then scores
-the rule over every receiver-point it has both for.
+the rule over every receiver-point it has both for. The rule is the registered one
+(``docs/probe/rule.json``) unless a caller passes another; with none (graftrl runs from no
+checkout) the line has no rule section.
 """
 
 from __future__ import annotations
@@ -18,17 +20,7 @@ from typing import Any
 
 from graftrl.experiments.mastery_hint import BASELINE, COLUMN, REFERENCE, pct
 from graftrl.experiments.paired_decisions import paired_table
-from graftrl.reporting.probe_rule import (
-    GAIN,
-    M0,
-    NO_GAIN,
-    REGISTERED,
-    SEEDS,
-    TrackRecord,
-    rule_inputs,
-    score,
-    verdict_of,
-)
+from graftrl.reporting.probe_rule import Rule, TrackRecord, registered_rule, rule_inputs
 from graftrl.reporting.problem_results import folder_problem_results
 from graftrl.storage.rundir import ProbeDir
 
@@ -38,12 +30,15 @@ def probe_dir(folder: Path, point: str) -> Path:
     return folder.parent / f"probe-{point}"
 
 
-def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+def rule_summary(
+    point: str, folder: Path, rows: Sequence[Mapping[str, Any]], rule: Rule | None = None
+) -> list[dict[str, Any]] | None:
     """Per receiver at one point: the probe's rule inputs and verdict, GRAFT − GRPO and whether the
-    verdict was right (None when the point has no probe; ``right`` None until both variants share
-    two seeds)."""
+    verdict was right (None when the point has no probe or there is no rule; ``right`` None until
+    both variants share two seeds)."""
+    rule = rule if rule is not None else registered_rule()
     probe = ProbeDir(probe_dir(folder, point))
-    if not probe.json.exists():
+    if rule is None or not probe.json.exists():
         return None
     figures = json.loads(probe.json.read_text())
     cells = sorted({(r["variant"], int(r["seed"])) for r in rows})
@@ -56,7 +51,7 @@ def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) ->
     out = []
     for pair in figures["pairs"]:
         inputs = rule_inputs(pair)
-        verdict = verdict_of(inputs)
+        verdict = rule.verdict(inputs)
         diff = comparisons.get(pair["receiver"])
         happened = None if diff is None or diff.low is None else diff.low > 0
         out.append(
@@ -68,41 +63,48 @@ def rule_summary(point: str, folder: Path, rows: Sequence[Mapping[str, Any]]) ->
                 "verdict": verdict,
                 "graft_vs_grpo": diff.as_dict() if diff else None,
                 "happened": happened,
-                "right": None if happened is None else (verdict == GAIN) == happened,
+                "right": None if happened is None else (verdict == rule.gain) == happened,
             }
         )
     return out
 
 
-def line_record(summaries: Sequence[Mapping[str, Any]]) -> TrackRecord | None:
+def line_record(summaries: Sequence[Mapping[str, Any]], rule: Rule | None = None) -> TrackRecord | None:
     """The rule scored over every receiver-point of the line with a probe and an outcome."""
+    rule = rule if rule is not None else registered_rule()
+    if rule is None:
+        return None
     outcomes = [
-        (row["verdict"] == GAIN, row["happened"])
+        (row["verdict"] == rule.gain, row["happened"])
         for s in summaries
         for row in s.get("rule") or []
         if row["happened"] is not None
     ]
-    return score(outcomes) if outcomes else None
+    return rule.score(outcomes) if outcomes else None
 
 
 YES_NO = {None: "—", True: "yes", False: "no"}
 
 
+MISSES = {0: "no miss", 1: "one miss"}
+
+
 def rule_markdown(
-    summaries: Sequence[Mapping[str, Any]], record: TrackRecord | None, seeds: int
+    summaries: Sequence[Mapping[str, Any]], record: TrackRecord | None, seeds: int, rule: Rule | None = None
 ) -> list[str]:
     """The line report's section on the rule (empty when no point has a probe); the score is
     provisional while the line has fewer ``seeds`` than the test registered."""
+    rule = rule if rule is not None else registered_rule()
     rows = [(s["point"], row) for s in summaries for row in s.get("rule") or []]
-    if not rows:
+    if not rows or rule is None:
         return []
     lines = [
         "",
         "## The probe rule's test (issue 48 item 5, docs/results.md §7)",
         "",
-        f'Rule (fixed at {REGISTERED}), from each point\'s `probe-<point>/probe.json`: "{GAIN}" when the '
-        f"net advantage mass per moved group *M* > {M0} and the gate admits more of the candidate "
-        f'correct responses than of the wrong ones (*a_c* > *a_w*); else "{NO_GAIN}". Outcome: GRAFT − '
+        f'Rule (fixed at {rule.registered}), from each point\'s `probe-<point>/probe.json`: "{rule.gain}" when '
+        f"the net advantage mass per moved group *M* > {rule.m0} and the gate admits more of the candidate "
+        f'correct responses than of the wrong ones (*a_c* > *a_w*); else "{rule.no_gain}". Outcome: GRAFT − '
         "GRPO on the receiver's held-out pass@1, paired over seeds and problems (compare's default "
         "interval, uncorrected), a gain when the interval's lower end is above 0.",
         "",
@@ -123,7 +125,7 @@ def rule_markdown(
             f"{interval} | {YES_NO[row['happened']]} | {YES_NO[row['right']]} |"
         )
     if record is not None:
-        pending = seeds < SEEDS
+        pending = seeds < rule.seeds
         verdict = (
             ("would pass" if pending else "passes")
             if record.passed
@@ -131,7 +133,8 @@ def rule_markdown(
         )
         lines += [
             "",
-            f"Score{f' (provisional: {seeds} of the {SEEDS} seeds registered)' if pending else ''}: {record.describe()}. "
-            f"The rule {verdict} its registered bar (at most one miss and more right than the constant rule).",
+            f"Score{f' (provisional: {seeds} of the {rule.seeds} seeds registered)' if pending else ''}: "
+            f"{record.describe()}. The rule {verdict} its registered bar (at most "
+            f"{MISSES.get(rule.max_misses, f'{rule.max_misses} misses')} and more right than the constant rule).",
         ]
     return lines

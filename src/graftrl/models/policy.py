@@ -32,6 +32,7 @@ from graftrl.models.prompts import (
     encode_formatted,
     format_prompt,
     quiet_length_warning,
+    template_name,
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -176,9 +177,11 @@ class Policy:
         max_new_tokens: int,
         source: str = "data.train",
         limit: str = "rollout.max_new_tokens",
+        suffix: str | None = None,
     ) -> None:
         """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds the model's context
-        (``check_prompt_lengths``, with this policy's template and tokenizer)."""
+        (``check_prompt_lengths``, with this policy's template and tokenizer; ``suffix``: the
+        ``data.prompt_suffix`` the problems carry, which the message names)."""
         # This check replaces transformers' own "sequence length is longer than ..." warning.
         quiet_length_warning(self.tokenizer)
         check_prompt_lengths(
@@ -190,6 +193,8 @@ class Policy:
             max_new_tokens,
             source,
             limit,
+            template_name(self.tokenizer, self.template, self.chat_template),
+            suffix,
         )
 
     @property

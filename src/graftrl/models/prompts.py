@@ -62,6 +62,16 @@ def encode_formatted(
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=not chat_template)["input_ids"]]
 
 
+def template_name(
+    tokenizer: PreTrainedTokenizerBase, template: str, chat_template: bool, field: str = "policies[].template"
+) -> str:
+    """The template that renders a policy's prompts, for a message: the chat template of its
+    tokenizer's folder, or ``field`` with its value."""
+    if chat_template:
+        return f"the chat template of {getattr(tokenizer, 'name_or_path', '') or 'its tokenizer'}"
+    return f"{field} {template!r}"
+
+
 def check_prompt_lengths(
     name: str,
     context: int | None,
@@ -71,6 +81,9 @@ def check_prompt_lengths(
     max_new_tokens: int,
     source: str = "data.train",
     limit: str = "rollout.max_new_tokens",
+    template: str = "its template",
+    suffix: str | None = None,
+    suffix_field: str = "data.prompt_suffix",
 ) -> None:
     """Refuse (one line) when ``max_new_tokens`` or any prompt + it exceeds a model's context.
 
@@ -78,7 +91,10 @@ def check_prompt_lengths(
     template, ``encode`` tokenizes the formatted prompt; ``limit`` names the setting of
     ``max_new_tokens`` in the message. A prompt that does not fit would fail deep inside the forward
     pass (an IndexError for absolute positions) or allocate its quadratic attention first; it is
-    refused up front, naming the prompt ids, rather than silently skipped.
+    refused up front, naming the prompt ids, rather than silently skipped. The message shows the
+    first such prompt as rendered (shortened) and names what made it: ``template`` (which template
+    rendered it, ``template_name``) and ``suffix``, the text ``suffix_field`` appended to every
+    problem (``training.sampling.with_suffix``), with the fix when the problem alone would fit.
     """
     if context is None:
         return
@@ -87,26 +103,50 @@ def check_prompt_lengths(
     # A prompt far longer than the budget is measured on a prefix: tokenizing megabytes to learn
     # that they do not fit would itself take long (a token rarely spans more than 64 characters).
     prefix = (budget + _MARGIN) * 64
+
+    def measure(text: str) -> tuple[int, bool]:
+        """(tokens, exact): a prompt far over the budget is counted on its prefix only."""
+        if len(text) > prefix and (head := len(encode(text[:prefix]))) > budget + _MARGIN:
+            return head - _MARGIN, False
+        return len(encode(text)), True
+
     too_long: list[tuple[str, str]] = []
     for prompt_id, problem in problems:
         text = format_prompt(problem)
         # A token covers at least one byte (special tokens aside): short prompts need no tokenizing.
         if len(text.encode("utf-8")) + _MARGIN <= budget:
             continue
-        if len(text) > prefix and (head := len(encode(text[:prefix]))) > budget + _MARGIN:
-            too_long.append((prompt_id, f"over {head - _MARGIN}"))
-            continue
-        length = len(encode(text))
+        length, exact = measure(text)
         if length > budget:
-            too_long.append((prompt_id, str(length)))
+            too_long.append((prompt_id, problem))
+            if len(too_long) == 1:
+                first = (text, f"{length} tokens" if exact else f"over {length} tokens")
     if too_long:
-        first_id, first_length = too_long[0]
+        rendered, length = first
         ids = ", ".join(repr(i) for i, _ in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
+        made = [template]
+        fix = f"remove or shorten them, or lower {limit}"
+        problem = too_long[0][1]
+        if suffix and problem.endswith(f" {suffix}"):
+            alone, _ = measure(format_prompt(problem[: -len(suffix) - 1]))
+            made.append(f"{suffix_field} {repr(suffix[:32]) + ('...' if len(suffix) > 32 else '')} appended")
+            if alone <= budget:
+                unset = f"pass {suffix_field} ''" if suffix_field.startswith("--") else f"set {suffix_field}: null"
+                made.append(f"{alone} tokens without it")
+                fix = f"the suffix makes them too long: {unset} (or a shorter suffix), or lower {limit}"
         raise ModelError(
             f"{source}: {len(too_long)} prompt(s) do not fit the context of policy {name!r} ({context} "
-            f"tokens) with {limit} {max_new_tokens} (prompt {first_id!r} is {first_length} "
-            f"tokens; ids {ids}): remove or shorten them, or lower {limit}"
+            f"tokens) with {limit} {max_new_tokens} (ids {ids}); prompt {too_long[0][0]!r} is {length} as "
+            f"rendered ({'; '.join(made)}): {_shorten(rendered, 60)}; {fix}"
         )
+
+
+def _shorten(text: str, keep: int) -> str:
+    """``text`` quoted on one line (newlines escaped); its first and last ``keep`` characters
+    where it is longer."""
+    if len(text) <= 2 * keep + 20:
+        return repr(text)
+    return f"{text[:keep]!r} ... {text[-keep:]!r} ({len(text):,} characters)"
 
 
 def check_response_budget(
@@ -142,8 +182,12 @@ def check_prompts_fit(
     max_new_tokens: int,
     source: str,
     limit: str,
+    suffix: str | None = None,
+    suffix_field: str = "data.prompt_suffix",
+    template_field: str = "policies[].template",
 ) -> None:
-    """``check_prompt_lengths`` for a model folder's tokenizer and context, without its weights."""
+    """``check_prompt_lengths`` for a model folder's tokenizer and context, without its weights;
+    ``suffix`` (named ``suffix_field``) and ``template_field`` as the message names them."""
     quiet_length_warning(tokenizer)
     check_prompt_lengths(
         name,
@@ -154,6 +198,9 @@ def check_prompts_fit(
         max_new_tokens,
         source,
         limit,
+        template_name(tokenizer, template, chat_template, template_field),
+        suffix,
+        suffix_field,
     )
 
 

@@ -77,14 +77,28 @@ class RequestStats:
     """Tokens received (usage.completion_tokens)."""
     latency_s: float = 0.0
     """Wall time from the first request to the last answer (or the timeout)."""
-    errors: list[str] = field(default_factory=list)
-    """Why prompts went missing (first few), for the console; never holds the key."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """Why prompts went missing: each distinct reason and the prompts it left missing, for the
+    console (``why``); never holds the key."""
 
     def merge(self, other: RequestStats) -> None:
         for name in ("requests", "retries", "prompts", "missing", "prompt_tokens", "completion_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.latency_s += other.latency_s
-        self.errors = (self.errors + other.errors)[:5]
+        for reason, count in other.reasons.items():
+            self.add_reason(reason, count)
+
+    def add_reason(self, reason: str, prompts: int = 1) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0) + prompts
+
+    def why(self, shown: int = 3) -> str:
+        """Each distinct reason once with the prompts it left missing, most first, e.g. "2 prompts:
+        no answer (...) after 3 requests"; beyond ``shown`` reasons, how many more there were."""
+        ranked = sorted(self.reasons.items(), key=lambda item: -item[1])  # stable: first seen first on ties
+        parts = [f"{count} prompt{'s' if count != 1 else ''}: {reason}" for reason, count in ranked[:shown]]
+        if len(ranked) > shown:
+            parts.append(f"{len(ranked) - shown} other reason{'s' if len(ranked) - shown != 1 else ''}")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -280,20 +294,17 @@ class ServedPeerClient:
             if not done:  # the step's timeout: what is still in flight is missing
                 for future in pending:
                     future.cancel()
-                stats.errors.append(
-                    f"{len(pending)} prompts unanswered after step_timeout_s {self.step_timeout_s:g}"
-                )
+                stats.add_reason(f"unanswered after step_timeout_s {self.step_timeout_s:g}", len(pending))
                 break
             for future in done:
                 try:
                     answers[futures[future]] = future.result()
                 except _Refused as error:
-                    if len(stats.errors) < 5:
-                        stats.errors.append(str(error))
+                    stats.add_reason(str(error))
         with step.lock:  # a request still in flight after the timeout must not change what is reported
             stats.latency_s = time.monotonic() - start
             stats.missing = sum(answer is None for answer in answers)
-            return answers, replace(stats, errors=list(stats.errors))
+            return answers, replace(stats, reasons=dict(stats.reasons))
 
     # ----- start-up -------------------------------------------------------------------------
     def probe(

@@ -4,7 +4,8 @@ Computation: one run's diagnostics (``analyze``, with ``complementarity``, ``exc
 every method moved, and ``served``: a served peer's answers and cost), diagnostics across runs
 (``diagnostics``, ``contrast``), the weights transferred responses were trained with
 (``weights``), the figures of a probe and their recount from its files (``probe_stats``), the probe's
-verdict rule and its measured track record (``probe_rule``), the
+verdict rule and its measured track record (``probe_rule``), the lab's data files those and the
+mastery line read from the checkout, not package data (``lab_data``), the
 logs of a run as curves (``run_logs``), a compare cell's per-problem results
 (``problem_results``), using the statistics of ``graftrl.evaluation``.
 Writing: analysis.md (``analysis_report``), probe.md (``probe_report``), Markdown and rich tables

@@ -9,7 +9,7 @@ from typing import Any
 from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.files import atomic_write
 from graftrl.reporting.plots import plot_histograms
-from graftrl.reporting.probe_rule import RULE_METHOD, TrackRecord
+from graftrl.reporting.probe_rule import TrackRecord, registered_rule
 from graftrl.reporting.probe_stats import QUANTILES, StepData, histogram_values
 from graftrl.storage.rundir import ProbeDir
 
@@ -217,14 +217,14 @@ def render(figures: Mapping[str, Any], plots: Sequence[Path]) -> str:
 
 def verdict_lines(verdict: Mapping[str, Any] | None) -> list[str]:
     """probe.md's verdict: the rule's, per direction, with its measured track record; or why none."""
-    if verdict is None:  # a probe.json written before the rule was scored
+    if verdict is None:  # a probe.json written before the rule was scored, or with no lab (a wheel)
         return []
     record = verdict["track_record"]
     lines = ["## Verdict", ""]
     rule = f"The rule of docs/results.md §7 (fixed at {verdict['registered']}): {verdict['rule']}."
     if record is None:
         return [*lines, f"No verdict: the rule has no measured track record yet. {rule}", ""]
-    measured = TrackRecord(**{k: v for k, v in record.items() if k != "passed"}).describe()
+    measured = TrackRecord(**record).describe()
     if not record["passed"]:
         return [
             *lines,
@@ -234,11 +234,13 @@ def verdict_lines(verdict: Mapping[str, Any] | None) -> list[str]:
             "",
         ]
     if not verdict["directions"]:
-        return [
-            *lines,
-            f"No verdict: the rule reads a `{RULE_METHOD}` probe (`--set method={RULE_METHOD}`).",
-            "",
-        ]
+        registered = registered_rule()
+        reads = (
+            f"a `{registered.method}` probe (`--set method={registered.method}`)"
+            if registered
+            else "a probe of its own method"
+        )
+        return [*lines, f"No verdict: the rule reads {reads}.", ""]
     return [
         *lines,
         *_table(

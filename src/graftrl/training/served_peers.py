@@ -137,7 +137,7 @@ class ServedPeers:
             if stats.missing:
                 print(
                     f"graftrl: step {step}: served peer {name!r} left {stats.missing} of {stats.prompts} "
-                    f"prompts unanswered ({'; '.join(stats.errors[:2])}); their groups stay on the receiver",
+                    f"prompts unanswered ({stats.why()}); their groups stay on the receiver",
                     file=sys.stderr,
                 )
             out[name] = ServedStep(

@@ -129,6 +129,7 @@ class PolicyWorker:
         self.policy.check_prompt_lengths(
             [(p.id, with_suffix(p.problem, config.data.prompt_suffix)) for p in problems],
             config.rollout.max_new_tokens,
+            suffix=config.data.prompt_suffix,
         )
         self._check_validation_prompts()
         self.policy.temperature = config.rollout.temperature
@@ -200,6 +201,7 @@ class PolicyWorker:
                 settings.max_new_tokens or self.config.rollout.max_new_tokens,
                 source=f"validation benchmark {benchmark.name} ({benchmark.source})",
                 limit=limit,
+                suffix=self.config.data.prompt_suffix,
             )
 
     @property
