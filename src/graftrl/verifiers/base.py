@@ -16,6 +16,12 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from graftrl.errors import UserError
 from graftrl.storage.data import Problem
 
+
+class VerifierError(UserError):
+    """The verifier cannot work as configured (a scorer that does not load, a sandbox that cannot
+    start); one line naming the setting and the fix, raised before any model loads."""
+
+
 # Failure classes (``Verdict.failure``): one word each, counted by analyze and verify.
 WRONG = "wrong"
 """An answer was found and is not the gold one (math, match, a scorer's 0)."""
