@@ -24,6 +24,7 @@ LAYERS = [
     ("graftrl.storage",),
     ("graftrl.config",),
     ("graftrl.models",),
+    ("graftrl.verifiers",),
     ("graftrl.evaluation",),
     ("graftrl.embedded",),
     ("graftrl.training",),
@@ -47,6 +48,7 @@ INTEGRATIONS_MAY_IMPORT = (
     "graftrl.methods",
     "graftrl.storage",
     "graftrl.models",
+    "graftrl.verifiers",
     "graftrl.training.trajectories",
 )
 """Besides the top-level utilities (the first layer) and themselves: what ``graftrl.integrations``
