@@ -78,7 +78,7 @@ def sample_step(
     problems: list[MathProblem],
     *,
     generate: Callable[[list[str], int], RolloutBatch],
-    score: Callable[[list[str], list[str]], list[float]],
+    score: Callable[[list[str], list[MathProblem]], list[float]],
     extra_sampler: PromptSampler,
     verifier: Any,
     tokenizer_id: str = "",
@@ -124,8 +124,8 @@ def sample_step(
         timings["time_rollout"] += time.perf_counter() - start
 
         start = time.perf_counter()
-        answers = [p.answer for p in batch for _ in range(n)]
-        rewards = torch.tensor(score(rollout.texts, answers), dtype=torch.float32)
+        each = [p for p in batch for _ in range(n)]  # each response's problem row (the verifier's)
+        rewards = torch.tensor(score(rollout.texts, each), dtype=torch.float32)
         rewards = rewards.view(len(batch), n)
         timings["time_reward"] += time.perf_counter() - start
         first_rewards = rewards if first_rewards is None else first_rewards
