@@ -1,7 +1,7 @@
 """Evaluation with the paper's protocol (algorithm.md §4): pass@1, pass@k, R runs, reports.
 
 Protocol: the training prompt format (the data suffix after the policy's template or chat
-template), the training verifier and response length limit; ``samples`` responses per problem
+template), the training verifier (``reward.kind``) and response length limit; ``samples`` responses per problem
 (8) at temperature 0.6 / top-p 0.95; a sample is correct when its reward is a success (at or
 above ``reward.success_threshold``, ``core.is_success``: the reward itself on 0/1 rewards); pass@1
 is the mean correctness over samples, then over problems; the aggregate is the unweighted mean over benchmarks; each model is evaluated in R
@@ -35,9 +35,10 @@ from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
 from graftrl.models.model_loading import load_tokenizer, model_context
 from graftrl.models.policy import Policy
 from graftrl.models.prompts import check_chat_template, check_prompts_fit
-from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
+from graftrl.verifiers.base import Verifier
+from graftrl.verifiers.registry import as_verifier
 
 __all__ = [
     "EvalPlan",
@@ -138,7 +139,7 @@ def _prompt(problem: str, suffix: str | None) -> str:
 def sample_correctness(
     policy: Policy,
     problems: Sequence[MathProblem],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     seed: int,
     engine: RolloutEngine | None = None,
@@ -147,13 +148,16 @@ def sample_correctness(
     """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1},
     1 where the reward is a success (at or above ``protocol.success_threshold``).
 
-    Any rollout engine serving ``policy`` (the HF engine by default). Problems go through it in
+    ``verifier``: the run's (``graftrl.verifiers``; an object with the older ``score(responses,
+    answers)`` is taken as math's). Any rollout engine serving ``policy`` (the HF engine by
+    default). Problems go through it in
     chunks of ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so
     results do not depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is
     verified as soon as it is generated and ``on_chunk(number_of_problems)`` is called after it,
     for progress bars.
     """
     engine = engine or HFRolloutEngine()
+    verifier = as_verifier(verifier)
     params = SamplingParams(protocol.samples, protocol.temperature, protocol.top_p, protocol.max_new_tokens)
     per_call = max(1, engine.max_batch_size // protocol.samples)
     engine.reseed(seed)
@@ -161,8 +165,7 @@ def sample_correctness(
     for start in range(0, len(problems), per_call):
         chunk = problems[start : start + per_call]
         batch = engine.generate(policy, [_prompt(p.problem, protocol.prompt_suffix) for p in chunk], params)
-        answers = [p.answer for p in chunk for _ in range(protocol.samples)]
-        rewards = verifier.score(batch.texts, answers)
+        rewards = verifier.rewards(batch.texts, [p for p in chunk for _ in range(protocol.samples)])
         for i in range(len(chunk)):
             group = rewards[i * protocol.samples : (i + 1) * protocol.samples]
             out.append([float(is_success(float(r), protocol.success_threshold)) for r in group])
@@ -174,7 +177,7 @@ def sample_correctness(
 def evaluate_pass_at_1(
     policy: Policy,
     problems: Sequence[MathProblem],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol = EvalProtocol(),
     seed: int = 0,
     engine: RolloutEngine | None = None,
@@ -236,7 +239,7 @@ class _VerifierMeter:
 def evaluate_policy(
     policy: Policy,
     benchmarks: Sequence[Any],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     engine: RolloutEngine | None = None,
     progress: Any = None,
@@ -296,7 +299,7 @@ def _aggregate(per_bench: Mapping[str, Mapping[str, Any]], runs: int) -> dict[st
 def evaluate_targets(
     targets: Sequence[ModelTarget],
     benchmarks: Sequence[Any],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     engine: HFRolloutEngine | None = None,
     progress: bool = True,
