@@ -80,14 +80,19 @@ class Evaluation:
     def key(self, config: Any) -> list[Any]:
         """The evaluation's part of a cell's digest: samples, length limit and problem ids (the
         embedded task's key), then what only other evaluations have: the benchmark split and the
-        problems' content. (The prompt format and the checkpoint rule are in the config's part.)"""
+        problems' content (for a verifier other than math, each row's extra fields too: a code
+        row's tests). (The prompt format and the checkpoint rule are in the config's part.)"""
         key: list[Any] = [self.samples, self.protocol(config).max_new_tokens, [p.id for p in self.problems]]
         extra: dict[str, Any] = {}
         if len(self.benchmarks) > 1:
             extra["benchmarks"] = [[b.name, len(b.problems)] for b in self.benchmarks]
         if self.content_key:
-            rows = [[p.id, p.problem, p.answer] for p in self.problems]
-            extra["content"] = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+            if config.reward.kind == "math":
+                text = json.dumps([[p.id, p.problem, p.answer] for p in self.problems])
+            else:  # what else the verifier reads: a code row's tests, a scorer's fields
+                rows = [[p.id, p.problem, p.answer, dict(p.extra)] for p in self.problems]
+                text = json.dumps(rows, sort_keys=True, default=str)
+            extra["content"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return [*key, extra] if extra else key
 
     def summary(self, config: Any) -> dict[str, Any]:
