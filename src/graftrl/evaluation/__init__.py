@@ -5,6 +5,7 @@ Owns the benchmark suites (``benchmarks``), the sampling protocol and its summar
 the report's files (``eval_report``: JSON, the paper's table, a plot) and the
 statistics over seeds and runs (``stats``: mean ± std, paired intervals over seeds;
 ``intervals``: paired intervals over seeds x problems; ``decisions``: Holm / BH, seeds needed and
-the group-sequential looks of ``--seeds auto``). May import ``models``, ``storage``, ``config`` and below; the trainer's periodic
+the group-sequential looks of ``--seeds auto``). May import ``verifiers`` (the run's verifier,
+any ``reward.kind``), ``models``, ``storage``, ``config`` and below; the trainer's periodic
 validation (``graftrl.training.validation``) and the reports build on it.
 """
