@@ -230,6 +230,19 @@ def test_eval_refuses_a_benchmark_row_and_a_verifier_that_cannot_start_in_one_li
     assert result.exit_code == 2 and "cannot start (test)" in one_error_line(result.output)
 
 
+def test_compare_checks_its_benchmark_rows_with_the_verifier(recorder, tiny_checkpoints, tmp_path):
+    from graftrl.experiments.compare_task import base_task
+
+    raw = make_config(tiny_checkpoints)
+    raw["reward"] = {"kind": "match"}
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    recorder.refuse_rows = True
+    with pytest.raises(DataError, match=r"math_small\.jsonl line 1: field 'tests' is missing"):
+        base_task(path, benches=[f"b={SMALL}"])
+    assert recorder.events == ["built", "closed"]  # built to check, never started
+
+
 # ----- compare's digests ----------------------------------------------------------------------
 
 

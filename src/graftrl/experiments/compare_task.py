@@ -41,6 +41,7 @@ from graftrl.experiments.matrix import CompareError
 from graftrl.reporting.provenance import results_provenance
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir
+from graftrl.verifiers.registry import build_verifier
 
 EVAL_SEED = 10_000
 """A cell of seed s samples its evaluation from seed ``EVAL_SEED + s`` (each benchmark alike)."""
@@ -168,7 +169,12 @@ def base_task(
     samples = EvalProtocol.samples if eval_samples is None else eval_samples
     if samples < 1:
         raise CompareError(f"--eval-samples must be >= 1, got {samples}")
-    evaluation = Evaluation(tuple(load_benchmarks(specs)), samples, content_key)
+    checker = build_verifier(config.reward)  # the rows as the cells' verifier reads them
+    try:
+        benchmarks = load_benchmarks(specs, check=checker.check_problem)
+    finally:
+        checker.close()
+    evaluation = Evaluation(tuple(benchmarks), samples, content_key)
     local = {p.name: p.path for p in config.policies if Path(p.path).is_dir()}
     source = None if settings is not None else {"config": str(path), "set": list(overrides)}
     return CompareTask(name or path.name, raw, evaluation, results_provenance(local), settings, source)
