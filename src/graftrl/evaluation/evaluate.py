@@ -1,7 +1,7 @@
 """Evaluation with the paper's protocol (algorithm.md §4): pass@1, pass@k, R runs, reports.
 
 Protocol: the training prompt format (the data suffix after the policy's template or chat
-template), the training verifier (``reward.kind``) and response length limit; ``samples`` responses per problem
+template), the training verifier and response length limit; ``samples`` responses per problem
 (8) at temperature 0.6 / top-p 0.95; a sample is correct when its reward is a success (at or
 above ``reward.success_threshold``, ``core.is_success``: the reward itself on 0/1 rewards); pass@1
 is the mean correctness over samples, then over problems; the aggregate is the unweighted mean over benchmarks; each model is evaluated in R
@@ -149,12 +149,11 @@ def sample_correctness(
     1 where the reward is a success (at or above ``protocol.success_threshold``).
 
     ``verifier``: the run's (``graftrl.verifiers``; an object with the older ``score(responses,
-    answers)`` is taken as math's). Any rollout engine serving ``policy`` (the HF engine by
-    default). Problems go through it in
-    chunks of ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so
-    results do not depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is
-    verified as soon as it is generated and ``on_chunk(number_of_problems)`` is called after it,
-    for progress bars.
+    answers)`` is taken as math's), given each sample's problem row. Any rollout engine serving
+    ``policy`` (the HF engine by default). Problems go through it in chunks of
+    ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so results do not
+    depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is verified as soon as
+    it is generated and ``on_chunk(number_of_problems)`` is called after it, for progress bars.
     """
     engine = engine or HFRolloutEngine()
     verifier = as_verifier(verifier)
