@@ -91,10 +91,13 @@ def _scorer_by_content(path: str) -> str:
     """``reward.function.path`` with its file by SHA-256 (``<sha256>:compute_score``): a cell is
     recognised in another checkout, and retrained when the scorer's code changes; an import path
     (``package.module:function``) as written."""
-    file, colon, function = path.rpartition(":")
-    if not colon or not file.endswith(".py"):
+    from graftrl.verifiers.function import parse_scorer_path  # the scorer's own reading of it
+
+    try:
+        target, function, is_file = parse_scorer_path(path)
+    except UserError:  # refused when the verifier is built, in one line
         return path
-    return f"{_by_content(file)}:{function}"
+    return f"{_by_content(target)}:{function}" if is_file else path
 
 
 def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
