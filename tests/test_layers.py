@@ -50,6 +50,7 @@ INTEGRATIONS_MAY_IMPORT = (
     "graftrl.models",
     "graftrl.verifiers",
     "graftrl.training.trajectories",
+    "graftrl.config.rewards",
 )
 """Besides the top-level utilities (the first layer) and themselves: what ``graftrl.integrations``
 says it imports (its docstring names each)."""
