@@ -26,25 +26,21 @@ class MathRewards(VerifierBase):
     def from_config(cls, reward: Any) -> MathRewards:
         return cls(MathVerifier.from_config(reward))
 
-    def rewards(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        check_lengths("MathRewards.rewards", responses, problems)
-        return self.verifier.score(responses, [p.answer for p in problems])
-
     def verify(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
+        check_lengths("MathRewards.verify", responses, problems)
+        scores = self.verifier.score(responses, [p.answer for p in problems])
         verdicts = []
-        for response, reward, problem in zip(
-            responses, self.rewards(responses, problems), problems, strict=True
-        ):
+        for response, reward, problem in zip(responses, scores, problems, strict=True):
             if reward >= 1.0:
-                verdicts.append(Verdict.correct())
+                verdicts.append(Verdict.correct(reward))
                 continue
             last_box = getattr(self.verifier, "extraction", "last_box") == "last_box"
             answer = extract_last_boxed(response) if last_box else response
             if answer is None or not answer.strip():
-                verdicts.append(Verdict.failed(NO_ANSWER, "no answer found (no \\boxed{})"))
+                verdicts.append(Verdict.failed(NO_ANSWER, "no answer found (no \\boxed{})", reward))
             else:
                 verdicts.append(
-                    Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}")
+                    Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}", reward)
                 )
         return verdicts
 
