@@ -29,7 +29,7 @@ from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
-from graftrl.methods import ExchangePlan, GroupOutcomes, Method, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, Method, RescuePhase, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
@@ -379,7 +379,9 @@ class Trainer:
             stored_info[f"stored_reward_changes/{name}"] = changed
 
         rescued = None
-        if self.method.rescues:  # the receivers' rescue round (method: hint), from every model's cold round
+        if isinstance(
+            self.method, RescuePhase
+        ):  # the receivers' rescue round (hint), from every model's cold round
             rescued = run_rescue(
                 self.method,
                 self.backend,

@@ -259,7 +259,7 @@ class PolicyWorker:
         return broadcast_object(self.verifier.rewards(responses, problems) if self.rank == 0 else None)
 
     def rescue(self, request: RescueRoundRequest) -> RescueResult | None:
-        """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample this
+        """The rescue round of a ``RescuePhase`` method (``rescue.sample_rescue``): sample this
         policy's hinted prompts and put the groups into the rollout batch the update trains on."""
         step, own = request.step, request.requests[self.index]
         if own is None:
