@@ -4,7 +4,7 @@ A ``peers[]`` entry names its kind (``source``: ``stored``, ``served``, or a reg
 trainer builds one ``PeerSource`` per entry from the kind's factory (``register_source``), runs each
 source's ``open`` check before any model loads, and each step calls ``groups`` once per source with
 the step's problems, the co-trained receivers' outcomes and the run's verifier. What comes back
-(``PeerGroups``) joins the receivers' groups for the method's plan; its rows go to the run's
+(``SourceGroups``) joins the receivers' groups for the method's plan; its rows go to the run's
 trajectory store; its metrics to every receiver's metrics.jsonl row.
 
 Built in: ``stored`` (``training.stored_peers``: a trajectory store replayed, ``partial`` for a
@@ -27,7 +27,15 @@ from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.store import StoredTrajectory
 
-__all__ = ["SOURCES", "PeerGroups", "PeerRun", "PeerSource", "SourceBase", "open_sources", "register_source"]
+__all__ = [
+    "SOURCES",
+    "PeerRun",
+    "PeerSource",
+    "SourceBase",
+    "SourceGroups",
+    "open_sources",
+    "register_source",
+]
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class PeerRun:
 
 
 @dataclass
-class PeerGroups:
+class SourceGroups:
     """One source's part of a step."""
 
     outcomes: GroupOutcomes
@@ -75,7 +83,7 @@ class PeerSource(Protocol):
         problems: Sequence[MathProblem],
         receivers: Mapping[str, GroupOutcomes],
         verifier: Any,
-    ) -> PeerGroups:
+    ) -> SourceGroups:
         """Its groups on ``problems`` at ``step`` (``receivers``: the co-trained policies' outcomes;
         ``verifier``: the run's, ``verifier.rewards(texts, problems)``)."""
         ...

@@ -32,7 +32,7 @@ from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerError
 from graftrl.models.served_groups import COST_KEYS, api_key, client_of, dense_records, served_rows
 from graftrl.storage.data import MathProblem
 from graftrl.storage.store import StoredTrajectory
-from graftrl.training.peer_sources import PeerGroups, PeerRun, SourceBase, register_source
+from graftrl.training.peer_sources import PeerRun, SourceBase, SourceGroups, register_source
 from graftrl.training.randomness import step_seed
 from graftrl.training.sampling import with_suffix
 from graftrl.training.trajectories import peer_groups
@@ -77,7 +77,7 @@ class ServedSource(SourceBase):
         problems: Sequence[MathProblem],
         receivers: Mapping[str, GroupOutcomes],
         verifier: Any,
-    ) -> PeerGroups:
+    ) -> SourceGroups:
         """Its groups on the prompts some policy of ``receivers`` failed entirely."""
         config, n, name = self.run.config, self.sampling.n, self.name
         asked = all_fail_prompts(receivers)
@@ -117,7 +117,7 @@ class ServedSource(SourceBase):
             )
         rows = [row for g in groups for row in g]
         answered = sorted({row.group_index for row in rows})
-        return PeerGroups(replayed.outcomes, records, rows, info, answered=answered)
+        return SourceGroups(replayed.outcomes, records, rows, info, answered=answered)
 
     def report(self) -> None:
         """Its line in the run's summary on the console (`graftrl analyze` has the same from

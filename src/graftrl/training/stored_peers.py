@@ -20,7 +20,7 @@ from graftrl.models.served_groups import dense_records
 from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.storage.peers import PeerStore, StoredPeer
 from graftrl.storage.store import StoreError, TrajectoryStore
-from graftrl.training.peer_sources import PeerGroups, SourceBase, register_source
+from graftrl.training.peer_sources import SourceBase, SourceGroups, register_source
 from graftrl.training.trajectories import peer_groups
 
 
@@ -108,7 +108,7 @@ class StoredSource(SourceBase):
         problems: Sequence[MathProblem],
         receivers: Mapping[str, GroupOutcomes],
         verifier: Any,
-    ) -> PeerGroups:
+    ) -> SourceGroups:
         peer, train = self.settings, self.run.config.train
         n, ids = self.run.config.rollout.n, [p.id for p in problems]
         if peer.partial:
@@ -133,4 +133,4 @@ class StoredSource(SourceBase):
         else:
             records = [record for group in replayed.records for record in group or ()]
         info = {f"stored_reward_changes/{self.name}": float(replayed.reward_changes)}
-        return PeerGroups(replayed.outcomes, records, info=info, shared=True)
+        return SourceGroups(replayed.outcomes, records, info=info, shared=True)
