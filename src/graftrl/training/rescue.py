@@ -1,4 +1,4 @@
-"""The rescue round of a method that implements ``methods.base.RescuePhase`` (``method: hint``, CoRe; algorithm.md §3.1).
+"""The rescue round of a ``methods.base.RescuePhase`` method (``method: hint``, CoRe; algorithm.md §3.1).
 
 Between a step's rollout and its plan: the driver asks the method which of each receiver's
 all-fail prompts a peer solved and builds each hinted problem text from the peer's successful

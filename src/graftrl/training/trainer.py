@@ -361,9 +361,7 @@ class Trainer:
             self.recorder.write_step(step, own_rows + peer_rows)
 
         rescued = None
-        if isinstance(
-            self.method, RescuePhase
-        ):  # the receivers' rescue round (hint), from every model's cold round
+        if isinstance(self.method, RescuePhase):  # the receivers' rescue round, from every cold round
             rescued = run_rescue(
                 self.method,
                 self.backend,
