@@ -31,11 +31,16 @@ __all__ = [
     "SOURCES",
     "PeerRun",
     "PeerSource",
+    "Receivers",
     "SourceBase",
     "SourceGroups",
     "open_sources",
     "register_source",
 ]
+
+
+Receivers = Mapping[str, GroupOutcomes]
+"""The co-trained policies' groups on the step's prompts, by name."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,7 @@ class PeerSource(Protocol):
         ...
 
     def groups(
-        self,
-        step: int,
-        problems: Sequence[MathProblem],
-        receivers: Mapping[str, GroupOutcomes],
-        verifier: Any,
+        self, step: int, problems: Sequence[MathProblem], receivers: Receivers, verifier: Any
     ) -> SourceGroups:
         """Its groups on ``problems`` at ``step`` (``receivers``: the co-trained policies' outcomes;
         ``verifier``: the run's, ``verifier.rewards(texts, problems)``)."""

@@ -32,7 +32,7 @@ from graftrl.models.served import RequestStats, SamplingRequest, ServedPeerError
 from graftrl.models.served_groups import COST_KEYS, api_key, client_of, dense_records, served_rows
 from graftrl.storage.data import MathProblem
 from graftrl.storage.store import StoredTrajectory
-from graftrl.training.peer_sources import PeerRun, SourceBase, SourceGroups, register_source
+from graftrl.training.peer_sources import PeerRun, Receivers, SourceBase, SourceGroups, register_source
 from graftrl.training.randomness import step_seed
 from graftrl.training.sampling import with_suffix
 from graftrl.training.trajectories import peer_groups
@@ -72,11 +72,7 @@ class ServedSource(SourceBase):
         self.client.probe(prompt, self.sampling, f"peers[{self.name}]")
 
     def groups(
-        self,
-        step: int,
-        problems: Sequence[MathProblem],
-        receivers: Mapping[str, GroupOutcomes],
-        verifier: Any,
+        self, step: int, problems: Sequence[MathProblem], receivers: Receivers, verifier: Any
     ) -> SourceGroups:
         """Its groups on the prompts some policy of ``receivers`` failed entirely."""
         config, n, name = self.run.config, self.sampling.n, self.name

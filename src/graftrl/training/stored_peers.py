@@ -12,15 +12,14 @@ first model loads, not when training reaches the step it lacks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from graftrl.methods import GroupOutcomes
 from graftrl.models.served_groups import dense_records
 from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.storage.peers import PeerStore, StoredPeer
 from graftrl.storage.store import StoreError, TrajectoryStore
-from graftrl.training.peer_sources import SourceBase, SourceGroups, register_source
+from graftrl.training.peer_sources import Receivers, SourceBase, SourceGroups, register_source
 from graftrl.training.trajectories import peer_groups
 
 
@@ -103,11 +102,7 @@ class StoredSource(SourceBase):
         return {f"peers.{self.name}": {"path": str(self.settings.path), "sha256": self.store.fingerprint()}}
 
     def groups(
-        self,
-        step: int,
-        problems: Sequence[MathProblem],
-        receivers: Mapping[str, GroupOutcomes],
-        verifier: Any,
+        self, step: int, problems: Sequence[MathProblem], receivers: Receivers, verifier: Any
     ) -> SourceGroups:
         peer, train = self.settings, self.run.config.train
         n, ids = self.run.config.rollout.n, [p.id for p in problems]
