@@ -11,8 +11,9 @@ Built in: ``stored`` (``training.stored_peers``: a trajectory store replayed, ``
 served peer's record) and ``served`` (``training.served_peers``: an OpenAI-compatible endpoint
 asked the receivers' all-fail prompts). A new kind is one module (a source class registered with
 ``register_source``) and one settings class (``config.peers.register_peer_settings``).
-Sources answer in the order of their kinds' registration (served, stored, then others), each kind's
-in config order, so that served peers see the co-trained receivers' outcomes only.
+Sources answer kind by kind (served, stored, then the registered kinds in their registration
+order), each kind's in config order: every source sees the co-trained receivers' outcomes only,
+and the plan's peers come in today's order.
 """
 
 from __future__ import annotations
