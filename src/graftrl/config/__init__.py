@@ -17,7 +17,7 @@ from graftrl.config.loading import (
     parse_override,
     read_config_file,
 )
-from graftrl.config.peers import PeerConfig
+from graftrl.config.peers import PeerConfig, ServedPeerConfig, StoredPeerConfig
 from graftrl.config.reference import config_reference, config_reference_markdown
 from graftrl.config.schema import (
     CheckpointConfig,
@@ -54,7 +54,9 @@ __all__ = [
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
+    "ServedPeerConfig",
     "StoreConfig",
+    "StoredPeerConfig",
     "TrainConfig",
     "VLLMConfig",
     "ValidationConfig",

@@ -6,6 +6,7 @@ import typing
 
 from pydantic import BaseModel
 
+from graftrl.config.peers import PeerConfig, PeerSettings
 from graftrl.config.schema import config_model
 
 
@@ -21,9 +22,17 @@ def config_reference(model: type[BaseModel] | None = None, prefix: str = "") -> 
         description = " ".join((field.description or "").split())
         annotation = field.annotation
         item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+        if typing.get_origin(item) is typing.Annotated:
+            item = typing.get_args(item)[0]
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             rows.append((key, "", description))
             rows += config_reference(annotation, key + ".")
+        elif item is PeerSettings:  # the union of the built-in kinds, each field once
+            rows.append((key, "required" if field.is_required() else "", description))
+            kinds = [
+                row for kind in typing.get_args(PeerConfig) for row in config_reference(kind, key + "[].")
+            ]
+            rows += [row for i, row in enumerate(kinds) if row[0] not in {r[0] for r in kinds[:i]}]
         elif isinstance(item, type) and issubclass(item, BaseModel):
             rows.append((key, "required" if field.is_required() else "", description))
             rows += config_reference(item, key + "[].")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, model_validator
 
-from graftrl.config.peers import PeerConfig
+from graftrl.config.peers import PeerEntry
 from graftrl.config.rewards import RewardConfig
 from graftrl.core.advantages import ADV_EPS, ADV_STD_UNBIASED
 from graftrl.core.contrast import MAX_PAIRS, MAX_TOKENS
@@ -337,7 +337,7 @@ class RunConfig(_Section):
     """Checkpointing."""
     validation: ValidationConfig = ValidationConfig()
     """Validation during training and best-checkpoint selection (off unless `files` is set)."""
-    peers: list[PeerConfig] = []
+    peers: list[PeerEntry] = []
     """Peers, never loaded, never trained here: stored (algorithm.md §2.3, replayed from trajectory
     stores) or served (an OpenAI-compatible endpoint answers the all-fail prompts,
     docs/served-peer.md). Transfer from them is one-way, so GRAFT selects every candidate (no balancing)."""

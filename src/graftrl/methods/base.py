@@ -11,9 +11,9 @@ backward) and never names a method.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -99,6 +99,45 @@ def own_groups(receiver: str, outcomes: GroupOutcomes, skip: Tensor | None = Non
         for p in range(outcomes.num_prompts)
         if skip is None or not bool(skip[p])
     ]
+
+
+@dataclass(frozen=True)
+class RescueTarget:
+    """One all-fail prompt of a receiver that a peer's success can rescue (``RescuePhase``)."""
+
+    prompt: int
+    """Index of the prompt in the step's batch."""
+    source: str
+    """The peer whose successful response the hint is built from."""
+    response: int
+    """Index of that response in the peer's group."""
+
+
+@runtime_checkable
+class RescuePhase(Protocol):
+    """A method that adds a rescue round between rollout and plan (``graftrl.training.rescue``;
+    ``hint``, CoRe; algorithm.md §3.1). The trainer runs the round for a method that implements
+    this protocol: each receiver samples its all-fail prompts a peer solved again, with a hint
+    from the peer's successful response in the prompt."""
+
+    options: Any
+    """The method's section; the round reads its hint template settings."""
+
+    def rescue_targets(
+        self, receiver: str, outcomes: Mapping[str, GroupOutcomes], records: Mapping[str, Sequence[Any]]
+    ) -> list[RescueTarget]:
+        """The receiver's rescued prompts this step, from every other model's groups."""
+        ...
+
+    def hint_for(self, response: str) -> str:
+        """The hint a peer's successful response gives."""
+        ...
+
+    def rescued_outcomes(
+        self, outcomes: GroupOutcomes, prompts: Sequence[int], rewards: Tensor
+    ) -> GroupOutcomes:
+        """The receiver's groups with the rescued ones (prompts [R], their rewards [R, n]) replaced."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -259,9 +298,6 @@ class Method:
     reads_row_origins: ClassVar[bool] = False
     """The loss reads ``LossInputs.origins`` (each row's source and its behaviour mean, the
     minibatch's position and rows); the worker builds them only then."""
-    rescues: ClassVar[bool] = False
-    """Between rollout and plan the trainer runs a rescue round (``graftrl.training.rescue``): the
-    receiver samples its all-fail prompts again with a peer's hint (``hint``)."""
     loss_metrics: ClassVar[tuple[LossMetric, ...]] = CLIPPING
     """The metrics.jsonl keys of the loss (``loss_metrics.LossMetric``): each the ratio of two sums
     the loss returns (or of a sum and the worker's count of trained tokens)."""

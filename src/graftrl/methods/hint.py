@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -30,6 +30,7 @@ from graftrl.methods.base import (
     ConfigSection,
     ExchangePlan,
     GroupOutcomes,
+    RescueTarget,
     own_groups,
     register_method,
 )
@@ -101,18 +102,6 @@ def hinted_problem(template: str, problem: str, hint: str) -> str:
     return template.format(problem=problem, hint=hint)
 
 
-@dataclass(frozen=True)
-class RescueTarget:
-    """One all-fail prompt of a receiver that a peer's success can rescue."""
-
-    prompt: int
-    """Index of the prompt in the step's batch."""
-    source: str
-    """The peer whose successful response the hint is built from."""
-    response: int
-    """Index of that response in the peer's group."""
-
-
 PLAN_KEYS = (
     PlanKey(
         "rescue_attempted",
@@ -139,7 +128,6 @@ class Hint(ClippedSurrogate):
     section = HintConfig
     options: HintConfig
     trains_on_stored_peers = True
-    rescues = True
     plan_keys = PLAN_KEYS
     needs_peer_old_logprobs = False
     scores_peers = False

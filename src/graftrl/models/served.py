@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from graftrl.config.peers import SERVED_BACKOFF_S, SERVED_CONCURRENCY, SERVED_RETRIES, SERVED_TIMEOUT_S
 from graftrl.errors import UserError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -175,10 +176,10 @@ class ServedPeerClient:
         model: str,
         api_key: str | None = None,
         *,
-        concurrency: int = 8,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-        step_timeout_s: float = 300.0,
+        concurrency: int = SERVED_CONCURRENCY,
+        retries: int = SERVED_RETRIES,
+        backoff_s: float = SERVED_BACKOFF_S,
+        step_timeout_s: float = SERVED_TIMEOUT_S,
     ) -> None:
         self.name = name
         self.endpoint = endpoint.rstrip("/")

@@ -10,8 +10,9 @@ rank calls; ``ranks``: the rank processes and their proxies), the local and Ray 
 host workers behind one typed interface, ``WorkerGroup`` (``backends``; each call's request
 and result and what they call on a worker: ``worker_calls``), periodic validation
 (``validation``), the loop with logs (``trainer``) and its checkpoints (``trainer_checkpoints``),
-a stored peer's coverage of the run (``stored_peers``), served peers asked
-each step (``served_peers``), a failed worker reported in a paragraph
+every peer not co-trained behind one ``PeerSource`` interface (``peer_sources``: the
+protocol and the registry of kinds; ``stored_peers``: a store replayed, its coverage checked;
+``served_peers``: an endpoint asked each step), a failed worker reported in a paragraph
 (``failures``), the metrics keys it logs
 (``log_schema``: its own and each method's loss metrics) and the JSONL trajectory importer that
 scores foreign responses with the source model (``importer``). May import ``methods``,

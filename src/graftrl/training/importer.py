@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -335,8 +335,8 @@ def _check_group(members: Sequence[_Line], prompt_id: str) -> None:
                 f"{line.where}: field {name!r} is missing while other lines of {what} have it; "
                 "give it on every line of the group or on none"
             )
-    indices = [m.index for m in members]
-    if indices[0] is not None and sorted(indices) != list(range(len(members))):  # type: ignore[type-var]
+    indices = [m.index for m in members if m.index is not None]  # all or none (above)
+    if indices and sorted(indices) != list(range(len(members))):
         raise StoreError(
             f"{members[-1].where}: field 'index': {what} has indices {indices}; "
             f"give 0..{len(members) - 1} once each (the group has {len(members)} lines), or leave them out"
@@ -370,7 +370,7 @@ def _unequal_group_sizes(groups: Mapping[tuple[int, str, str], Sequence[_Line]])
 
 def _group_advantages(members: Sequence[_Line], eps: float, unbiased: bool) -> list[float]:
     if members[0].advantage is not None:
-        return [float(m.advantage) for m in members]  # type: ignore[arg-type]
+        return [float(cast(float, m.advantage)) for m in members]  # all or none (_check_group)
     rewards = torch.tensor([[m.reward for m in members]], dtype=torch.float32)
     return [float(a) for a in grpo_advantages(rewards, eps, unbiased).view(-1).tolist()]
 

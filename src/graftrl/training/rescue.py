@@ -1,4 +1,4 @@
-"""The rescue round of a method that ``rescues`` (``method: hint``, CoRe; algorithm.md §3.1).
+"""The rescue round of a ``methods.base.RescuePhase`` method (``method: hint``, CoRe; algorithm.md §3.1).
 
 Between a step's rollout and its plan: the driver asks the method which of each receiver's
 all-fail prompts a peer solved and builds each hinted problem text from the peer's successful
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from graftrl.core.hint import rescue_counts
-from graftrl.methods import GroupOutcomes, Method
+from graftrl.methods import GroupOutcomes, RescuePhase
 from graftrl.methods.hint import hinted_problem
 from graftrl.models.prompts import fit_hint
 from graftrl.models.rollout import RolloutBatch
@@ -152,7 +152,7 @@ def sample_rescue(
 
 
 def rescue_requests(
-    method: Method,
+    method: RescuePhase,
     receivers: Sequence[str],
     problems: Sequence[MathProblem],
     outcomes: Mapping[str, GroupOutcomes],
@@ -165,7 +165,7 @@ def rescue_requests(
     requests: list[RescueRequest | None] = []
     per_source: dict[str, dict[str, float]] = {}
     for receiver in receivers:
-        targets = method.rescue_targets(receiver, outcomes, records)  # type: ignore[attr-defined]
+        targets = method.rescue_targets(receiver, outcomes, records)
         counts: dict[str, float] = {}
         for target in targets:
             counts[f"rescue/{target.source}"] = counts.get(f"rescue/{target.source}", 0.0) + 1
@@ -179,8 +179,7 @@ def rescue_requests(
                 prompts=[t.prompt for t in targets],
                 problems=[with_suffix(problems[t.prompt].problem, prompt_suffix) for t in targets],
                 hints=[
-                    method.hint_for(records[t.source][t.prompt * n + t.response].response)  # type: ignore[attr-defined]
-                    for t in targets
+                    method.hint_for(records[t.source][t.prompt * n + t.response].response) for t in targets
                 ],
                 answers=[problems[t.prompt].answer for t in targets],
                 sources=[t.source for t in targets],
@@ -227,7 +226,7 @@ def log_rows(
 
 
 def run_rescue(
-    method: Method,
+    method: RescuePhase,
     backend: Rescuers,
     step: int,
     receivers: Sequence[str],
@@ -261,7 +260,7 @@ def run_rescue(
                 row["rescue_rate"] = solved / attempted
                 row["rescue_reward_mean"] = float(result.rewards.mean())
             rows[receiver] = log_rows(step, receiver, request, result, texts)
-            outcomes[receiver] = method.rescued_outcomes(outcomes[receiver], result.prompts, result.rewards)  # type: ignore[attr-defined]
+            outcomes[receiver] = method.rescued_outcomes(outcomes[receiver], result.prompts, result.rewards)
             timings = sampled[receiver].timings
             for key, seconds in result.timings.items():
                 timings[key] = timings.get(key, 0.0) + seconds

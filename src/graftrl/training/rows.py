@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -174,7 +174,7 @@ def build_rows(
             rows[r] = replace(
                 rows[r], old_logprobs=old, tis_weights=truncated_is_weights(old, behaviour, cap)
             )
-        weights = torch.cat([rows[r].tis_weights for r in own_rows])  # type: ignore[misc]
+        weights = torch.cat([cast(Tensor, rows[r].tis_weights) for r in own_rows])  # each set above
         info.update(
             tis_weight_mean=float(weights.mean()),
             tis_truncated_frac=float((weights >= cap).float().mean()),

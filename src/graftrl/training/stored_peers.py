@@ -1,4 +1,5 @@
-"""Stored peers (algorithm.md §2.3): a store's coverage of the run, checked before any model loads.
+"""Stored peers (algorithm.md §2.3), the ``stored`` peer source: a store's coverage of the run,
+checked before any model loads (``check_coverage``), and each step's replayed groups (``StoredSource``).
 
 A run that replays a peer from a trajectory store needs, at every step, that peer's group for each
 of the step's prompts (the rule ``peers[].match``, ``storage.peers``: ``step``, recorded at that
@@ -11,11 +12,15 @@ first model loads, not when training reaches the step it lacks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from graftrl.storage.data import PromptSampler
+from graftrl.models.served_groups import dense_records
+from graftrl.storage.data import MathProblem, PromptSampler
 from graftrl.storage.peers import PeerStore, StoredPeer
 from graftrl.storage.store import StoreError, TrajectoryStore
+from graftrl.training.peer_sources import Receivers, SourceBase, SourceGroups, register_source
+from graftrl.training.trajectories import peer_groups
 
 
 def _span(steps: list[int]) -> str:
@@ -73,3 +78,54 @@ def _recorded_prefix(held: list[int]) -> int:
     while count in held:
         count += 1
     return count
+
+
+@register_source("stored")
+class StoredSource(SourceBase):
+    """A stored peer (algorithm.md §2.3): its groups on the step's prompts, rewards re-verified.
+
+    A group whose re-verified rewards equal the stored ones keeps its stored (source-computed)
+    advantages; one whose rewards changed gets advantages recomputed on its full group. A
+    ``partial`` peer (a served peer's record) gives the groups it holds, None for the others (no
+    candidate there).
+    """
+
+    def open(self) -> None:
+        """The store's coverage of the run (``check_coverage``), and the lookup it replays with."""
+        config = self.run.config
+        self.store = TrajectoryStore(self.settings.path)
+        self.lookup = check_coverage(
+            self.settings, self.store, self.run.sampler, config.train.steps, config.rollout.n
+        )
+
+    def inputs(self) -> dict[str, dict[str, str]]:
+        return {f"peers.{self.name}": {"path": str(self.settings.path), "sha256": self.store.fingerprint()}}
+
+    def groups(
+        self, step: int, problems: Sequence[MathProblem], receivers: Receivers, verifier: Any
+    ) -> SourceGroups:
+        peer, train = self.settings, self.run.config.train
+        n, ids = self.run.config.rollout.n, [p.id for p in problems]
+        if peer.partial:
+            held = self.lookup.groups(ids, step, peer.match)
+            groups = [None if group is None else list(group) for group in held]  # copies: the cache's stay
+        else:
+            groups = self.lookup.serve(ids, step, peer.match, f"peers[{self.name}]: store {peer.path}", n)
+        present = [p for p, group in enumerate(groups) if group is not None]
+        texts = [row.response for p in present for row in groups[p]]
+        each = [problems[p] for p in present for _ in range(n)]  # each response's problem row
+        rewards = verifier.rewards(texts, each) if texts else []
+        replayed = peer_groups(
+            groups,
+            n,
+            {p: rewards[g * n : (g + 1) * n] for g, p in enumerate(present)},
+            train.adv_eps,
+            train.adv_std_unbiased,
+            self.run.config.reward.success_threshold,
+        )
+        if peer.partial:
+            records = dense_records(replayed.records, problems, step, self.name, n)
+        else:
+            records = [record for group in replayed.records for record in group or ()]
+        info = {f"stored_reward_changes/{self.name}": float(replayed.reward_changes)}
+        return SourceGroups(replayed.outcomes, records, info=info, shared=True)

@@ -29,23 +29,21 @@ from graftrl.core import complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
-from graftrl.methods import ExchangePlan, GroupOutcomes, Method, build_method
+from graftrl.methods import ExchangePlan, GroupOutcomes, Method, RescuePhase, build_method
 from graftrl.models.policy import Policy
 from graftrl.storage.checkpoint import hold_run_lock
 from graftrl.storage.data import MathProblem, PromptSampler, load_problems
 from graftrl.storage.metrics import MetricsLogger
 from graftrl.storage.records import TrajectoryRecord
 from graftrl.storage.rundir import RunDir, append_jsonl
-from graftrl.storage.store import TrajectoryStore, TrajectoryWriter
+from graftrl.storage.store import TrajectoryWriter
 from graftrl.training.backends import BackendSetup, Worker, WorkerGroup, make_backend
 from graftrl.training.log_schema import metric_keys
+from graftrl.training.peer_sources import PeerRun, open_sources
 from graftrl.training.randomness import PLAN_STREAM, step_seed
 from graftrl.training.rescue import run_rescue
 from graftrl.training.sampling import PolicyRollout
-from graftrl.training.served_peers import ServedPeers, dense_records
-from graftrl.training.stored_peers import check_coverage
 from graftrl.training.trainer_checkpoints import TrainerCheckpoints
-from graftrl.training.trajectories import peer_groups
 from graftrl.training.worker_calls import (
     PeerScores,
     PeerScoringRequest,
@@ -128,22 +126,12 @@ class Trainer:
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
         self.names = [p.name for p in config.policies]
-        # Trajectory recording (graftrl.storage.store) and stored peers replayed from earlier runs (algorithm.md §2.3).
+        # Peers not co-trained (stored, served; graftrl.training.peer_sources), each checked
+        # before any model loads; and trajectory recording (graftrl.storage.store).
+        self.sources = open_sources(PeerRun(config, self.problems, self.sampler))
         self.recorder = None
-        served = [peer for peer in config.peers if peer.served]
-        if config.store.record or served:  # every served group is recorded (a replayable run)
+        if config.store.record or any(source.records for source in self.sources):
             self.recorder = TrajectoryWriter(Path(config.store.path or self.files.store))
-        self.stored_peers = {
-            peer.name: (peer, TrajectoryStore(peer.path)) for peer in config.peers if not peer.served
-        }
-        self.peer_stores = {  # before any model loads; then the lookup each step replays with
-            name: check_coverage(peer, store, self.sampler, config.train.steps, self.n)
-            for name, (peer, store) in self.stored_peers.items()
-        }
-        self.served_peers = ServedPeers(config, served)
-        """Peers behind OpenAI-compatible endpoints (graftrl.training.served_peers)."""
-        if self.served_peers:  # the probe request, before any model loads
-            self.served_peers.probe(self.problems)
         self.validator = None
         if config.validation.files:  # validation and best-checkpoint selection (graftrl.training.validation)
             from graftrl.training.validation import Validator
@@ -189,7 +177,7 @@ class Trainer:
             self.method,
             problems=self.problems,
             problems_in_code=problems is not None,  # the run reads them, not data.train (may not exist)
-            stored_peers=self.stored_peers,
+            peer_inputs=self.peer_inputs,
             recorder=self.recorder,
         )
         """Checkpoint writing and resume (graftrl.training.trainer_checkpoints)."""
@@ -268,15 +256,16 @@ class Trainer:
                     if (every and (step + 1) % every == 0) or step + 1 == total:
                         raise_if_interrupted()  # an interrupt swallowed during the step stops here
                         self.checkpoints.save(step)
-            if self.served_peers:
-                self.served_peers.report()
+            for source in self.sources:
+                source.report()
         finally:
             self.logger.close()
             self.close()
 
     def close(self) -> None:
         """Free engines, verifier pools and Ray actors (local policies stay usable for evaluation)."""
-        self.served_peers.close()
+        for source in self.sources:
+            source.close()
         self.backend.close()
         self._close_verifier()
 
@@ -354,32 +343,25 @@ class Trainer:
         outcomes = {name: s.outcomes for name, s in sampled.items()}
         records = {name: s.records for name, s in sampled.items()}
         shared = {name: s.shared for name, s in sampled.items()}
-        stored_info: dict[str, float] = {}
-        served_rows = []
-        served_prompts: dict[str, list[int]] = {}
-        # Served peers answer the prompts some policy failed entirely (docs/served-peer.md); they
-        # answer no shared batch, so they have no complementarity figure.
-        served_steps = (
-            self.served_peers.step(step, problems, outcomes, self.peer_verifier) if self.served_peers else {}
-        )
-        for name, served in served_steps.items():
-            outcomes[name], records[name] = served.outcomes, served.records
-            stored_info.update(served.info)
-            served_rows += served.rows
-            served_prompts[name] = sorted({row.group_index for row in served.rows})
-        stored_rows = (
-            [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
-        )
-        if self.recorder is not None and stored_rows + served_rows:
-            self.recorder.write_step(step, stored_rows + served_rows)
-        for name, (stored_outcomes, stored_records, changed) in self._stored_peer_groups(
-            step, problems
-        ).items():
-            outcomes[name], records[name], shared[name] = stored_outcomes, stored_records, stored_outcomes
-            stored_info[f"stored_reward_changes/{name}"] = changed
+        receivers = dict(outcomes)  # what the sources see: the co-trained policies' groups
+        peer_info: dict[str, float] = {}
+        peer_rows = []
+        answered: dict[str, list[int]] = {}
+        for source in self.sources:  # stored, served (docs/served-peer.md) and registered peers
+            got = source.groups(step, problems, receivers, self.peer_verifier)
+            outcomes[source.name], records[source.name] = got.outcomes, got.records
+            if got.shared:  # groups on the whole shared batch: complementarity figures
+                shared[source.name] = got.outcomes
+            peer_info.update(got.info)
+            peer_rows += got.rows
+            if got.answered is not None:
+                answered[source.name] = got.answered
+        own_rows = [row for s in sampled.values() for row in s.store_rows] if self.config.store.record else []
+        if self.recorder is not None and own_rows + peer_rows:
+            self.recorder.write_step(step, own_rows + peer_rows)
 
         rescued = None
-        if self.method.rescues:  # the receivers' rescue round (method: hint), from every model's cold round
+        if isinstance(self.method, RescuePhase):  # the receivers' rescue round, from every cold round
             rescued = run_rescue(
                 self.method,
                 self.backend,
@@ -398,63 +380,11 @@ class Trainer:
             for name, diagnostics in rescued.diagnostics.items():
                 plans[name].diagnostics.update(diagnostics)
         rescues = rescued.rows if rescued is not None else {}
-        return StepExchange(
-            problems, sampled, outcomes, records, shared, plans, stored_info, served_prompts, rescues
-        )
+        return StepExchange(problems, sampled, outcomes, records, shared, plans, peer_info, answered, rescues)
 
-    def _stored_peer_groups(
-        self, step: int, problems: Sequence[MathProblem]
-    ) -> dict[str, tuple[GroupOutcomes, list[TrajectoryRecord], float]]:
-        """Each stored peer's groups on this step's prompts, rewards re-verified (algorithm.md §2.3).
-
-        A group whose re-verified rewards equal the stored ones keeps its stored (source-computed)
-        advantages; one whose rewards changed gets advantages recomputed on its full group.
-        """
-        out = {}
-        n = self.n
-        for name, (peer, _) in self.stored_peers.items():
-            ids = [p.id for p in problems]
-            where = f"peers[{name}]: store {peer.path}"
-            if peer.partial:
-                out[name] = self._partial_peer_groups(step, problems, peer)
-                continue
-            groups = self.peer_stores[name].serve(ids, step, peer.match, where, n)
-            texts = [row.response for group in groups for row in group]
-            rewards = self.peer_verifier.rewards(texts, [p for p in problems for _ in range(n)])
-            replayed = peer_groups(
-                groups,
-                n,
-                {p: rewards[p * n : (p + 1) * n] for p in range(len(ids))},
-                self.config.train.adv_eps,
-                self.config.train.adv_std_unbiased,
-                self.config.reward.success_threshold,
-            )
-            records = [record for group in replayed.records for record in group or ()]
-            out[name] = (replayed.outcomes, records, float(replayed.reward_changes))
-        return out
-
-    def _partial_peer_groups(
-        self, step: int, problems: Sequence[MathProblem], peer: Any
-    ) -> tuple[GroupOutcomes, list[TrajectoryRecord], float]:
-        """A ``partial`` stored peer (a served peer's record): the groups it holds for this step's
-        prompts, None for the others (no candidate there), rewards re-verified."""
-        n = self.n
-        held = self.peer_stores[peer.name].groups([p.id for p in problems], step, peer.match)
-        groups = [None if group is None else list(group) for group in held]  # copies: the cache's stay
-        present = [p for p, group in enumerate(groups) if group is not None]
-        texts = [row.response for p in present for row in groups[p]]
-        each = [problems[p] for p in present for _ in range(n)]  # each response's problem row
-        rewards = self.peer_verifier.rewards(texts, each) if texts else []
-        replayed = peer_groups(
-            groups,
-            n,
-            {p: rewards[g * n : (g + 1) * n] for g, p in enumerate(present)},
-            self.config.train.adv_eps,
-            self.config.train.adv_std_unbiased,
-            self.config.reward.success_threshold,
-        )
-        records = dense_records(replayed.records, problems, step, peer.name, n)
-        return replayed.outcomes, records, float(replayed.reward_changes)
+    def peer_inputs(self) -> dict[str, dict[str, str]]:
+        """What the peer sources read (``peers.<name>`` -> path and sha256; a resume's check)."""
+        return {key: value for source in self.sources for key, value in source.inputs().items()}
 
     def outcome_metrics(
         self,

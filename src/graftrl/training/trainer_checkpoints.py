@@ -14,10 +14,9 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -72,11 +71,11 @@ class TrainerCheckpoints:
         *,
         problems: Sequence[MathProblem],
         problems_in_code: bool,
-        stored_peers: Mapping[str, tuple[Any, Any]],
+        peer_inputs: Callable[[], Mapping[str, dict[str, str]]],
         recorder: TrajectoryWriter | None,
     ) -> None:
         """``problems_in_code``: the problems were handed over in code, so the run hashes them,
-        not ``data.train``; ``stored_peers``: name -> (its ``peers`` entry, its TrajectoryStore)."""
+        not ``data.train``; ``peer_inputs``: what the peer sources read (``peers.<name>`` -> path, sha256)."""
         self.files = files
         self.config = config
         self.backend = backend
@@ -84,7 +83,7 @@ class TrainerCheckpoints:
         self.names = [p.name for p in config.policies]
         self.problems = problems
         self.problems_in_code = problems_in_code
-        self.stored_peers = stored_peers
+        self.peer_inputs = peer_inputs
         self.recorder = recorder
         self._inputs: dict[str, dict[str, str]] | None = None
 
@@ -104,8 +103,7 @@ class TrainerCheckpoints:
             else:
                 data = Path(self.config.data.train)
                 self._inputs = {"data.train": {"path": str(data), "sha256": sha256_file(data)[0]}}
-            for peer, store in self.stored_peers.values():
-                self._inputs[f"peers.{peer.name}"] = {"path": str(peer.path), "sha256": store.fingerprint()}
+            self._inputs.update(self.peer_inputs())
         return self._inputs
 
     def _required_files(self) -> list[str]:

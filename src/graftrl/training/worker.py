@@ -245,7 +245,8 @@ class PolicyWorker:
             return {k: v for part in all_gather_objects(chunks) for k, v in part.items()}
 
         if not isinstance(self.engine, HFRolloutEngine):  # vLLM: each data-parallel engine its prompts
-            return self.engine.generate(self.policy, prompts, self.sampling, seed, gather=gather)  # type: ignore[call-arg]
+            engine: Any = self.engine  # a vLLM engine: generate takes gather
+            return engine.generate(self.policy, prompts, self.sampling, seed, gather=gather)
         with gathered(self.policy.model):
             return self.engine.generate(
                 self.policy, prompts, self.sampling, seed, rank=self.rank, world=self.world, gather=gather
@@ -259,7 +260,7 @@ class PolicyWorker:
         return broadcast_object(self.verifier.rewards(responses, problems) if self.rank == 0 else None)
 
     def rescue(self, request: RescueRoundRequest) -> RescueResult | None:
-        """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample this
+        """The rescue round of a ``RescuePhase`` method (``rescue.sample_rescue``): sample this
         policy's hinted prompts and put the groups into the rollout batch the update trains on."""
         step, own = request.step, request.requests[self.index]
         if own is None:
@@ -395,7 +396,8 @@ class PolicyWorker:
             self.engine.sync_weights(self.policy)
             return
         weights = full_state_dict(self.policy.model, every_rank=True)
-        self.engine.sync_weights(self.policy, list(weights.items()))  # type: ignore[call-arg]
+        engine: Any = self.engine  # a vLLM engine: sync_weights takes the gathered weights
+        engine.sync_weights(self.policy, list(weights.items()))
 
     def validation_scores(self) -> dict[str, float]:
         """pass@1 per validation benchmark of the current weights (``graftrl.training.validation``),
