@@ -219,7 +219,7 @@ def test_the_lines_and_the_demo_name_their_interval_and_correction():
     for above in (rules, deficit):  # the seeds' own interval, uncorrected, said for what it is
         assert "95% CI over seeds]" in above and "uncorrected for the table's" in above
         assert sweep.PAIRED_NOTE in above and "not on new problems" in above
-    assert "Holm-corrected over the 1 comparisons of the first four columns" in hint
+    assert "Holm-corrected over the line's 1 comparisons of the first four columns" in hint
     assert "The deficit columns (exploratory)" in hint and "uncorrected" in hint
     assert "uncorrected for the table's 1 receiver-points" in rule
 

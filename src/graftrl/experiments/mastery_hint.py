@@ -185,7 +185,7 @@ def hint_markdown(summaries: Sequence[Mapping[str, Any]], family: int) -> list[s
             "results, by problem",
             {c.diff.kind for s in points for c in s["hint"]["comparisons"] if c.diff.n > 1},
             "holm",
-            f"the {family} comparisons of the first four columns, corrected together across the line",
+            f"the line's {family} comparisons of the first four columns",
         )
         + " "
         + caption(

@@ -43,10 +43,9 @@ from graftrl.storage.rundir import ExperimentDir
 PRESET = "demo"
 BASELINE, TREATMENT = "grpo", "graft"
 PAIRED_NOTE = (
-    "This is the paired t interval over the seeds run (`stats.paired_deltas`): about new seeds on these "
-    "evaluation problems, not on new problems, and not corrected for the other comparisons. Each "
-    "point's own report.md decides its comparisons: over seeds × problems where its cells kept "
-    "per-problem results, corrected for its family"
+    "This is the paired t interval over the seeds run: about new seeds on these evaluation problems, "
+    "not on new problems. Each point's own report.md decides its comparisons: over seeds × problems "
+    "where its cells kept per-problem results, corrected for its family"
 )
 """What the sweeps' lines say of their intervals, after the caption (``intervals.caption``)."""
 
