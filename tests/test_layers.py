@@ -24,6 +24,7 @@ LAYERS = [
     ("graftrl.storage",),
     ("graftrl.config",),
     ("graftrl.models",),
+    ("graftrl.verifiers",),
     ("graftrl.evaluation",),
     ("graftrl.embedded",),
     ("graftrl.training",),
@@ -47,7 +48,9 @@ INTEGRATIONS_MAY_IMPORT = (
     "graftrl.methods",
     "graftrl.storage",
     "graftrl.models",
+    "graftrl.verifiers",
     "graftrl.training.trajectories",
+    "graftrl.config.rewards",
 )
 """Besides the top-level utilities (the first layer) and themselves: what ``graftrl.integrations``
 says it imports (its docstring names each)."""

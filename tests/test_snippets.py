@@ -57,6 +57,7 @@ SNIPPETS = {
     "pair-analyze": "slow",
     "trl": "trl",
     "verifiers": "default",
+    "own-verify": "default",
 }
 """Every snippet name the docs may use, with the tier of the test that runs it."""
 
@@ -275,6 +276,33 @@ def my_pair(tiny_checkpoints, tmp_path, monkeypatch) -> Path:
 
 def run_commands(name: str, adapt: Callable[[list[str]], list[str]] = lambda args: args) -> list[str]:
     return [graftrl(adapt(args)) for args in commands(snippet(name))]
+
+
+def test_snippet_own_verify(tiny_checkpoints, tmp_path, monkeypatch):
+    """`my-code.yaml`: the tiny pair on two code problems (one in each test form, each with a
+    canonical solution), and three responses to them."""
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        {"id": "add", "problem": "Write add(a, b).", "tests": ["assert add(1, 2) == 3", "assert add(0, 5) == 5"],
+         "canonical_solution": "def add(a, b):\n    return a + b"},
+        {"id": "double", "problem": "Print twice the number read.", "tests": [{"input": "21\n", "output": "42\n"}],
+         "canonical_solution": "print(2 * int(input()))"},
+    ]  # fmt: skip
+    (tmp_path / "code.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    responses = [
+        {"id": "add", "response": "```python\ndef add(a, b):\n    return a + b\n```"},
+        {"id": "add", "response": "def add(a, b):\n    return b"},
+        {"id": "double", "response": "import os\nprint(os.environ.get('HOME'))"},
+    ]
+    (tmp_path / "responses.jsonl").write_text("".join(json.dumps(row) + "\n" for row in responses))
+    config = make_config(tiny_checkpoints)
+    config["data"] = {"train": "code.jsonl"}
+    config["reward"] = {"kind": "code"}
+    (tmp_path / "my-code.yaml").write_text(yaml.safe_dump(config))
+    checked, scored = (" ".join(out.split()) for out in run_commands("own-verify"))
+    assert "2 rows, 0 bad, 2 with a canonical_solution" in checked
+    assert "3 responses: mean reward 0.500, 1 of 3 successes (reward >= 1)" in scored
+    assert "failures by class: tests_failed 2" in scored
 
 
 @pytest.mark.slow

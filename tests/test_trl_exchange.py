@@ -1,5 +1,6 @@
 """graftrl.integrations.trl without TRL (default tier): prompt ids, the stored-peer matching rule,
-GRAFT on a generation batch, the peer-last order, and the import boundary. TRL itself is
+GRAFT on a generation batch (successes counted at a threshold), the finite-reward check, the
+peer-last order, and the import boundary. TRL itself is
 exercised by tests/test_trl_integration.py (tier ``-m trl``)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from graftrl.core import compatibility_weight, grpo_advantages
 from graftrl.core.advantages import reverified_advantages
 from graftrl.integrations.trl import (
     StoredPeer,
+    TRLIntegrationError,
     graft_exchange,
     peer_groups,
     peer_last_order,
@@ -24,6 +26,7 @@ from graftrl.integrations.trl import (
     prompt_id_of,
 )
 from graftrl.integrations.trl.exchange import IS_PEER
+from graftrl.integrations.trl.recording import check_finite, combined_rewards
 from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.storage.peers import PeerStore, dataset_prompt_ids
 from graftrl.storage.store import StoreError, TrajectoryStore, TrajectoryWriter
@@ -249,6 +252,63 @@ def test_exchange_replaces_all_fail_groups_folds_w_and_drops_w0_rows():
             plan_generator=torch.Generator(),
             weight_generator=torch.Generator(),
         )
+
+
+def test_exchange_counts_successes_at_the_threshold():
+    """Fractional rewards: the receiver's all-fail and the peer's mixed groups are counted in
+    successes (reward >= threshold), never in summed rewards; on 0/1 rewards every threshold in
+    (0, 1] selects what the rewards' sum did."""
+    n = 2
+    # prompt 0: the receiver's partial passes, a peer with a full pass; prompt 1: the receiver
+    # scores 0, a peer with partial passes only
+    rewards = torch.tensor([[0.5, 0.75], [0.0, 0.0]])
+    peer_rewards = [[1.0, 0.25], [0.5, 0.0]]
+
+    def selected(receiver_rewards, peer_values, threshold):
+        records = [
+            [make_row(0, "peer", f"q{p}", p, i, peer_values[p][i], n=n) for i in range(n)] for p in range(2)
+        ]
+        exchange = graft_exchange(
+            fake_batch(2, n, width=2, old=False),
+            receiver_rewards,
+            {"peer": peer_groups(records, n, success_threshold=threshold)},
+            GRAFT(GraftConfig(balance=False, gate=False)),
+            receiver="r",
+            encode=lambda text, finished: [7, 2],
+            score=lambda prompt_ids, prompt_mask, completions: [
+                torch.full((len(c),), -0.1) for c in completions
+            ],
+            pad_token_id=0,
+            plan_generator=torch.Generator(),
+            weight_generator=torch.Generator(),
+            success_threshold=threshold,
+        )
+        if exchange.selected:  # the fractions travel as they are
+            assert exchange.rewards == [peer_values[p][i] for p in exchange.selected for i in range(n)]
+        return exchange.selected
+
+    assert selected(rewards, peer_rewards, 1.0) == [0]  # k = 0 with rewards summing to 1.25
+    assert selected(rewards, peer_rewards, 0.5) == [1]
+    assert selected(rewards, peer_rewards, 0.0) == []  # every reward a success: no group all-fail
+    binary, peer_binary = torch.tensor([[0.0, 0.0], [1.0, 0.0]]), [[1.0, 0.0], [1.0, 0.0]]
+    for threshold in (1.0, 0.5, 1e-3):
+        assert selected(binary, peer_binary, threshold) == [0]
+
+
+def test_rewards_must_be_finite_numbers_any_finite_number_passes():
+    check_finite(torch.tensor([0.0, 1.0, 0.25, 0.6667, -0.5, 2.0]), "record_store")
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(TRLIntegrationError) as caught:
+            check_finite(torch.tensor([1.0, 0.5, bad]), "GraftGRPOTrainer")
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("GraftGRPOTrainer: reward ")
+        assert "not a finite number" in message and "return a finite float" in message
+    # TRL's weighted sum: a None (NaN) reward counts 0, an infinite one is caught
+    per_func = torch.tensor([[0.5, float("nan")], [float("inf"), 1.0]])
+    combined = combined_rewards(per_func, torch.tensor([1.0, 0.5]))
+    assert combined[0] == 0.5 and not bool(torch.isfinite(combined[1]))
+    with pytest.raises(TRLIntegrationError, match="reward inf is not a finite number"):
+        check_finite(combined, "record_store")
 
 
 def test_peer_rows_go_last_and_without_them_the_order_is_trls_permutation():

@@ -11,6 +11,8 @@ Runs in ``.venv-trl`` (``bash scripts/setup_trl.sh``): ``.venv-trl/bin/python -m
 - Without a transfer, GraftGRPOTrainer is TRL's GRPOTrainer bit for bit.
 - Record -> store -> replay: a RecordingGRPOTrainer run is a stored peer for ``graftrl train`` and
   for GraftGRPOTrainer.
+- Continuous rewards (a fraction of tests passed): both trainers record them as they are, and
+  GraftGRPOTrainer counts successes at ``graft_success_threshold``.
 - Refusals: one line each, before training.
 """
 
@@ -298,9 +300,19 @@ def dataset_of(problems):
 
 
 def trl_run(
-    checkpoint: Path, args, dataset, peer_stores, *, inject: bool = True, trainer_class=None, **kwargs
+    checkpoint: Path,
+    args,
+    dataset,
+    peer_stores,
+    *,
+    inject: bool = True,
+    trainer_class=None,
+    own: dict[str, list[tuple]] = OWN,
+    reward_funcs=None,
+    **kwargs,
 ) -> TRLRun:
-    """A GraftGRPOTrainer (or ``trainer_class``) run; ``inject``: OWN's responses replace sampling."""
+    """A GraftGRPOTrainer (or ``trainer_class``) run; ``inject``: ``own``'s responses replace
+    sampling; ``reward_funcs``: default ``lookup_reward`` (injected) or ``text_reward``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from graftrl.integrations.trl import GraftGRPOTrainer
@@ -317,7 +329,7 @@ def trl_run(
     extra = {"peer_stores": peer_stores} if peer_stores is not None else {}
     trainer = trainer_class(
         model=model,
-        reward_funcs=lookup_reward if inject else text_reward,
+        reward_funcs=reward_funcs or (lookup_reward if inject else text_reward),
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -334,7 +346,7 @@ def trl_run(
             completions = []
             for g in range(0, len(prompt_ids), num_generations):
                 pid = prompt_of_ids[tuple(prompt_ids[g])]
-                completions += [policy.encode_response(text, done) for text, done, _ in OWN[pid]]
+                completions += [policy.encode_response(text, done) for text, done, _ in own[pid]]
             return completions, None
 
         trainer._generate_single_turn = generate
@@ -653,6 +665,136 @@ def test_record_store_replay_round_trip(tiny_checkpoints, tmp_path):
     assert history[0]["graft/stored_reward_changes/gpt2"] == 0
 
 
+# ----- continuous rewards ----------------------------------------------------------------------
+
+# Fractional rewards (of tests passed, say), per prompt as (text, finished, reward). p0: the receiver's
+# partial passes, no full one; the peer has full passes. p2: the receiver scores 0 everywhere; the
+# peer has partial passes only. At threshold 1.0, p0 is all-fail (k = 0) and receives the peer's
+# group, while the peer's p2 group holds no success (no candidate); at 0.5, p0 is mixed (k = 3) and
+# p2 receives. p1 and p3 never qualify (the receiver has a full pass there).
+FRACTION_OWN = {
+    "p0": [("a1", True, 0.5), ("a2", True, 0.5), ("a3", False, 0.75), ("a4", True, 0.0)],
+    "p1": [("b1", True, 1.0), ("b2", True, 0.25), ("b3", True, 0.0), ("b4", False, 0.5)],
+    "p2": [("c1", True, 0.0), ("c2", True, 0.0), ("c3", False, 0.0), ("c4", True, 0.0)],
+    "p3": [("d1", True, 1.0), ("d2", True, 1.0), ("d3", True, 1.0), ("d4", False, 1.0)],
+}
+FRACTION_PEER = {
+    "p0": [("e1", True, 1.0), ("e2", True, 0.25), ("e3", True, 1.0), ("e4", False, 0.0)],
+    "p1": [("f1", True, 1.0), ("f2", True, 0.0), ("f3", True, 0.5), ("f4", True, 0.25)],
+    "p2": [("g1", True, 0.5), ("g2", True, 0.25), ("g3", False, 0.0), ("g4", True, 0.75)],
+    "p3": [("h1", True, 1.0), ("h2", True, 0.0), ("h3", True, 0.0), ("h4", True, 0.0)],
+}
+FRACTION_OF_TEXT = {
+    item[0]: float(item[2])
+    for table in (FRACTION_OWN, FRACTION_PEER)
+    for group in table.values()
+    for item in group
+}
+
+
+def fraction_reward(completions, **kwargs):
+    """A continuous reward function: the fraction of FRACTION_* tables."""
+    return [FRACTION_OF_TEXT[c] for c in completions]
+
+
+def fraction_text_reward(completions, **kwargs):
+    """A continuous reward of any text: 0, 0.25, 0.5, 0.75 or 1 (a pure function of the text)."""
+    return [zlib.crc32(c.encode()) % 5 / 4 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def fraction_store(tmp_path_factory) -> Path:
+    """FRACTION_PEER's groups as a stored peer's step 0, advantages eq. 1 of the fractions."""
+    root = tmp_path_factory.mktemp("fraction-store")
+    rows = []
+    for group_index, problem in enumerate(PROBLEMS):
+        group = FRACTION_PEER[problem.id]
+        advantages = grpo_advantages(torch.tensor([[item[2] for item in group]]))[0]
+        rows += [
+            StoredTrajectory(
+                prompt_id=problem.id,
+                step=0,
+                source="gpt2",
+                index=index,
+                response=text,
+                reward=reward,
+                advantage=float(advantages[index]),
+                mean_logprob=-1.0,
+                num_tokens=len(text),
+                num_bytes=len(text.encode()),
+                finished=finished,
+                prompt_text=problem.problem,
+                tokenizer_id="gpt2@test",
+                n=N,
+                group_index=group_index,
+            )
+            for index, (text, finished, reward) in enumerate(group)
+        ]
+    TrajectoryWriter(root).write_step(0, rows)
+    return root
+
+
+@pytest.mark.parametrize(("threshold", "receives"), [(None, "p0"), (1.0, "p0"), (0.5, "p2")])
+def test_graft_trainer_counts_successes_at_the_threshold(
+    tiny_checkpoints, fraction_store, order, tmp_path, threshold, receives
+):
+    """Fractional rewards train a step and are recorded as they are; a group of partial passes is
+    all-fail at threshold 1.0 (the default) and not at 0.5."""
+    overrides = {} if threshold is None else {"graft_success_threshold": threshold}
+    args = trl_config(tmp_path, **overrides)
+    assert args.graft_success_threshold == (1.0 if threshold is None else threshold)
+    run = trl_run(
+        tiny_checkpoints["llama"],
+        args,
+        dataset_of(order),
+        [StoredPeer(fraction_store, "gpt2")],
+        own=FRACTION_OWN,
+        reward_funcs=fraction_reward,
+        record_store=tmp_path / "own",
+        record_source="llama",
+    )
+    exchange = run.trainer.graft_last_exchange
+    assert [order[p].id for p in exchange.selected] == [receives]
+    assert exchange.metrics["candidates/gpt2"] == 1 and exchange.metrics["transferred/gpt2"] == N
+    assert exchange.rewards == [item[2] for item in FRACTION_PEER[receives]]  # the fractions, as stored
+    assert exchange.metrics["stored_reward_changes/gpt2"] == 0  # re-verified: the same fractions
+    assert len(run.losses) == 1 and math.isfinite(run.losses[0]) and len(run.grads) == 1
+    # own rows not replaced keep TRL's advantages of the fractions (eq. 1: partial credit ranks)
+    batch = run.inputs[0]
+    own_rows = ~batch[IS_PEER]
+    assert int(own_rows.sum()) == 3 * N
+    assert bool((batch["advantages"][own_rows] != 0).any())
+    # the receiver's own fractional rewards are in its store as they are
+    rows = TrajectoryStore(tmp_path / "own").read_step(0)
+    assert {(r.prompt_id, r.response): r.reward for r in rows} == {
+        (pid, text): reward for pid, group in FRACTION_OWN.items() for text, _, reward in group
+    }
+
+
+def test_recording_trainer_records_fractional_rewards(tiny_checkpoints, tmp_path):
+    from graftrl.integrations.trl import RecordingGRPOTrainer
+
+    problems = [MathProblem(f"q{i}", f"{10 + i}+{i % 9 + 1}", "0") for i in range(8)]
+    store = tmp_path / "store"
+    args = trl_config(tmp_path, per_device_train_batch_size=8, max_steps=2, max_completion_length=6)
+    trl_run(
+        tiny_checkpoints["gpt2"],
+        args,
+        dataset_of(problems),
+        None,
+        inject=False,
+        trainer_class=RecordingGRPOTrainer,
+        reward_funcs=fraction_text_reward,
+        record_store=store,
+        record_source="gpt2",
+    )
+    reader = TrajectoryStore(store)
+    assert reader.verify().ok and reader.steps() == [0, 1]
+    rows = [row for step in reader.steps() for row in reader.read_step(step)]
+    assert [row.reward for row in rows] == fraction_text_reward([row.response for row in rows])
+    assert any(0 < row.reward < 1 for row in rows)
+
+
 # ----- refusals --------------------------------------------------------------------------------
 
 
@@ -691,6 +833,7 @@ def refusal(
         ({"graft_delta": 1.5}, "graft_delta"),
         ({"graft_peer_match": "closest"}, "graft_peer_match"),
         ({"graft_transfer": "some"}, "graft_transfer"),
+        ({"graft_success_threshold": float("nan")}, "graft_success_threshold"),
     ],
 )
 def test_unsupported_configs_are_refused_in_one_line(

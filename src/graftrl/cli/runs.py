@@ -161,7 +161,7 @@ def eval_command(
 ) -> None:
     """Evaluate checkpoints with the paper's protocol: pass@1 (and pass@k) over R runs."""
     from graftrl.config import ConfigError
-    from graftrl.core.advantages import SUCCESS_THRESHOLD
+    from graftrl.config.rewards import RewardConfig
     from graftrl.evaluation.benchmarks import PAPER_BENCHMARKS, load_benchmarks
     from graftrl.evaluation.evaluate import (
         EvalProtocol,
@@ -171,44 +171,53 @@ def eval_command(
         resolve_targets,
         write_report,
     )
-    from graftrl.models.rewards import MathVerifier
     from graftrl.models.rollout import HFRolloutEngine
+    from graftrl.verifiers.registry import build_verifier
 
     if temperature <= 0 or not 0 < top_p <= 1 or (timeout is not None and timeout <= 0):
         raise ConfigError("--temperature and --timeout must be > 0 and --top-p in (0, 1]")
     plan = resolve_targets(target, best, template, chat_template, dtype, device)
     out = ensure_writable(out or plan.default_out, "--out")  # before the work, not after it
-    benchmarks = load_benchmarks(benchmark or list(PAPER_BENCHMARKS), max_problems)
     config = plan.config
-    protocol = EvalProtocol(
-        samples=samples,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens or (config.rollout.max_new_tokens if config else 4096),
-        prompt_suffix=(prompt_suffix or None) if prompt_suffix is not None else default_prompt_suffix(config),
-        runs=runs,
-        seed=seed,
-        success_threshold=config.reward.success_threshold if config else SUCCESS_THRESHOLD,
+    # The run's verifier (its reward.kind, as the run was rewarded; math for a bare folder) with
+    # this command's workers and timeout, and no overall deadline: every answer is verified.
+    reward = config.reward if config else RewardConfig()
+    reward = reward.model_copy(
+        update={
+            "timeout_s": timeout or reward.timeout_s,
+            "workers": workers or min(4, os.cpu_count() or 1),
+            "deadline_s": None,
+        }
     )
-    check_prompts(plan.targets, benchmarks, protocol)  # before any model loads (evaluate_targets again)
-    engine = HFRolloutEngine(
-        max_batch_size or (config.rollout.max_batch_size if config else 512),
-        share_prompts=config.rollout.share_prompts if config else True,
-        compile=config.rollout.compile if config else "auto",
-    )
-    verifier = MathVerifier(
-        timeout_s=timeout or (config.reward.timeout_s if config else 5.0),
-        workers=workers or min(4, os.cpu_count() or 1),
-        extraction=config.reward.extraction if config else "last_box",  # as the run was rewarded
-    )
-    console.print(
-        f"evaluating {', '.join(t.label for t in plan.targets)} on "
-        f"{', '.join(f'{b.name} ({len(b.problems)})' for b in benchmarks)}: {runs} run(s) x {samples} "
-        f"samples, T={temperature}, top-p={top_p}, max {protocol.max_new_tokens} new tokens"
-    )
-    thread_note()
+    verifier = build_verifier(reward)
     try:
-        verifier.start()
+        # each row checked by the verifier as it loads (one line naming the file, row and field)
+        benchmarks = load_benchmarks(
+            benchmark or list(PAPER_BENCHMARKS), max_problems, check=verifier.check_problem
+        )
+        protocol = EvalProtocol(
+            samples=samples,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens or (config.rollout.max_new_tokens if config else 4096),
+            prompt_suffix=(prompt_suffix or None) if prompt_suffix is not None else default_prompt_suffix(config),
+            runs=runs,
+            seed=seed,
+            success_threshold=reward.success_threshold,
+        )
+        check_prompts(plan.targets, benchmarks, protocol)  # before any model loads (evaluate_targets again)
+        engine = HFRolloutEngine(
+            max_batch_size or (config.rollout.max_batch_size if config else 512),
+            share_prompts=config.rollout.share_prompts if config else True,
+            compile=config.rollout.compile if config else "auto",
+        )
+        verifier.start()  # its workers and self-check, before any weights load (VerifierError: one line)
+        console.print(
+            f"evaluating {', '.join(t.label for t in plan.targets)} on "
+            f"{', '.join(f'{b.name} ({len(b.problems)})' for b in benchmarks)}: {runs} run(s) x {samples} "
+            f"samples, T={temperature}, top-p={top_p}, max {protocol.max_new_tokens} new tokens"
+        )
+        thread_note()
         report = evaluate_targets(plan.targets, benchmarks, verifier, protocol, engine, progress)
     finally:
         verifier.close()

@@ -1,8 +1,9 @@
 """Run configuration: YAML validated by pydantic, one docstring per field.
 
 ``schema`` declares the sections (``RunConfig``; each method adds its own section, ``Config``),
-``peers`` the `peers` entries (stored or served), ``loading`` reads files and ``--set`` overrides
-into them with one-line errors, ``reference`` lists every field for `graftrl config-reference`.
+``rewards`` the `reward` section (the verifier's kind and settings), ``peers`` the `peers`
+entries (stored or served), ``loading`` reads files and ``--set`` overrides into them with
+one-line errors, ``reference`` lists every field for `graftrl config-reference`.
 Import from here.
 """
 

@@ -35,7 +35,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,8 +196,14 @@ def _local_hint(name: str) -> str:
     )
 
 
-def load_benchmark(spec: str | BenchmarkSource, max_problems: int | None = None) -> Benchmark:
-    """Load a benchmark from a spec; ``max_problems`` keeps the first that many problems."""
+def load_benchmark(
+    spec: str | BenchmarkSource,
+    max_problems: int | None = None,
+    check: Callable[[MathProblem], str | None] | None = None,
+) -> Benchmark:
+    """Load a benchmark from a spec; ``max_problems`` keeps the first that many problems.
+    ``check`` (the verifier's ``check_problem``): a row it cannot use is refused in one line
+    naming the file (or dataset), the row and the field."""
     source = parse_benchmark_spec(spec) if isinstance(spec, str) else spec
     if source.path is not None:
         if not source.path.is_file():
@@ -205,18 +211,23 @@ def load_benchmark(spec: str | BenchmarkSource, max_problems: int | None = None)
                 f"benchmark {source.name!r}: file {source.path} not found (expected a .jsonl, .json "
                 "or .parquet file with 'problem' and 'answer' fields)"
             )
-        problems = load_problems(source.path)
+        problems = load_problems(source.path, check=check)
     else:
         assert source.hub is not None
-        problems = _load_hub(source.name, source.hub)
+        problems = _load_hub(source.name, source.hub, check)
     if max_problems is not None:
         problems = problems[:max_problems]
     return Benchmark(source.name, problems, source.describe())
 
 
-def load_benchmarks(specs: Iterable[str], max_problems: int | None = None) -> list[Benchmark]:
-    """Load several benchmarks; names must be unique (they are the report's columns)."""
-    benchmarks = [load_benchmark(spec, max_problems) for spec in specs]
+def load_benchmarks(
+    specs: Iterable[str],
+    max_problems: int | None = None,
+    check: Callable[[MathProblem], str | None] | None = None,
+) -> list[Benchmark]:
+    """Load several benchmarks; names must be unique (they are the report's columns). ``check``:
+    as ``load_benchmark``'s."""
+    benchmarks = [load_benchmark(spec, max_problems, check) for spec in specs]
     names = [b.name for b in benchmarks]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -226,7 +237,9 @@ def load_benchmarks(specs: Iterable[str], max_problems: int | None = None) -> li
     return benchmarks
 
 
-def _load_hub(name: str, hub: HubDataset) -> list[MathProblem]:
+def _load_hub(
+    name: str, hub: HubDataset, check: Callable[[MathProblem], str | None] | None = None
+) -> list[MathProblem]:
     where = f"benchmark {name!r} (Hugging Face dataset {hub.dataset})"
     if is_offline():
         raise BenchmarkError(
@@ -248,7 +261,7 @@ def _load_hub(name: str, hub: HubDataset) -> list[MathProblem]:
             f"{where} could not be loaded ({type(error).__name__}: {error}); if the machine is "
             f"offline, {_local_hint(name)}"
         ) from None
-    return _rows_to_problems(name, hub, rows)
+    return _rows_to_problems(name, hub, rows, check)
 
 
 def _hub_rows(datasets: Any, hub: HubDataset) -> list[dict[str, Any]]:
@@ -279,7 +292,12 @@ def _answer_text(value: Any) -> Any:
     return value
 
 
-def _rows_to_problems(name: str, hub: HubDataset, rows: list[dict[str, Any]]) -> list[MathProblem]:
+def _rows_to_problems(
+    name: str,
+    hub: HubDataset,
+    rows: list[dict[str, Any]],
+    check: Callable[[MathProblem], str | None] | None = None,
+) -> list[MathProblem]:
     from graftrl.storage.data import _to_problem
 
     if not rows:
@@ -299,7 +317,10 @@ def _rows_to_problems(name: str, hub: HubDataset, rows: list[dict[str, Any]]) ->
         record["id"] = f"{name}-{row[id_field]}" if id_field and row.get(id_field) is not None else None
         if record["id"] is None:
             record["id"] = f"{name}-{index}"
-        problems.append(_to_problem(origin, f"row {index}", index, record))
+        problem = _to_problem(origin, f"row {index}", index, record)
+        if check is not None and (message := check(problem)):
+            raise DataError(f"benchmark {name!r} (Hugging Face dataset {hub.dataset}) row {index}: {message}")
+        problems.append(problem)
     return problems
 
 

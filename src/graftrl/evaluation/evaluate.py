@@ -35,9 +35,10 @@ from graftrl.evaluation.targets import EvalPlan, ModelTarget, resolve_targets
 from graftrl.models.model_loading import load_tokenizer, model_context
 from graftrl.models.policy import Policy
 from graftrl.models.prompts import check_chat_template, check_prompts_fit
-from graftrl.models.rewards import MathVerifier
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
 from graftrl.storage.data import PAPER_PROMPT_SUFFIX, MathProblem
+from graftrl.verifiers.base import Verifier
+from graftrl.verifiers.registry import as_verifier
 
 __all__ = [
     "EvalPlan",
@@ -138,7 +139,7 @@ def _prompt(problem: str, suffix: str | None) -> str:
 def sample_correctness(
     policy: Policy,
     problems: Sequence[MathProblem],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     seed: int,
     engine: RolloutEngine | None = None,
@@ -147,13 +148,15 @@ def sample_correctness(
     """Sample ``protocol.samples`` responses per problem and score them: [problem][sample] in {0, 1},
     1 where the reward is a success (at or above ``protocol.success_threshold``).
 
-    Any rollout engine serving ``policy`` (the HF engine by default). Problems go through it in
-    chunks of ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so
-    results do not depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is
-    verified as soon as it is generated and ``on_chunk(number_of_problems)`` is called after it,
-    for progress bars.
+    ``verifier``: the run's (``graftrl.verifiers``; an object with the older ``score(responses,
+    answers)`` is taken as math's), given each sample's problem row. Any rollout engine serving
+    ``policy`` (the HF engine by default). Problems go through it in chunks of
+    ``engine.max_batch_size // samples`` prompts (the HF engine's own chunking, so results do not
+    depend on it), on the stream ``engine.reseed(seed)`` starts; each chunk is verified as soon as
+    it is generated and ``on_chunk(number_of_problems)`` is called after it, for progress bars.
     """
     engine = engine or HFRolloutEngine()
+    verifier = as_verifier(verifier)
     params = SamplingParams(protocol.samples, protocol.temperature, protocol.top_p, protocol.max_new_tokens)
     per_call = max(1, engine.max_batch_size // protocol.samples)
     engine.reseed(seed)
@@ -161,8 +164,7 @@ def sample_correctness(
     for start in range(0, len(problems), per_call):
         chunk = problems[start : start + per_call]
         batch = engine.generate(policy, [_prompt(p.problem, protocol.prompt_suffix) for p in chunk], params)
-        answers = [p.answer for p in chunk for _ in range(protocol.samples)]
-        rewards = verifier.score(batch.texts, answers)
+        rewards = verifier.rewards(batch.texts, [p for p in chunk for _ in range(protocol.samples)])
         for i in range(len(chunk)):
             group = rewards[i * protocol.samples : (i + 1) * protocol.samples]
             out.append([float(is_success(float(r), protocol.success_threshold)) for r in group])
@@ -174,7 +176,7 @@ def sample_correctness(
 def evaluate_pass_at_1(
     policy: Policy,
     problems: Sequence[MathProblem],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol = EvalProtocol(),
     seed: int = 0,
     engine: RolloutEngine | None = None,
@@ -236,7 +238,7 @@ class _VerifierMeter:
 def evaluate_policy(
     policy: Policy,
     benchmarks: Sequence[Any],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     engine: RolloutEngine | None = None,
     progress: Any = None,
@@ -296,7 +298,7 @@ def _aggregate(per_bench: Mapping[str, Mapping[str, Any]], runs: int) -> dict[st
 def evaluate_targets(
     targets: Sequence[ModelTarget],
     benchmarks: Sequence[Any],
-    verifier: MathVerifier,
+    verifier: Verifier,
     protocol: EvalProtocol,
     engine: HFRolloutEngine | None = None,
     progress: bool = True,

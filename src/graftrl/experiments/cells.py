@@ -87,11 +87,25 @@ def _by_content(path: str) -> str:
     return sha256_file(Path(path))[0] if Path(path).is_file() else path
 
 
+def _scorer_by_content(path: str) -> str:
+    """``reward.function.path`` with its file by SHA-256 (``<sha256>:compute_score``): a cell is
+    recognised in another checkout, and retrained when the scorer's code changes; an import path
+    (``package.module:function``) as written."""
+    from graftrl.verifiers.function import parse_scorer_path  # the scorer's own reading of it
+
+    try:
+        target, function, is_file = parse_scorer_path(path)
+    except UserError:  # refused when the verifier is built, in one line
+        return path
+    return f"{_by_content(target)}:{function}" if is_file else path
+
+
 def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
     """The cell's config without the fields at their defaults, its files named by content, not
     location: each policy's path by its starting weights' hash, the training and validation files
-    by their hash. A finished cell committed from one checkout (or cache folder) is then recognised
-    in another. Whether progress bars show, and where it runs, are left out."""
+    and a scorer file (``reward.function.path``) by their hash. A finished cell committed from one
+    checkout (or cache folder) is then recognised in another. Whether progress bars show, and
+    where it runs, are left out."""
     from graftrl.evaluation.benchmarks import parse_benchmark_spec
 
     raw = config.model_dump(mode="json", exclude_defaults=True)
@@ -105,6 +119,9 @@ def _cell_key(task: CompareTask, config: Any) -> dict[str, Any]:
         if policy["name"] in models:
             policy["path"] = models[policy["name"]]["weights_sha256"]
     raw["data"]["train"] = _by_content(raw["data"]["train"])
+    scorer = raw.get("reward", {}).get("function", {})
+    if scorer.get("path"):
+        scorer["path"] = _scorer_by_content(scorer["path"])
     files = raw.get("validation", {}).get("files")
     if isinstance(files, dict):
         raw["validation"]["files"] = {name: _by_content(path) for name, path in files.items()}
@@ -184,11 +201,11 @@ class Verifiers:
         self._by_section: dict[str, Any] = {}
 
     def __call__(self, reward: Any) -> Any:
-        from graftrl.models.rewards import MathVerifier
+        from graftrl.verifiers.registry import build_verifier, start_verifier
 
         key = json.dumps(reward.model_dump(mode="json"), sort_keys=True)
-        if key not in self._by_section:
-            self._by_section[key] = MathVerifier.from_config(reward)
+        if key not in self._by_section:  # started before the cell's models load (math: lazily)
+            self._by_section[key] = start_verifier(build_verifier(reward), reward.kind)
         return self._by_section[key]
 
     def close(self) -> None:
@@ -379,7 +396,11 @@ def _warm_start_config(task: CompareTask) -> Any:
 
 
 def _warm_start_digest(task: CompareTask, config: Any) -> str:
-    return _digest(CELL_VERSION, _cell_key(task, config)["policies"], task.evaluation.key(config))
+    """The starting weights and the evaluation, and the reward section when its verifier is not
+    math (which every warm-start digest before other verifiers left out, and still does)."""
+    key = _cell_key(task, config)
+    verifier = [key["reward"]] if key.get("reward", {}).get("kind", "math") != "math" else []
+    return _digest(CELL_VERSION, key["policies"], task.evaluation.key(config), *verifier)
 
 
 def finished_warm_start(task: CompareTask, out_dir: Path) -> dict[str, Any] | None:

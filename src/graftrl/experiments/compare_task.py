@@ -41,6 +41,7 @@ from graftrl.experiments.matrix import CompareError
 from graftrl.reporting.provenance import results_provenance
 from graftrl.storage.data import MathProblem
 from graftrl.storage.rundir import ExperimentDir
+from graftrl.verifiers.registry import build_verifier
 
 EVAL_SEED = 10_000
 """A cell of seed s samples its evaluation from seed ``EVAL_SEED + s`` (each benchmark alike)."""
@@ -80,14 +81,19 @@ class Evaluation:
     def key(self, config: Any) -> list[Any]:
         """The evaluation's part of a cell's digest: samples, length limit and problem ids (the
         embedded task's key), then what only other evaluations have: the benchmark split and the
-        problems' content. (The prompt format and the checkpoint rule are in the config's part.)"""
+        problems' content (for a verifier other than math, each row's extra fields too: a code
+        row's tests). (The prompt format and the checkpoint rule are in the config's part.)"""
         key: list[Any] = [self.samples, self.protocol(config).max_new_tokens, [p.id for p in self.problems]]
         extra: dict[str, Any] = {}
         if len(self.benchmarks) > 1:
             extra["benchmarks"] = [[b.name, len(b.problems)] for b in self.benchmarks]
         if self.content_key:
-            rows = [[p.id, p.problem, p.answer] for p in self.problems]
-            extra["content"] = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+            if config.reward.kind == "math":
+                text = json.dumps([[p.id, p.problem, p.answer] for p in self.problems])
+            else:  # what else the verifier reads: a code row's tests, a scorer's fields
+                rows = [[p.id, p.problem, p.answer, dict(p.extra)] for p in self.problems]
+                text = json.dumps(rows, sort_keys=True, default=str)
+            extra["content"] = hashlib.sha256(text.encode()).hexdigest()[:16]
         return [*key, extra] if extra else key
 
     def summary(self, config: Any) -> dict[str, Any]:
@@ -163,7 +169,12 @@ def base_task(
     samples = EvalProtocol.samples if eval_samples is None else eval_samples
     if samples < 1:
         raise CompareError(f"--eval-samples must be >= 1, got {samples}")
-    evaluation = Evaluation(tuple(load_benchmarks(specs)), samples, content_key)
+    checker = build_verifier(config.reward)  # the rows as the cells' verifier reads them
+    try:
+        benchmarks = load_benchmarks(specs, check=checker.check_problem)
+    finally:
+        checker.close()
+    evaluation = Evaluation(tuple(benchmarks), samples, content_key)
     local = {p.name: p.path for p in config.policies if Path(p.path).is_dir()}
     source = None if settings is not None else {"config": str(path), "set": list(overrides)}
     return CompareTask(name or path.name, raw, evaluation, results_provenance(local), settings, source)

@@ -46,6 +46,7 @@ from graftrl.reporting.probe_stats import (
 from graftrl.storage.data import MathProblem, load_problems
 from graftrl.storage.rundir import ProbeDir, RunDir, append_jsonl
 from graftrl.training.rows import CompatibilityScores
+from graftrl.verifiers.registry import build_verifier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +218,17 @@ def step_data(result: ProbeStep, n: int) -> tuple[StepData, dict[str, list[dict[
 # ----- the command -------------------------------------------------------------------------------
 
 
+def _training_rows(config: Config) -> list[MathProblem]:
+    """The training rows, each checked by the run's verifier (one line naming the file, row and
+    field). The trainer builds and starts the run's own verifier (before any model loads); this one
+    only checks, so a caller's verifier is never sent to rank processes or Ray actors."""
+    checker = build_verifier(config.reward)
+    try:
+        return load_problems(config.data.train, check=checker.check_problem)
+    finally:
+        checker.close()
+
+
 def run_probe(
     config: Config,
     out: str | Path,
@@ -237,7 +249,7 @@ def run_probe(
 
     config, notes = probe_config(config)
     if problems is None:
-        problems = load_problems(config.data.train)
+        problems = _training_rows(config)
     batches = probe_batches(problems, config, prompts)
     folder = ProbeDir(out)
     check_out_folder(folder.root)

@@ -51,6 +51,7 @@ def render_markdown(analysis: RunAnalysis, plots: Mapping[str, Path]) -> str:
         admission_section,
         clipping_section,
         reward_section,
+        failures_section,
         validation_section,
         compute_section,
         served_section,
@@ -288,6 +289,26 @@ def reward_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         out += ["", "Training reward per problem family (`family_reward/<family>`, 5-step mean):", ""]
         out.append(_image(plots, "family_reward", "reward per family"))
     return out
+
+
+FAILURES = "failures/"
+"""Prefix of the logged failure-class counts (``failures/<class>``, storage.log_keys)."""
+
+
+def failures_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
+    """The policies' own responses by the verifier's failure class (``failures/<class>``, summed over
+    the logged steps; docs/verifiers.md). Runs logged before the classes existed have none."""
+    classes = sorted({key.split("/", 1)[1] for r in a.rows for key in r if key.startswith(FAILURES)})
+    if not classes:
+        return []
+    body = []
+    for model in a.models:
+        mine = [r for r in a.rows if r["model"] == model]
+        counts = [sum(int(r.get(f"{FAILURES}{name}") or 0) for r in mine) for name in classes]
+        body.append([model, *counts, sum(counts)])
+    out = ["", "## Failures by class", ""]
+    out.append("The policies' own training responses that did not succeed, by the verifier's reason (counts):")
+    return [*out, "", _table(["model", *classes, "all failures"], body)]
 
 
 def validation_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:

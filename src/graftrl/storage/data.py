@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from graftrl.errors import UserError
+from graftrl.storage.problems import DataError, MathProblem, Problem
 
 __all__ = [
     "PAPER_PROMPT_SUFFIX",
@@ -38,32 +37,6 @@ PAPER_PROMPT_SUFFIX = "Let's think step by step and output the final answer with
 
 PROBLEM_SUFFIXES = (".jsonl", ".json", ".parquet")
 """The file types ``load_problems`` reads (a local benchmark or data file is named by them)."""
-
-
-class DataError(UserError):
-    """A problem file is malformed; the message names the file, record and field to fix."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One prompt with what its verifier needs: a gold answer (math, match), tests (code), or any
-    other fields of the row (``extra``: a user's scorer gets them all)."""
-
-    id: str
-    problem: str
-    """The prompt text (the user turn; a data file's chat messages are folded into it)."""
-    answer: str = ""
-    """Gold answer as a string (math_verify parses strings); empty for rows checked by tests."""
-    family: str | None = None
-    """Optional sub-skill or subject (a record's ``family`` field): held-out pass@1 and the
-    training reward are also reported per family."""
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    """The row's other fields as read (``tests``, ``entry_point``, verl's ``data_source`` and
-    ``extra_info``, ...), passed through to the verifier; not part of equality or hashing."""
-
-
-MathProblem = Problem
-"""The name of ``Problem`` before verifiers other than math existed (kept for a release)."""
 
 
 # --------------------------------------------------------------------------------------------

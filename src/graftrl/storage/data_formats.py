@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from graftrl.storage.data import DataError, Problem
+from graftrl.storage.problems import DataError, Problem
 
 __all__ = ["fold_messages", "id_field", "normalise_tests", "row_to_problem"]
 

@@ -121,6 +121,12 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
             "responses",
         ),
         ("verifier_restarts", "verifier worker processes restarted", "count"),
+        (
+            "failures/<class>",
+            "the policy's own responses the verifier failed as <class> (wrong, no_answer, tests_failed, "
+            "no_code, syntax_error, timeout, memory, crash, error; docs/verifiers.md)",
+            "responses",
+        ),
     )
     + _keys(
         "dynamic sampling (rollout.dynamic_sampling)",

@@ -15,5 +15,5 @@ each step (``served_peers``), a failed worker reported in a paragraph
 (``failures``), the metrics keys it logs
 (``log_schema``: its own and each method's loss metrics) and the JSONL trajectory importer that
 scores foreign responses with the source model (``importer``). May import ``methods``,
-``models``, ``evaluation``, ``storage``, ``config`` and below; never reporting or experiments.
+``models``, ``verifiers``, ``evaluation``, ``storage``, ``config`` and below; never reporting or experiments.
 """

@@ -49,7 +49,13 @@ class BackendSetup:
     policies: Sequence[Policy] | None = None
     """In-memory policies (``backend: local``; None: each worker loads ``policies[].path``)."""
     verifier: Any = None
-    """The caller's verifier (None: the backend builds its own)."""
+    """The caller's verifier, used everywhere (sent to rank processes and Ray actors: a picklable
+    one); None: the run's own, ``run_verifier``."""
+    run_verifier: Any = None
+    """The run's verifier that the trainer built from ``reward`` (and started) when the caller gave
+    none: this process's workers share it and the driver re-verifies with it, while processes of
+    their own (data-parallel ranks, Ray actors) build theirs from the config; the trainer closes
+    it. None too: the backend builds one."""
 
 
 class WorkerGroup(abc.ABC):
@@ -197,14 +203,16 @@ class LocalBackend(_EachWorker):
     name = "local"
 
     def _place(self, setup: BackendSetup) -> None:
-        problems, policies, verifier = setup.problems, setup.policies, setup.verifier
+        problems, policies, given = setup.problems, setup.policies, setup.verifier
         config = self.config
         # One verifier (and its worker pool) for every policy in this process.
         self._owned_verifier = None
+        verifier = given if given is not None else setup.run_verifier
         if verifier is None:
-            from graftrl.models.rewards import MathVerifier
+            from graftrl.verifiers.registry import build_verifier, start_verifier
 
-            verifier = self._owned_verifier = MathVerifier.from_config(config.reward)
+            built = build_verifier(config.reward)
+            verifier = self._owned_verifier = start_verifier(built, config.reward.kind)
         self._workers: list[Worker] = []
         for index, spec in enumerate(config.policies):
             if spec.parallel.data > 1:
@@ -214,7 +222,6 @@ class LocalBackend(_EachWorker):
                         "from `policies[].path`, not from an in-memory policy"
                     )
                 # N rank processes; rank 0 builds its own verifier unless one was given (pickled).
-                given = None if verifier is self._owned_verifier else verifier
                 ranks = DataParallelWorker(config, index, self.run_dir, problems, given)
                 ranks.verifier = verifier  # the driver's (stored peers' re-verification)
                 self._workers.append(ranks)
@@ -294,6 +301,7 @@ class RayBackend(_EachWorker):
         self.ray = ray
         self._started = False
         self._driver_verifier: Any = None
+        self._run_verifier = setup.run_verifier
         if not ray.is_initialized():
             settings = config.ray
             # Ray >= 2.5x turns on token auth for clusters it starts; a private local one needs none.
@@ -369,11 +377,15 @@ class RayBackend(_EachWorker):
         return self.ray.get(refs)
 
     def driver_verifier(self) -> Any:
-        """The workers' verifiers live in their actors: the driver gets its own, on first use."""
+        """The workers' verifiers live in their actors: the driver's is the run's (the trainer's),
+        else its own, built on first use."""
+        if self._run_verifier is not None:
+            return self._run_verifier
         if self._driver_verifier is None:
-            from graftrl.models.rewards import MathVerifier
+            from graftrl.verifiers.registry import build_verifier, start_verifier
 
-            self._driver_verifier = MathVerifier.from_config(self.config.reward)
+            built = build_verifier(self.config.reward)
+            self._driver_verifier = start_verifier(built, self.config.reward.kind)
         return self._driver_verifier
 
     @property

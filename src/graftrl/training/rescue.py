@@ -100,7 +100,7 @@ def sample_rescue(
     policy: Policy,
     max_new_tokens: int,
     generate: Callable[[list[str], int], RolloutBatch],
-    score: Callable[[list[str], list[str]], list[float]],
+    score: Callable[[list[str], list[MathProblem]], list[float]],
     seed: int,
 ) -> RescueResult:
     """A worker's half of the round: fit each hint to the context, sample n responses per hinted
@@ -130,9 +130,9 @@ def sample_rescue(
     start = time.perf_counter()
     batch = generate(texts, seed)
     sampled = time.perf_counter()
-    answers = dict(zip(request.prompts, request.answers, strict=True))
+    # each response's problem row (the verifier's; its answer is the request's, the same prompt's)
     rewards = torch.tensor(
-        score(batch.texts, [answers[p] for p in prompts for _ in range(n)]), dtype=torch.float32
+        score(batch.texts, [problems[p] for p in prompts for _ in range(n)]), dtype=torch.float32
     ).view(len(prompts), n)
     scored = time.perf_counter()
     for j, prompt in enumerate(prompts):

@@ -64,9 +64,11 @@ def select_groups(parts: Sequence[tuple[RolloutBatch, Sequence[int]]], n: int) -
 def verifier_counts(verifier: Any) -> dict[str, int]:
     """The verifier's running counts that go into each step's metrics (as differences)."""
     stats = verifier.stats() if hasattr(verifier, "stats") else {}
+    failures = verifier.failure_counts() if hasattr(verifier, "failure_counts") else {}
     return {
         "verifier_timeouts": int(stats.get("timeouts", 0)) + int(stats.get("deadline_skips", 0)),
         "verifier_restarts": int(stats.get("worker_restarts", 0)),
+        **{f"failures/{name}": int(count) for name, count in failures.items()},
     }
 
 
@@ -78,7 +80,7 @@ def sample_step(
     problems: list[MathProblem],
     *,
     generate: Callable[[list[str], int], RolloutBatch],
-    score: Callable[[list[str], list[str]], list[float]],
+    score: Callable[[list[str], list[MathProblem]], list[float]],
     extra_sampler: PromptSampler,
     verifier: Any,
     tokenizer_id: str = "",
@@ -124,8 +126,8 @@ def sample_step(
         timings["time_rollout"] += time.perf_counter() - start
 
         start = time.perf_counter()
-        answers = [p.answer for p in batch for _ in range(n)]
-        rewards = torch.tensor(score(rollout.texts, answers), dtype=torch.float32)
+        each = [p for p in batch for _ in range(n)]  # each response's problem row (the verifier's)
+        rewards = torch.tensor(score(rollout.texts, each), dtype=torch.float32)
         rewards = rewards.view(len(batch), n)
         timings["time_reward"] += time.perf_counter() - start
         first_rewards = rewards if first_rewards is None else first_rewards
@@ -168,7 +170,9 @@ def sample_step(
             "shared_all_fail_frac": float(all_fail),
             "shared_all_pass_frac": float(all_pass),
         }
-    info.update({key: after - verifier_before[key] for key, after in verifier_counts(verifier).items()})
+    info.update(
+        {key: after - verifier_before.get(key, 0) for key, after in verifier_counts(verifier).items()}
+    )
     info["response_length"] = (
         statistics.fmean(rollout.content_length(r) for r in range(len(rollout.response_ids)))
         if rollout.response_ids

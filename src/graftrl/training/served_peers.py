@@ -108,11 +108,7 @@ class ServedPeers:
             answers, stats = self.clients[name].complete(prompts, self.sampling, seeds)
             got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
             flat = [c.text for _, a in got for c in a]
-            scores = (
-                verifier.score(flat, [str(problems[p].answer) for p, _ in got for _ in range(n)])
-                if flat
-                else []
-            )
+            scores = verifier.rewards(flat, [problems[p] for p, _ in got for _ in range(n)]) if flat else []
             rewards = [scores[g * n : (g + 1) * n] for g in range(len(got))]
             groups = served_rows(
                 step,

@@ -53,6 +53,7 @@ from graftrl.training.worker_calls import (
     SavePolicyRequest,
     UpdateRequest,
 )
+from graftrl.verifiers.registry import as_verifier, build_verifier, start_verifier
 
 __all__ = ["StepExchange", "Trainer", "step_seed"]
 
@@ -111,7 +112,18 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.files = RunDir(self.run_dir)
         """Every path of the run folder (graftrl.storage.rundir)."""
-        self.problems = list(problems) if problems is not None else load_problems(config.data.train)
+        # The run's verifier (``reward.kind``): the caller's, else built here, before anything is
+        # loaded; it checks the training rows as they load, and starts before any model does.
+        self.verifier = as_verifier(verifier)
+        """What scores every response of the run (``graftrl.verifiers``)."""
+        self._owns_verifier = self.verifier is None
+        if self.verifier is None:
+            self.verifier = build_verifier(config.reward)
+        self.problems = (
+            list(problems)
+            if problems is not None
+            else load_problems(config.data.train, check=self.verifier.check_problem)
+        )
         self.method = build_method(config.method, config)
         self.sampler = PromptSampler(self.problems, config.train.batch_prompts, config.seed)
         self.n = config.rollout.n
@@ -139,17 +151,29 @@ class Trainer:
             # During training each worker samples and scores its own policy (validation_scores),
             # whatever the backend or rank count; the trainer's validator records the scores and
             # keeps best/ (its verifier serves direct `validate(step, policies)` calls).
-            self.validator = Validator(config, self.run_dir, verifier)
+            self.validator = Validator(config, self.run_dir, self.verifier)
         check_chat_templates(config, policies)
         if policies is None:  # before any weights load: a clear error when the run cannot fit
             from graftrl.models.memory import check_before_loading
 
             check_before_loading(config)
-        self.backend: WorkerGroup = make_backend(
-            BackendSetup(
-                config, self.run_dir, self.problems, self.method, policies=policies, verifier=verifier
+        if self._owns_verifier:  # its self-check, before any weights load (closed when it fails)
+            start_verifier(self.verifier, config.reward.kind)
+        try:
+            self.backend: WorkerGroup = make_backend(
+                BackendSetup(
+                    config,
+                    self.run_dir,
+                    self.problems,
+                    self.method,
+                    policies=policies,
+                    verifier=verifier,
+                    run_verifier=self.verifier if self._owns_verifier else None,
+                )
             )
-        )
+        except BaseException:
+            self._close_verifier()
+            raise
         self.step_callback = step_callback
         self.start_step = 0
         """The first step ``train`` runs (a resume's checkpoint step)."""
@@ -157,7 +181,7 @@ class Trainer:
         """Inputs whose content changed since the checkpoint a forced resume loaded (marked in
         the first resumed step's metrics)."""
         self.logger: MetricsLogger | None = None
-        self._peer_verifier = verifier
+        self._peer_verifier = None if self._owns_verifier else self.verifier
         self.checkpoints = TrainerCheckpoints(
             self.files,
             config,
@@ -184,7 +208,7 @@ class Trainer:
     def peer_verifier(self) -> Any:
         """The driver's verifier, for re-verifying stored peers' rewards (the given one, else the backend's)."""
         if self._peer_verifier is None:
-            self._peer_verifier = self.backend.driver_verifier()
+            self._peer_verifier = as_verifier(self.backend.driver_verifier())
         return self._peer_verifier
 
     # ----- the loop -----------------------------------------------------------------------
@@ -254,6 +278,12 @@ class Trainer:
         """Free engines, verifier pools and Ray actors (local policies stay usable for evaluation)."""
         self.served_peers.close()
         self.backend.close()
+        self._close_verifier()
+
+    def _close_verifier(self) -> None:
+        """The run's own verifier (a caller's is the caller's to close)."""
+        if self._owns_verifier:
+            self.verifier.close()
 
     def step(self, step: int) -> dict[str, dict[str, Any]]:
         """One rollout batch and one update of every policy; returns metrics per model."""
@@ -390,8 +420,7 @@ class Trainer:
                 continue
             groups = self.peer_stores[name].serve(ids, step, peer.match, where, n)
             texts = [row.response for group in groups for row in group]
-            answers = [p.answer for p in problems for _ in range(n)]
-            rewards = self.peer_verifier.score(texts, answers)
+            rewards = self.peer_verifier.rewards(texts, [p for p in problems for _ in range(n)])
             replayed = peer_groups(
                 groups,
                 n,
@@ -414,8 +443,8 @@ class Trainer:
         groups = [None if group is None else list(group) for group in held]  # copies: the cache's stay
         present = [p for p, group in enumerate(groups) if group is not None]
         texts = [row.response for p in present for row in groups[p]]
-        answers = [problems[p].answer for p in present for _ in range(n)]
-        rewards = self.peer_verifier.score(texts, answers) if texts else []
+        each = [problems[p] for p in present for _ in range(n)]  # each response's problem row
+        rewards = self.peer_verifier.rewards(texts, each) if texts else []
         replayed = peer_groups(
             groups,
             n,

@@ -46,6 +46,7 @@ from graftrl.models.policy import Policy
 from graftrl.models.rollout import HFRolloutEngine, RolloutEngine
 from graftrl.storage.checkpoint import write_manifest
 from graftrl.storage.rundir import RunDir, append_jsonl
+from graftrl.verifiers.registry import as_verifier
 
 __all__ = ["Validator"]
 
@@ -67,7 +68,7 @@ class Validator:
         self.run_dir = Path(run_dir)
         self.every = settings.every
         self.total_steps = config.train.steps
-        self.verifier = verifier
+        self.verifier = as_verifier(verifier)
         # A worker passes its policy's own engine (HF or vLLM); the default HF engine serves any
         # policy, as direct `validate(step, policies)` calls need.
         self.engine: RolloutEngine = engine or HFRolloutEngine(
@@ -78,7 +79,9 @@ class Validator:
         self.benchmarks = (
             list(benchmarks)
             if benchmarks is not None
-            else load_benchmarks(settings.specs(), settings.max_problems)
+            else load_benchmarks(
+                settings.specs(), settings.max_problems, check=getattr(self.verifier, "check_problem", None)
+            )
         )
         if not self.benchmarks:
             raise ValueError("Validator: no validation benchmarks (set `validation.files`)")

@@ -76,8 +76,8 @@ def make_engine(config: Config, policy: Policy) -> RolloutEngine:
 class _RankZeroVerifier:
     """A verifier for every rank of a sharded policy: rank 0 scores, every rank gets the rewards."""
 
-    def __init__(self, score: Callable[[list[str], list[str]], list[float]]) -> None:
-        self.score = score
+    def __init__(self, rewards: Callable[[list[str], list[MathProblem]], list[float]]) -> None:
+        self.rewards = rewards
 
 
 class PolicyWorker:
@@ -173,10 +173,12 @@ class PolicyWorker:
         )
         self._owns_verifier = verifier is None
         if verifier is None and self.rank == 0:  # rank 0 scores for every rank
-            from graftrl.models.rewards import MathVerifier
+            from graftrl.verifiers.registry import build_verifier, start_verifier
 
-            verifier = MathVerifier.from_config(config.reward)
-        self.verifier = verifier
+            verifier = start_verifier(build_verifier(config.reward), config.reward.kind)
+        from graftrl.verifiers.registry import as_verifier
+
+        self.verifier = as_verifier(verifier)
         self.tokenizer_id = ""
         if config.store.record:
             from graftrl.storage.store import tokenizer_id
@@ -249,11 +251,12 @@ class PolicyWorker:
                 self.policy, prompts, self.sampling, seed, rank=self.rank, world=self.world, gather=gather
             )
 
-    def _score(self, responses: list[str], answers: list[str]) -> list[float]:
-        """The verifier's rewards; under data parallelism rank 0 scores and sends them to all."""
+    def _score(self, responses: list[str], problems: list[MathProblem]) -> list[float]:
+        """The verifier's rewards (``problems[i]``: the row response i answers); under data
+        parallelism rank 0 scores and sends them to all."""
         if self.world == 1:
-            return self.verifier.score(responses, answers)
-        return broadcast_object(self.verifier.score(responses, answers) if self.rank == 0 else None)
+            return self.verifier.rewards(responses, problems)
+        return broadcast_object(self.verifier.rewards(responses, problems) if self.rank == 0 else None)
 
     def rescue(self, request: RescueRoundRequest) -> RescueResult | None:
         """The rescue round of a method that ``rescues`` (``rescue.sample_rescue``): sample this

@@ -9,6 +9,7 @@ sandbox, a user's scorer in worker processes. One is built per run from the ``re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -76,7 +77,11 @@ class Verifier(Protocol):
         ...
 
     def rewards(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        """``[v.reward for v in verify(...)]``: what training uses."""
+        """``[v.reward for v in verify(...)]``: what training uses (its failures are counted)."""
+        ...
+
+    def failure_counts(self) -> dict[str, int]:
+        """Responses scored through ``rewards`` since construction, per failure class."""
         ...
 
     def check_problem(self, problem: Problem) -> str | None:
@@ -106,7 +111,13 @@ class VerifierBase:
         raise NotImplementedError
 
     def rewards(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        return [v.reward for v in self.verify(responses, problems)]
+        verdicts = self.verify(responses, problems)
+        counts = self.__dict__.setdefault("_failure_counts", Counter())
+        counts.update(v.failure for v in verdicts if v.failure is not None)
+        return [v.reward for v in verdicts]
+
+    def failure_counts(self) -> dict[str, int]:
+        return dict(self.__dict__.get("_failure_counts", {}))
 
     def check_problem(self, problem: Problem) -> str | None:
         return None

@@ -19,29 +19,28 @@ class MathRewards(VerifierBase):
 
     def __init__(self, verifier: MathVerifier) -> None:
         self.verifier = verifier
+        """The wrapped scorer: a ``MathVerifier``, or any object with its ``score(responses,
+        answers)`` (``registry.as_verifier``: a caller's own, such as a test's fixed rewards)."""
 
     @classmethod
     def from_config(cls, reward: Any) -> MathRewards:
         return cls(MathVerifier.from_config(reward))
 
-    def rewards(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[float]:
-        check_lengths("MathRewards.rewards", responses, problems)
-        return self.verifier.score(responses, [p.answer for p in problems])
-
     def verify(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
+        check_lengths("MathRewards.verify", responses, problems)
+        scores = self.verifier.score(responses, [p.answer for p in problems])
         verdicts = []
-        for response, reward, problem in zip(
-            responses, self.rewards(responses, problems), problems, strict=True
-        ):
+        for response, reward, problem in zip(responses, scores, problems, strict=True):
             if reward >= 1.0:
-                verdicts.append(Verdict.correct())
+                verdicts.append(Verdict.correct(reward))
                 continue
-            answer = extract_last_boxed(response) if self.verifier.extraction == "last_box" else response
+            last_box = getattr(self.verifier, "extraction", "last_box") == "last_box"
+            answer = extract_last_boxed(response) if last_box else response
             if answer is None or not answer.strip():
-                verdicts.append(Verdict.failed(NO_ANSWER, "no answer found (no \\boxed{})"))
+                verdicts.append(Verdict.failed(NO_ANSWER, "no answer found (no \\boxed{})", reward))
             else:
                 verdicts.append(
-                    Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}")
+                    Verdict.failed(WRONG, f"wrong: answered {answer[:60]!r}, gold {problem.answer!r}", reward)
                 )
         return verdicts
 
@@ -51,10 +50,23 @@ class MathRewards(VerifierBase):
         return None
 
     def start(self) -> None:
-        self.verifier.start()
+        if callable(start := getattr(self.verifier, "start", None)):
+            start()
 
     def stats(self) -> dict[str, float]:
-        return self.verifier.stats()
+        stats = getattr(self.verifier, "stats", None)
+        return dict(stats()) if callable(stats) else {}
 
     def close(self) -> None:
-        self.verifier.close()
+        if callable(close := getattr(self.verifier, "close", None)):
+            close()
+
+    @property
+    def num_workers(self) -> int | None:
+        """Worker processes (an evaluation report's ``verification.workers``)."""
+        return getattr(self.verifier, "num_workers", None)
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Per-answer timeout (an evaluation report's ``verification.timeout_s``)."""
+        return getattr(self.verifier, "timeout_s", None)

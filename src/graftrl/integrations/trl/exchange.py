@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graftrl.core import minibatch_order
+from graftrl.core import SUCCESS_THRESHOLD, minibatch_order
 from graftrl.methods import ExchangePlan, GroupOutcomes, Method
 from graftrl.methods.receive import PeerWeights, scores_peer_rows, weigh_peers
 from graftrl.storage.records import TrajectoryRecord
@@ -90,14 +90,17 @@ def graft_exchange(
     pad_token_id: int,
     plan_generator: torch.Generator,
     weight_generator: torch.Generator,
+    success_threshold: float = SUCCESS_THRESHOLD,
 ) -> Exchange:
-    """GRAFT's replacement of the receiver's all-fail groups (module docstring). rewards: [P, n] 0/1."""
+    """GRAFT's replacement of the receiver's all-fail groups (module docstring). rewards: [P, n], any
+    finite numbers; ``success_threshold``: a reward at or above it is a success (the receiver's k of
+    eq. 4; the peers' outcomes carry their own, ``peer_groups``)."""
     unknown = set(batch) - BATCH_KEYS - {"old_per_token_logps"}
     if unknown:
         raise ValueError(f"graft_exchange: batch keys {sorted(unknown)} are not supported")
     num_prompts, n = rewards.shape
     advantages = batch["advantages"].detach().float().cpu().view(num_prompts, n)
-    outcomes = {receiver: GroupOutcomes(rewards.float().cpu(), advantages)}
+    outcomes = {receiver: GroupOutcomes(rewards.float().cpu(), advantages, success_threshold)}
     outcomes.update({name: group.outcomes for name, group in peers.items()})
     plan = method.plan(outcomes, plan_generator)[receiver]
 

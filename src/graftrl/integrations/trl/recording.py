@@ -22,8 +22,10 @@ transformers' own loading (``checkpoint_weights``), not by the file's raw keys a
 Trainer does: that leaves the weights transformers renames or regroups on load (GPT-NeoX's head,
 a mixture's experts) at their current values with only a warning.
 
-**Rewards** are the weighted sum of TRL's reward functions and must be 0 or 1 (a verifier's
-correctness): the store keeps verifier rewards and GRAFT moves groups on 0/1 correctness.
+**Rewards** are the weighted sum of TRL's reward functions, any finite number (a verifier's 0/1
+correctness, a code reward's fraction of tests passed): the store keeps them as they are, and
+advantages come from them unchanged (algorithm.md §1.1). A non-finite reward stops the run at its
+batch with one line (``check_finite``).
 """
 
 from __future__ import annotations
@@ -62,14 +64,17 @@ def combined_rewards(rewards_per_func: Tensor, reward_weights: Tensor) -> Tensor
     return (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
 
 
-def check_binary(rewards: Tensor, what: str) -> None:
-    """Refuse rewards other than 0 and 1 (one line naming the fix)."""
-    bad = ~((rewards == 0) | (rewards == 1))
+def check_finite(rewards: Tensor, what: str) -> None:
+    """Refuse rewards that are not finite numbers (NaN, +-inf), in one line naming the fix. Any
+    finite reward is kept (a fraction of tests passed, say); successes are counted elsewhere, at a
+    threshold (``core.is_success``)."""
+    bad = ~torch.isfinite(rewards)
     if bool(bad.any()):
         value = float(rewards[bad][0])
         raise TRLIntegrationError(
-            f"{what}: reward {value} is not 0 or 1; GRAFT and the trajectory store need 0/1 correctness "
-            "rewards: pass one verifier reward function (or reward_weights that sum 0/1 rewards to 0/1)"
+            f"{what}: reward {value} is not a finite number; the trajectory store and GRAFT's advantages "
+            "need finite rewards: make each reward function return a finite float (or None where it does "
+            "not apply) and keep reward_weights finite"
         )
 
 
@@ -237,7 +242,7 @@ class RecordTrajectoriesMixin(CaptureRolloutMixin):
         n = self.num_generations  # type: ignore[attr-defined]
         rows = len(captured.completion_ids)
         rewards = combined_rewards(captured.rewards_per_func, self.reward_weights).cpu()  # type: ignore[attr-defined]
-        check_binary(rewards, "record_store")
+        check_finite(rewards, "record_store")
         eos = set(self.eos_token_ids)  # type: ignore[attr-defined]
         finished = [bool(ids) and ids[-1] in eos for ids in captured.completion_ids]
         logprobs = self._recorded_logprobs(batch, captured)

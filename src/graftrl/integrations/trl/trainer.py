@@ -8,13 +8,18 @@ One generation batch of ``GraftGRPOTrainer`` (``_prepare_inputs``, in training):
 1. TRL samples, scores and computes its advantages (``_generate_and_score_completions``); with
    ``record_store`` the receiver's own samples are recorded first (``RecordTrajectoriesMixin``);
 2. each stored peer's groups for the batch's prompts are looked up (``PeerStore``, the matching
-   rule of ``graft_peer_match``); where the receiver failed all n, the peer's rewards are
-   re-verified with this trainer's reward functions (``graft_reverify``);
+   rule of ``graft_peer_match``); where the receiver failed all n (no reward at or above
+   ``graft_success_threshold``), the peer's rewards are re-verified with this trainer's reward
+   functions (``graft_reverify``);
 3. ``graft_exchange`` replaces the selected groups (graftrl's GRAFT: plan, re-tokenization,
    no-grad scoring, s and w, w folded into the advantages, w = 0 rows out of the loss);
 4. the rows are shuffled as TRL does, then ordered peer rows last (``peer_last_order``, by
    optimizer steps of ``per_device_train_batch_size x gradient_accumulation_steps`` rows), and
    split into TRL's ``steps_per_generation`` micro-batches.
+
+Rewards are any finite numbers (a code reward's fraction of tests passed): advantages come from
+them as they are, and every count of GRAFT (all-fail, eq. 4's k, ``success_only``) counts successes,
+rewards at or above ``graft_success_threshold`` (``core.is_success``; algorithm.md §1.1).
 
 The loss is TRL's (``dapo`` or ``bnpo``, token level); graftrl's exchange metrics go to TRL's logs
 under ``graft/``.
@@ -22,6 +27,7 @@ under ``graft/``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,10 +37,11 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from graftrl.core import clipped_token_mask
+from graftrl.config.rewards import RewardConfig
+from graftrl.core import clipped_token_mask, is_success
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
 from graftrl.integrations.trl.exchange import IS_PEER, Exchange, graft_exchange, peer_last_order
-from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_binary, combined_rewards
+from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_finite, combined_rewards
 from graftrl.integrations.trl.served import ServedPeer, ServedPeerSession
 from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.models.policy import Policy
@@ -67,13 +74,15 @@ except ImportError:  # pragma: no cover - profiling moved
 __all__ = ["GraftGRPOConfig", "GraftGRPOTrainer", "RecordingGRPOTrainer"]
 
 _GRAFT = GraftConfig.model_fields
+_REWARD = RewardConfig.model_fields
 SUPPORTED_LOSSES = ("dapo", "bnpo")
 """TRL losses whose denominator is a token count: a row with an empty mask is out of both terms."""
 
 
 @dataclass
 class GraftGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus GRAFT's switches (defaults: the paper's GRAFT, graftrl's ``graft:`` section)."""
+    """``GRPOConfig`` plus GRAFT's switches (defaults: the paper's GRAFT, graftrl's ``graft:`` section;
+    ``graft_success_threshold``: ``reward.success_threshold``)."""
 
     graft_delta: float = field(
         default=_GRAFT["delta"].default, metadata={"help": _GRAFT["delta"].description}
@@ -107,6 +116,10 @@ class GraftGRPOConfig(GRPOConfig):
             "change get recomputed advantages)."
         },
     )
+    graft_success_threshold: float = field(
+        default=_REWARD["success_threshold"].default,
+        metadata={"help": _REWARD["success_threshold"].description},
+    )
 
 
 def graft_method(args: Any) -> GRAFT:
@@ -129,6 +142,17 @@ def graft_method(args: Any) -> GRAFT:
     if match not in PEER_MATCHES:
         raise TRLIntegrationError(f"graft_peer_match: must be one of {PEER_MATCHES}, got {match!r}")
     return GRAFT(options)  # train's defaults: eq. 1's eps and std, TRL's loss uses none of the rest
+
+
+def graft_success_threshold(args: Any) -> float:
+    """A trainer config's ``graft_success_threshold`` (``reward.success_threshold``; default 1.0): a
+    reward at or above it is a success for every count of GRAFT (``core.is_success``)."""
+    value = getattr(args, "graft_success_threshold", _REWARD["success_threshold"].default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TRLIntegrationError(
+            f"graft_success_threshold: must be a finite number (got {value!r}); see docs/trl.md"
+        )
+    return float(value)
 
 
 class RecordingGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
@@ -154,6 +178,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
+        self.graft_threshold = graft_success_threshold(self.args)
         self.graft_match = getattr(self.args, "graft_peer_match", DEFAULT_PEER_MATCH)
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
@@ -264,25 +289,29 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         assert captured is not None, "TRL scored no rewards for this batch"
         n = self.num_generations
         rewards = combined_rewards(captured.rewards_per_func, self.reward_weights).cpu()
-        check_binary(rewards, "GraftGRPOTrainer")
+        check_finite(rewards, "GraftGRPOTrainer")
         rewards = rewards.view(-1, n)
+        threshold = self.graft_threshold
         step = self._graft_generation_index()
         prompt_ids = [
             prompt_id_of(captured.inputs[g], self.prompt_id_column) for g in range(0, len(captured.inputs), n)
         ]
-        all_failed = [p for p in range(len(prompt_ids)) if float(rewards[p].sum()) == 0]
+        # all-fail: no success (k = 0 of eq. 4; on 0/1 rewards, rewards summing to 0)
+        all_failed = (is_success(rewards, threshold).sum(dim=-1) == 0).nonzero().flatten().tolist()
         peers: dict[str, PeerGroups] = {}
         for name, store in self.peer_stores.items():
             groups = store.groups(prompt_ids, step, self.graft_match)
             reverified = self._reverify(groups, all_failed, captured) if self.graft_reverify else None
-            peers[name] = peer_groups(groups, n, reverified)
+            peers[name] = peer_groups(groups, n, reverified, success_threshold=threshold)
         if self.served_sessions:
             prompts = [captured.inputs[g]["prompt"] for g in range(0, len(captured.inputs), n)]
             seed = int(self._graft_generator(3).initial_seed()) % 2**31  # the requests' seeds
             for name, session in self.served_sessions.items():
                 served, cost = session.groups(step, prompt_ids, prompts, all_failed, seed)
                 # Served answers carry no reward: always verified with this trainer's reward functions.
-                peers[name] = peer_groups(served, n, self._reverify(served, all_failed, captured))
+                peers[name] = peer_groups(
+                    served, n, self._reverify(served, all_failed, captured), success_threshold=threshold
+                )
                 self._record_served(step, served, peers[name])
                 for key, value in cost.items():
                     self._metrics["train"][f"graft/{key}"].append(value)
@@ -297,6 +326,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             pad_token_id=self._tokenizer.pad_token_id,
             plan_generator=self._graft_generator(0),
             weight_generator=self._graft_generator(1),
+            success_threshold=threshold,
         )
         self.graft_last_exchange = exchange
         metrics = self._metrics["train"]
@@ -345,7 +375,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         finally:
             self._graft_capture_paused = False
         rewards = combined_rewards(per_func, self.reward_weights).cpu()
-        check_binary(rewards, "GraftGRPOTrainer (re-verified peer rewards)")
+        check_finite(rewards, "GraftGRPOTrainer (re-verified peer rewards)")
         return {p: rewards[k * n : (k + 1) * n].tolist() for k, p in enumerate(chosen)}
 
     # ----- loss: TRL's, plus graftrl's own/peer clip metrics ------------------------------------
