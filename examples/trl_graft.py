@@ -17,7 +17,7 @@ regrouping skills, cached in ~/.cache/graftrl/embedded, built on first use in ~3
 With ``--baseline`` the Llama is also trained by plain ``GRPOTrainer`` from the same warm-start and
 seed, both Llamas are evaluated on the held-out problems with the paper's protocol (8 samples at
 T = 0.6, top-p 0.95; ``graftrl.evaluation``), and the paired difference over the seeds is printed
-with its 95% interval (``graftrl.evaluation.stats``). Settings are the demo's
+with its 95% interval over seeds (``graftrl.evaluation.intervals.seed_interval``). Settings are the demo's
 (``graftrl.experiments.compare_task.demo_settings``): 32 prompts x n = 8 per step, 4 optimizer steps per
 step, AdamW lr 1e-4, DAPO loss, clip 0.2 / 0.28, 80 new tokens.
 """
@@ -251,7 +251,8 @@ def main() -> None:
 
 def table(results: dict[str, Any]) -> str:
     """Markdown: held-out pass@1 (%) of the Llama, overall and per family, with the paired interval."""
-    from graftrl.evaluation.stats import mean_std, paired_difference
+    from graftrl.evaluation.intervals import seed_interval
+    from graftrl.evaluation.stats import mean_std
 
     seeds = results["seeds"]
     families = ["overall", *sorted(next(iter(seeds.values()))["grpo"]["per_family"])]
@@ -266,11 +267,11 @@ def table(results: dict[str, Any]) -> str:
     for family in families:
         grpo = {s: score(r["grpo"], family) for s, r in seeds.items()}
         graft = {s: score(r["graft"], family) for s, r in seeds.items()}
-        diff = paired_difference(graft, grpo)
+        diff = seed_interval(graft, grpo)
         assert diff is not None
         lines.append(
             f"| {family} | {score(results['warm_start'], family):.1f} | {mean_std(list(grpo.values())).format(digits=1)} | "
-            f"{mean_std(list(graft.values())).format(digits=1)} | {diff.format(digits=1)} |"
+            f"{mean_std(list(graft.values())).format(digits=1)} | {diff.format(scale=1, digits=1)} |"
         )
     return "\n".join(lines)
 

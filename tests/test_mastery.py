@@ -203,7 +203,7 @@ def test_the_hint_preset_adds_hint_rows_corrected_together_across_the_line(tiny_
     assert all(row["survives"] == (row["adjusted_p"] <= 0.05) for row in tested)
     report = (out / "report.md").read_text()
     assert "## The peer in the prompt (hint) against the peer in the gradient" in report
-    assert f"the {len(tested)} comparisons of this table are corrected together" in report
+    assert f"Holm-corrected over the line's {len(tested)} comparisons of the first four columns" in report
 
 
 def test_the_rescue_summary_counts_the_rounds_and_classifies_the_wrong_hinted_responses(tmp_path):

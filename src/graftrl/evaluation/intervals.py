@@ -23,21 +23,79 @@ term; the same formula with one benchmark.
 
 Cells written before per-problem results were kept have only one number per seed: they get the
 paired t interval over seeds (``seed_interval``), and each result says which ``kind`` it is.
+
+``Difference`` is graftrl's one paired-difference type, whichever interval it has, and ``format`` its
+one text (``+2.40 [-0.10, +5.00] **``, in points); ``caption`` is what a table of them says about
+its interval and correction (docs/comparing.md, "Reading a paired difference").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.stats import t as student_t
 
-from graftrl.evaluation.stats import CONFIDENCE
+CONFIDENCE = 0.95
+"""The level of every interval graftrl reports."""
 
 CROSSED = "seeds × problems"
 SEEDS_ONLY = "seeds"
+CORRECTED = {"holm": "Holm-corrected", "bh": "Benjamini-Hochberg-corrected", "none": "uncorrected"}
+"""How a table's caption names its correction (``decisions.CORRECTIONS``' keys)."""
+
+
+def difference_text(
+    mean: float, low: float | None, high: float | None, scale: float = 100.0, digits: int = 2, mark: str = ""
+) -> str:
+    """The one text of a paired difference: ``+2.40 [-0.10, +5.00]``, then ``mark`` (``*``: the
+    interval excludes 0; ``**``: the difference also survives its table's correction); with one
+    seed (no interval) ``+2.40 (1 seed)``. ``scale`` 100: points of pass@1."""
+    text = f"{scale * mean:+.{digits}f}"
+    if low is None or high is None:
+        return text + " (1 seed)"
+    text += f" [{scale * low:+.{digits}f}, {scale * high:+.{digits}f}]"
+    return f"{text} {mark}" if mark else text
+
+
+def dict_text(d: Mapping[str, Any] | None, scale: float = 100.0, digits: int = 2, empty: str = "—") -> str:
+    """``difference_text`` of a difference written out (``Difference.as_dict``, as results.json
+    holds it), ``*`` where its interval excludes 0; ``empty`` for None."""
+    if d is None:
+        return empty
+    return difference_text(d["mean"], d["low"], d["high"], scale, digits, "*" if d["resolved"] else "")
+
+
+def interval_name(kinds: Iterable[str]) -> str:
+    """The interval a table gives: over seeds × problems (``CROSSED``), over seeds (``SEEDS_ONLY``),
+    or both where its rows differ (the ``interval`` column of compare's tables says which)."""
+    found = set(kinds)
+    if not found:
+        return f"{CONFIDENCE:.0%} CI: none yet, one seed"
+    if found == {SEEDS_ONLY}:
+        return f"{CONFIDENCE:.0%} CI over seeds"
+    if found == {CROSSED, SEEDS_ONLY}:
+        return f"{CONFIDENCE:.0%} CI over seeds × problems, or over seeds where the `interval` column says so"
+    return f"{CONFIDENCE:.0%} CI over seeds × problems"
+
+
+def caption(what: str, kinds: Iterable[str], correction: str, family: str = "") -> str:
+    """The line above a table of paired differences: ``what`` they are, the interval (``kinds``:
+    ``CROSSED`` and/or ``SEEDS_ONLY``) and whether its marks are corrected (``correction``: a
+    ``CORRECTED`` key; ``family``: for which comparisons, e.g. "the table's 8 comparisons")."""
+    head = f"{what}: mean [{interval_name(kinds)}] in points, {CORRECTED[correction]}"
+    if correction == "none":
+        return (
+            f"{head}{f' for {family}' if family else ''}: `*` marks an interval that excludes 0, each "
+            "comparison taken alone."
+        )
+    return (
+        f"{head}{f' over {family}' if family else ''}: `**` survives the correction, the only "
+        "differences called; `*` the interval excludes 0 uncorrected only."
+    )
 
 
 def _two_sided_p(mean: float, se: float, df: float) -> float:
@@ -107,14 +165,11 @@ class Difference:
         """The interval excludes 0 (uncorrected for the other comparisons of a table)."""
         return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
 
-    def format(self, scale: float = 1.0, digits: int = 3, mark: str | None = None) -> str:
-        """``+1.20 [-0.40, +2.80]``; ``mark`` (default ``*`` when resolved) follows the interval."""
-        text = f"{scale * self.mean:+.{digits}f}"
-        if self.low is None or self.high is None:
-            return text + " (1 seed)"
-        text += f" [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}]"
+    def format(self, scale: float = 100.0, digits: int = 2, mark: str | None = None) -> str:
+        """The one text (``difference_text``): ``+1.20 [-0.40, +2.80] *`` in points; ``mark``
+        (default ``*`` when resolved) follows the interval."""
         mark = ("*" if self.resolved else "") if mark is None else mark
-        return f"{text} {mark}" if mark else text
+        return difference_text(self.mean, self.low, self.high, scale, digits, mark)
 
     def as_dict(self) -> dict[str, float | int | bool | str | None]:
         out: dict[str, float | int | bool | str | None] = {

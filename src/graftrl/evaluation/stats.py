@@ -1,28 +1,48 @@
-"""Statistics for comparing methods over seeds: mean ± std and paired differences with intervals.
+"""Statistics for comparing methods over seeds: mean ± std, and the paired differences of result rows.
 
 The one home of these numbers: evaluation's summaries over R runs (``evaluate.mean_std`` is this
 ``mean_std`` in its dict form), compare's tables and the demo's and analyze's summaries.
 
 Methods compared on the same seeds share the warm-start, the prompt stream and the evaluation
-problems, so seed-to-seed variation common to both cancels in the per-seed difference. The
-interval reported beside mean ± std is the paired Student t interval over seeds,
-``mean(d) ± t_{1-α/2, n-1} · sd(d) / sqrt(n)`` with ``d_s = treatment_s - control_s``; a difference
-is called only where that interval excludes 0. With one seed there is no interval.
+problems, so seed-to-seed variation common to both cancels in the per-seed difference.
+``paired_deltas`` gives, per variant and model, the paired Student t interval over seeds,
+``mean(d) ± t_{1-α/2, n-1} · sd(d) / sqrt(n)`` with ``d_s = treatment_s - control_s``, as an
+``intervals.Difference`` (graftrl's one paired-difference type, from ``intervals.seed_interval``),
+for the tables that read result rows only: the sweeps' lines, the demo's, and compare's per-family
+section. With one seed there is no interval.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy.stats import t as student_t
+from graftrl.evaluation.intervals import CONFIDENCE as CONFIDENCE  # its home before issue 57
+from graftrl.evaluation.intervals import Difference, seed_interval
 
-CONFIDENCE = 0.95
-"""The level of every interval graftrl reports."""
+_DEPRECATED = {
+    "PairedDifference": ("Difference", Difference),
+    "paired_difference": ("seed_interval", seed_interval),
+}
+"""Names this module had before graftrl had one paired-difference type (issue 57): their
+replacements in ``graftrl.evaluation.intervals``."""
+
+
+def __getattr__(name: str) -> Any:
+    """A deprecated name (``_DEPRECATED``), with a DeprecationWarning; removed in the next release."""
+    if name in _DEPRECATED:
+        new, value = _DEPRECATED[name]
+        warnings.warn(
+            f"graftrl.evaluation.stats.{name} is deprecated: use graftrl.evaluation.intervals.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -47,49 +67,6 @@ def mean_std(values: Sequence[float]) -> MeanStd:
     )
 
 
-@dataclass(frozen=True)
-class PairedDifference:
-    """treatment - control, paired by seed: the mean difference and its t interval.
-
-    ``low``/``high`` are None with fewer than two pairs. ``seeds`` are the paired seeds used.
-    """
-
-    mean: float
-    std: float
-    low: float | None
-    high: float | None
-    seeds: tuple[int, ...]
-    confidence: float = CONFIDENCE
-
-    @property
-    def n(self) -> int:
-        return len(self.seeds)
-
-    @property
-    def resolved(self) -> bool:
-        """True when the interval excludes 0: the data say which of the two is better."""
-        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
-
-    def format(self, scale: float = 1.0, digits: int = 3) -> str:
-        """``+0.012 [-0.004, +0.028]`` (``*`` when the interval excludes 0)."""
-        text = f"{scale * self.mean:+.{digits}f}"
-        if self.low is None or self.high is None:
-            return text + " (1 seed)"
-        interval = f" [{scale * self.low:+.{digits}f}, {scale * self.high:+.{digits}f}]"
-        return text + interval + (" *" if self.resolved else "")
-
-    def as_dict(self) -> dict[str, float | int | bool | None]:
-        return {
-            "mean": self.mean,
-            "std": self.std,
-            "low": self.low,
-            "high": self.high,
-            "n": self.n,
-            "confidence": self.confidence,
-            "resolved": self.resolved,
-        }
-
-
 def family_rows(rows: Sequence[Mapping[str, Any]], key: str = "model") -> list[dict[str, Any]]:
     """One row per (row, family) with ``key`` set to "<model> · <family>" and that family's pass@1.
 
@@ -101,27 +78,6 @@ def family_rows(rows: Sequence[Mapping[str, Any]], key: str = "model") -> list[d
         for row in rows
         for family, score in (row.get("per_family") or {}).items()
     ]
-
-
-def paired_difference(
-    treatment: Mapping[int, float], control: Mapping[int, float], confidence: float = CONFIDENCE
-) -> PairedDifference | None:
-    """Paired difference over the seeds both sides have (None when they share no seed).
-
-    treatment, control: seed -> score.
-    """
-    seeds = tuple(sorted(set(treatment) & set(control)))
-    if not seeds:
-        return None
-    diffs = [float(treatment[s]) - float(control[s]) for s in seeds]
-    summary = mean_std(diffs)
-    if len(diffs) < 2:
-        return PairedDifference(summary.mean, 0.0, None, None, seeds, confidence)
-    quantile = float(student_t.ppf(0.5 + confidence / 2, df=len(diffs) - 1))  # a Python float: JSON-safe
-    half = quantile * summary.std / math.sqrt(len(diffs))
-    return PairedDifference(
-        summary.mean, summary.std, summary.mean - half, summary.mean + half, seeds, confidence
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,8 +125,9 @@ def deltas(
 
 def paired_deltas(
     rows: Sequence[Mapping[str, Any]], reference: str | None, key: str = "variant"
-) -> dict[str, dict[str, PairedDifference]]:
-    """variant -> model -> pass@1(variant) - pass@1(reference), paired by seed (t interval).
+) -> dict[str, dict[str, Difference]]:
+    """variant -> model -> pass@1(variant) - pass@1(reference), paired by seed: the t interval over
+    seeds (``intervals.seed_interval``), uncorrected.
 
     ``key``: the row field that names the variant ("method" in the demo's results.json).
     """
@@ -178,11 +135,11 @@ def paired_deltas(
     for row in rows:
         scores[row[key]][row["model"]][int(row["seed"])] = float(row["pass_at_1"])
     ref = scores.get(reference or "", {})
-    out: dict[str, dict[str, PairedDifference]] = {}
+    out: dict[str, dict[str, Difference]] = {}
     for variant, models in scores.items():
         if variant in (reference, WARM_START):
             continue
         for model, by_seed in models.items():
-            if model in ref and (diff := paired_difference(by_seed, ref[model])) is not None:
+            if model in ref and (diff := seed_interval(by_seed, ref[model])) is not None:
                 out.setdefault(variant, {})[model] = diff
     return out

@@ -83,15 +83,16 @@ def benchmark_section(
     title: str,
     variants: Sequence[str],
     extra: Mapping[str, Mapping[str, str]],
-    paired_note: str,
+    paired_caption: str,
     paired: str = "",
 ) -> list[str]:
     """A table of report.md in the paper's layout, with its paired differences against ``versus``
-    (``paired``: their table, ``paired_decisions.benchmarks_markdown``)."""
+    (``paired``: their table, ``paired_decisions.benchmarks_markdown``; ``paired_caption``: the line
+    above it, ``paired_decisions.decided_caption``)."""
     lines = [title, "", benchmark_table_markdown(rows, benchmarks, versus, variants, extra), ""]
     if versus is not None:
         lines += [
-            f"Paired (same starting models, prompts and evaluation problems), Δ vs {versus}: {paired_note}.",
+            paired_caption,
             "",
             paired,
             "",

@@ -16,6 +16,7 @@ from graftrl.experiments.paired_decisions import (
     Costs,
     Decisions,
     decide,
+    decided_caption,
     family_note,
     kinds_note,
     paired_table,
@@ -107,4 +108,6 @@ def plan(folders: Sequence[Path], decisions: Decisions) -> str:
     ]
     if note := kinds_note(family):
         lines += [note, ""]
+    if family:
+        lines += [decided_caption("Δ of each comparison", family, family, decisions, "the plan's"), ""]
     return "\n".join([*lines, plan_markdown(family, decisions, costs), ""])

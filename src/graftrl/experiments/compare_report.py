@@ -21,17 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graftrl.evaluation.stats import WARM_START, family_rows, summarize
+from graftrl.evaluation.intervals import SEEDS_ONLY, caption
+from graftrl.evaluation.stats import WARM_START, family_rows, paired_deltas, summarize
 from graftrl.experiments.benchmark_tables import AVERAGE, base_header, benchmark_section
 from graftrl.experiments.compare_exchange import exchange_plots, exchange_tables, regime_lines, transfer_lines
 from graftrl.experiments.compare_task import CompareTask
 from graftrl.experiments.matrix import Matrix, yaml_value
-from graftrl.experiments.paired_decisions import PAIRED_NOTE as DECIDED_NOTE
 from graftrl.experiments.paired_decisions import (
     Comparison,
     Costs,
     Decisions,
     benchmarks_markdown,
+    decided_caption,
     decisions_section,
     models_markdown,
     report_family,
@@ -48,12 +49,6 @@ ROW_KEYS = ("variant", "method", "model", "seed", "n", "pass_at_1", "per_family"
 OPTIONAL_ROW_KEYS = ("per_benchmark", "checkpoint_steps")
 """Columns of results.csv when a row has them: a ``--base`` compare's pass@1 per benchmark (with
 several) and the steps behind each policy's best checkpoint (with validation)."""
-
-
-PAIRED_NOTE = (
-    "mean [95% paired t interval over seeds] in points; `*` marks an interval that excludes 0, "
-    "the only differences the seeds run resolve"
-)
 
 
 PROGRESS_WINDOW = 10
@@ -253,7 +248,15 @@ def _benchmark_table(
     benchmarks = c.task.evaluation.names
     columns = [*benchmarks, AVERAGE] if len(benchmarks) > 1 else benchmarks
     paired = benchmarks_markdown(c.family, table, names, columns)
-    return benchmark_section(c.rows, benchmarks, versus, title, names, c.extra, DECIDED_NOTE, paired)
+    what = f"Paired Δ vs {versus} (same starting models, prompts and evaluation problems)"
+    return benchmark_section(
+        c.rows, benchmarks, versus, title, names, c.extra, _caption(c, table, what), paired
+    )
+
+
+def _caption(c: ReportContext, table: str, what: str) -> str:
+    """The line above Table 1's or Table 2's paired differences: their interval and correction."""
+    return decided_caption(what, [x for x in c.family if x.table == table], c.family, c.decisions)
 
 
 def _delta_table(
@@ -266,7 +269,7 @@ def _delta_table(
         "",
         table_markdown(c.summary, versus, names, c.extra, f"Δ vs {versus}"),
         "",
-        f"{paired}, Δ vs {versus}: {DECIDED_NOTE}.",
+        _caption(c, table, f"Paired Δ vs {versus}{paired}"),
         "",
         models_markdown(c.family, table, c.names),
         "",
@@ -281,7 +284,7 @@ def table1_section(c: ReportContext) -> list[str]:
         title = f"## Table 1: pass@1 per benchmark{average}, Δ vs {c.baseline}"
         return _benchmark_table(c, c.baseline, title, [WARM_START, *c.names], "Table 1")
     title = f"## Table 1: pass@1 per model, Δ vs {c.baseline}"
-    paired = "Paired (same warm-start, prompts and evaluation problems)"
+    paired = " (same warm-start, prompts and evaluation problems)"
     return _delta_table(c, c.baseline, title, [WARM_START, *c.names], "Table 1", paired)
 
 
@@ -292,7 +295,7 @@ def table2_section(c: ReportContext) -> list[str]:
     title = f"## Table 2: ablations, Δ vs full GRAFT ({c.reference})"
     if c.task.benchmark_columns:
         return _benchmark_table(c, c.reference, title, c.names, "Table 2")
-    return _delta_table(c, c.reference, title, c.names, "Table 2", "Paired")
+    return _delta_table(c, c.reference, title, c.names, "Table 2", "")
 
 
 def results_section(c: ReportContext) -> list[str]:
@@ -311,7 +314,25 @@ def family_section(c: ReportContext) -> list[str]:
     lines = ["## Held-out pass@1 per problem family", ""]
     lines += [table_markdown(summarize(by_family), versus, [WARM_START, *c.names]), ""]
     if versus:
-        lines += [paired_markdown(by_family, versus, c.names), ""]
+        diffs = paired_deltas(by_family, versus)
+        shown = [d for v in c.names for d in diffs.get(v, {}).values()]
+        tables = _tables(c)
+        corrects = (
+            f"{' and '.join(tables)} correct{'' if len(tables) > 1 else 's'}"
+            if tables
+            else "the report corrects"
+        )
+        what = (
+            f"Exploratory, not in the family that {corrects} (a `*` here is a lead to test, not a finding): "
+            f"paired Δ per problem family vs {versus}"
+        )
+        family = f"the table's {len(shown)} comparisons"  # over seeds: the rows hold one pass@1 per family
+        lines += [
+            caption(what, [SEEDS_ONLY], "none", family),
+            "",
+            paired_markdown(by_family, versus, c.names),
+            "",
+        ]
     return lines
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from rich.console import Console
 
 from graftrl.embedded.task import DEFAULT_TASK
-from graftrl.evaluation.stats import PairedDifference, family_rows, paired_deltas
+from graftrl.evaluation.intervals import Difference
+from graftrl.evaluation.stats import family_rows, paired_deltas
 from graftrl.experiments.compare import CompareReport, CompareRun, run_compare
 from graftrl.experiments.compare_exchange import compatibility_scores
 from graftrl.reporting.diagnostics import summarize_exchange
@@ -40,8 +41,9 @@ PRESET = "demo"
 BASELINE = "grpo"
 
 
-def paired_vs_grpo(rows: list[dict[str, Any]]) -> dict[str, dict[str, PairedDifference]]:
-    """method -> model -> held-out pass@1 minus GRPO's, paired by seed, with its 95% interval."""
+def paired_vs_grpo(rows: list[dict[str, Any]]) -> dict[str, dict[str, Difference]]:
+    """method -> model -> held-out pass@1 minus GRPO's, paired by seed, with its 95% interval over
+    seeds (uncorrected; ``stats.paired_deltas``)."""
     return paired_deltas(rows, BASELINE, key="method")
 
 

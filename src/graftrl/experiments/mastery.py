@@ -31,8 +31,8 @@ from graftrl.core.advantages import SUCCESS_THRESHOLD
 from graftrl.embedded.mixes import MASTERY_WARMSTART, mastery_mixes
 from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
+from graftrl.evaluation.intervals import dict_text
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
-from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask
 from graftrl.experiments.mastery_hint import (
     BASELINE,
@@ -44,7 +44,7 @@ from graftrl.experiments.mastery_hint import (
     pct,
 )
 from graftrl.experiments.mastery_rule import line_record, rule_markdown, rule_summary
-from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, point_models
+from graftrl.experiments.sweep import Knob, SweepRound, SweepSettings, line_caption, point_models
 from graftrl.reporting.contrast import clipping_by_sign, contrast_summary, moved_error_classes
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.lab_data import LINE_FILE, read_lab_data
@@ -322,12 +322,17 @@ def _plain(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
+LINE_DIGITS = 1
+"""Decimals of the line's tables (points of pass@1)."""
+
+
 def _diff(d: Mapping[str, Any] | None) -> str:
-    if d is None:
-        return "—"
-    if d["low"] is None:
-        return f"{100 * d['mean']:+.1f}"
-    return f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]{' *' if d['resolved'] else ''}"
+    return dict_text(d, digits=LINE_DIGITS)
+
+
+def _shown(points: Sequence[Mapping[str, Any]], *keys: str) -> int:
+    """How many differences a line table shows: the receivers' entries under ``keys`` that exist."""
+    return sum(d is not None for _, _, m in point_models(points) for key in keys for d in m[key].values())
 
 
 def _ms(d: Mapping[str, Any] | None) -> str:
@@ -359,9 +364,13 @@ def report_markdown(
         f"{s.batch_prompts} prompts per model; held-out pass@1 on {s.n_eval} problems x {s.eval_samples} samples, "
         "in percent.",
         "",
-        f"Differences: {PAIRED_NOTE}.",
-        "",
         "## Held-out pass@1 and the paired differences",
+        "",
+        line_caption(
+            "Each rule − GRPO and − GRAFT on held-out pass@1, paired by seed (same warm-start, prompts and "
+            "evaluation problems)",
+            _shown(points, "vs_grpo", "vs_graft"),
+        ),
         "",
         "| point | receiver | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|",
@@ -377,6 +386,11 @@ def report_markdown(
     lines += [
         "",
         "## The receiver's deficit family (held-out pass@1)",
+        "",
+        line_caption(
+            "Each rule − GRPO and − GRAFT on the receiver's deficit family, paired by seed",
+            _shown(points, "deficit_vs_grpo", "deficit_vs_graft"),
+        ),
         "",
         "| point | receiver · deficit | warm-start | GRPO | GRAFT − GRPO | success-only − GRPO | SGT − GRPO | success-only − GRAFT | SGT − GRAFT |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -446,7 +460,7 @@ def _decision_lines(decision: Mapping[str, Any], line: Line | None = None) -> li
         "",
         f"Regime targets, in both directions, on the training prompts: {bounds} (regrouping share: of "
         "the moved wrong peer responses). A point that meets them and puts GRAFT above GRPO on both "
-        "models (paired interval above 0) becomes the demo's default.",
+        "models (its 95% CI over seeds in the first table, uncorrected, above 0) becomes the demo's default.",
         "",
         "| point | regime met | targets missed | GRAFT − GRPO above 0 on both |",
         "|---|---|---|---|",

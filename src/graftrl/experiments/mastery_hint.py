@@ -3,7 +3,8 @@ in the receiver's prompt (CoRe's rescue round, ``method: hint``) against the pee
 (GRAFT, success-only transfer, SGT) and against GRPO, at each receiver-point.
 
 Per receiver it reports the paired differences of held-out pass@1 (hint minus each reference,
-paired by seed; corrected together across the line by Holm's step-down) and what the rescue rounds
+paired by seed and problem; corrected together across the line by Holm's step-down; on the deficit
+family over seeds, uncorrected and exploratory) and what the rescue rounds
 logged on the training prompts: how many all-fail prompts a step sent to the round, the share
 solved at least once with the hint, the hinted responses' accuracy, how often the hint had to be
 cut to the receiver's context, and the first step each wrong hinted response got wrong
@@ -20,6 +21,7 @@ from typing import Any
 
 from graftrl.core.advantages import SUCCESS_THRESHOLD, is_success
 from graftrl.embedded.task import WORKED_OUTCOMES, classify_worked
+from graftrl.evaluation.intervals import SEEDS_ONLY, caption
 from graftrl.evaluation.stats import family_rows
 from graftrl.experiments.paired_decisions import Comparison, Decisions, decide, paired_table
 from graftrl.reporting.contrast import moved_error_classes
@@ -34,6 +36,8 @@ HINT = "hint"
 REFERENCES = (BASELINE, REFERENCE, "success-only", "sgt")
 """What the hint rows are compared with: GRPO, then the peer in the gradient."""
 COLUMN = "heldout"
+DIGITS = 1
+"""Decimals of the line's tables (points of pass@1)."""
 ERRORS = tuple(name for name in WORKED_OUTCOMES if name != "correct")
 
 
@@ -174,10 +178,21 @@ def hint_markdown(summaries: Sequence[Mapping[str, Any]], family: int) -> list[s
         "## The peer in the prompt (hint) against the peer in the gradient",
         "",
         "Hint: the receiver samples its all-fail prompts again with a hint cut from one of the "
-        "peer's verified successes (`method: hint`, CoRe's rescue round; docs/algorithm.md §3.1). "
-        f"Differences: hint − each method on held-out pass@1, paired by seed, 95% interval; the {family} "
-        "comparisons of this table are corrected together by Holm's step-down at 5%: `**` survives "
-        "the correction, `*` excludes 0 only uncorrected.",
+        "peer's verified successes (`method: hint`, CoRe's rescue round; docs/algorithm.md §3.1).",
+        "",
+        caption(
+            "Hint − each method on held-out pass@1, paired by seed and, where both cells kept per-problem "
+            "results, by problem",
+            {c.diff.kind for s in points for c in s["hint"]["comparisons"] if c.diff.n > 1},
+            "holm",
+            f"the line's {family} comparisons of the first four columns",
+        )
+        + " "
+        + caption(
+            "The deficit columns (exploratory): hint − GRPO and − GRAFT on the receiver's deficit family",
+            [SEEDS_ONLY],
+            "none",
+        ),
         "",
         "| point | receiver | hint − GRPO | hint − GRAFT | hint − success-only | hint − SGT "
         "| deficit: hint − GRPO | deficit: hint − GRAFT |",
@@ -187,12 +202,18 @@ def hint_markdown(summaries: Sequence[Mapping[str, Any]], family: int) -> list[s
         hint = s["hint"]
         for model in sorted({c.model for c in hint["comparisons"]}):
             cells = [
-                next((c.diff.format(100, 1, c.mark) for c in hint["comparisons"] if c.model == model and c.versus == ref), "—")
+                next(
+                    (c.cell(DIGITS) for c in hint["comparisons"] if c.model == model and c.versus == ref), "—"
+                )
                 for ref in REFERENCES
             ]
             deficit = [
                 next(
-                    (c.diff.format(100, 1) for c in hint["deficit"] if c.model == model and c.versus == ref),
+                    (
+                        c.diff.format(digits=DIGITS)
+                        for c in hint["deficit"]
+                        if c.model == model and c.versus == ref
+                    ),
                     "—",
                 )
                 for ref in REFERENCES[:2]

@@ -4,10 +4,10 @@ Where a point's probe sits beside its cells (``probe-<point>/probe.json``, run w
 command before the cells trained), each receiver-point gets the rule's verdict from the probe
 (``reporting.probe_rule``) and the outcome it predicts: GRAFT − GRPO on the receiver's held-out
 pass@1 with compare's default interval (paired over seeds and problems, uncorrected for the other
-receiver-points). "Beats" when the interval's lower end is above 0. The line's report then scores
-the rule over every receiver-point it has both for. The rule is the registered one
-(``docs/probe/rule.json``) unless a caller passes another; with none (graftrl runs from no
-checkout) the line has no rule section.
+receiver-points: each is its own test of the rule). "Beats" when the interval's lower end is above
+0. The line's report then scores the rule over every receiver-point it has both for. The rule is the
+registered one (``docs/probe/rule.json``) unless a caller passes another; with none (graftrl runs
+from no checkout) the line has no rule section.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from graftrl.experiments.mastery_hint import BASELINE, COLUMN, REFERENCE, pct
+from graftrl.evaluation.intervals import caption, dict_text
+from graftrl.experiments.mastery_hint import BASELINE, COLUMN, DIGITS, REFERENCE, pct
 from graftrl.experiments.paired_decisions import paired_table
 from graftrl.reporting.probe_rule import Rule, TrackRecord, registered_rule, rule_inputs
 from graftrl.reporting.problem_results import folder_problem_results
@@ -104,25 +105,28 @@ def rule_markdown(
         "",
         f'Rule (fixed at {rule.registered}), from each point\'s `probe-<point>/probe.json`: "{rule.gain}" when '
         f"the net advantage mass per moved group *M* > {rule.m0} and the gate admits more of the candidate "
-        f'correct responses than of the wrong ones (*a_c* > *a_w*); else "{rule.no_gain}". Outcome: GRAFT − '
-        "GRPO on the receiver's held-out pass@1, paired over seeds and problems (compare's default "
-        "interval, uncorrected), a gain when the interval's lower end is above 0.",
+        f'correct responses than of the wrong ones (*a_c* > *a_w*); else "{rule.no_gain}".',
         "",
-        "| point | peer -> receiver | *M* | *a_c* / *a_w* (%) | verdict | GRAFT − GRPO | gain | right |",
-        "|---|---|---|---|---|---|---|---|",
+        caption(
+            "Outcome: GRAFT − GRPO on the receiver's held-out pass@1, paired by seed and problem "
+            "(compare's default interval; a gain when its lower end is above 0)",
+            {d["kind"] for _, row in rows if (d := row["graft_vs_grpo"]) and d["low"] is not None},
+            "none",
+            f"the table's {sum(row['graft_vs_grpo'] is not None for _, row in rows)} receiver-points, "
+            "each its own test of the rule",
+        ),
+        "",
+        "| point | peer -> receiver | *M* | *a_c* / *a_w* (%) | verdict | GRAFT − GRPO | seeds | gain | right |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for point, row in rows:
         inputs, diff = row["inputs"] or {}, row["graft_vs_grpo"]
-        interval = (
-            "—"
-            if diff is None or diff["low"] is None
-            else f"{100 * diff['mean']:+.1f} [{100 * diff['low']:+.1f}, {100 * diff['high']:+.1f}] ({diff['n']} seeds)"
-        )
+        interval = dict_text(diff, digits=DIGITS)
         lines.append(
             f"| {point} | {row['source']} -> {row['receiver']} | "
             f"{'—' if not inputs else format(inputs['mass'], '+.2f')} | "
             f"{pct(inputs.get('admitted_correct'))} / {pct(inputs.get('admitted_wrong'))} | {row['verdict']} | "
-            f"{interval} | {YES_NO[row['happened']]} | {YES_NO[row['right']]} |"
+            f"{interval} | {diff['n'] if diff else 0} | {YES_NO[row['happened']]} | {YES_NO[row['right']]} |"
         )
     if record is not None:
         pending = seeds < rule.seeds

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.evaluation.decisions import ALPHA, CORRECTIONS, correct, problems_limit, seeds_needed
-from graftrl.evaluation.intervals import CROSSED, SEEDS_ONLY, Difference, crossed_interval, seed_interval
+from graftrl.evaluation.intervals import (
+    CROSSED,
+    SEEDS_ONLY,
+    Difference,
+    caption,
+    crossed_interval,
+    interval_name,
+    seed_interval,
+)
 from graftrl.evaluation.stats import WARM_START
 from graftrl.experiments.benchmark_tables import AVERAGE, benchmark_scores
 from graftrl.experiments.compare_task import CompareTask
@@ -62,8 +70,9 @@ class Comparison:
         """``**`` survives the family's correction, ``*`` excludes 0 only uncorrected."""
         return "**" if self.survives else ("*" if self.diff.resolved else "")
 
-    def cell(self) -> str:
-        return self.diff.format(scale=100, digits=2, mark=self.mark)
+    def cell(self, digits: int = 2) -> str:
+        """The difference's one text (``Difference.format``) in points, with this comparison's mark."""
+        return self.diff.format(digits=digits, mark=self.mark)
 
 
 def column_scores(row: Mapping[str, Any], column: str) -> float:
@@ -169,7 +178,7 @@ def family_note(family: Sequence[Comparison], decisions: Decisions, tables: Sequ
         f"{', '.join(columns)}), corrected together by {name} at {decisions.alpha:.0%}"
         + ("" if decisions.correction != "bh" else " (false discovery rate)")
         + f". `**`: survives the correction ({survive}); `*`: the interval excludes 0 but the "
-        f"difference does not survive ({only}). Intervals: 95%, {' / '.join(kinds)}."
+        f"difference does not survive ({only}). Intervals: {interval_name(kinds)}."
         + (f" {CROSSED_SCOPE}" if CROSSED in kinds else "")
     )
 
@@ -298,12 +307,23 @@ def benchmarks_markdown(
     return "\n".join(lines)
 
 
-PAIRED_NOTE = (
-    "mean [95% interval] in points, paired by seed and, where the cells kept per-problem results, by "
-    "problem (the interval then covers both the seeds and the benchmark's sample of problems); `*`: "
-    "the interval excludes 0; `**`: the difference also survives the correction for the report's "
-    "family of comparisons (below), the only differences the report calls"
-)
+def family_size(family: Sequence[Comparison], of: str = "the report's family (Decisions, below) of") -> str:
+    """The comparisons a decided table's marks are corrected over, for its caption."""
+    tested = sum(c.adjusted is not None for c in family)
+    return f"{of} {tested} comparison{'s' if tested != 1 else ''}"
+
+
+def decided_caption(
+    what: str,
+    table: Sequence[Comparison],
+    family: Sequence[Comparison],
+    decisions: Decisions,
+    of: str = "the report's family (Decisions, below) of",
+) -> str:
+    """The line above a table of decided comparisons (``table``, of ``family``): what they are, their
+    interval(s) and the family's correction (``intervals.caption``)."""
+    kinds = {c.diff.kind for c in table if c.diff.n > 1}
+    return caption(what, kinds, decisions.correction, family_size(family, of))
 
 
 def decisions_section(
@@ -332,6 +352,8 @@ def decisions_section(
         "costs in training per seed of each side. `graftrl compare --plan OUT` prints this table "
         "before training more; `--seeds auto --max-seeds K` adds seeds in rounds until each comparison "
         "is resolved.",
+        "",
+        decided_caption("Δ of each comparison", family, family, decisions, "the family's"),
         "",
         plan_markdown(family, decisions, costs),
         "",

@@ -10,7 +10,8 @@ complementarity in both directions.
 Each point is a compare of the ``demo`` preset (GRPO and GRAFT on the same seeds, prompts and
 evaluation problems) in ``OUT/overlap-<o>/``, resumable cell by cell. Cells run seed-major (seed
 0 at every point, then seed 1, ...), so a partial sweep already has a curve. Per point the sweep
-reports the paired GRAFT − GRPO difference of held-out pass@1 with its 95% t interval, beside
+reports the paired GRAFT − GRPO difference of held-out pass@1 with its 95% t interval over seeds
+(uncorrected; ``PAIRED_NOTE`` says what it is), beside
 the regime measured on the training prompts: all-fail share and complementarity from the GRPO
 runs (no exchange disturbs them), groups moved per step and the gate's admitted share from the
 GRAFT runs. Outputs: ``results.json``, ``report.md`` and ``sweep.png`` in OUT.
@@ -30,9 +31,9 @@ from rich.console import Console
 from graftrl.embedded.mixes import overlap_mixes
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.errors import UserError
+from graftrl.evaluation.intervals import SEEDS_ONLY, caption, dict_text
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
 from graftrl.experiments.compare import CompareReport, run_compare
-from graftrl.experiments.compare_report import PAIRED_NOTE
 from graftrl.experiments.compare_task import CompareTask, embedded_task
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
@@ -41,6 +42,19 @@ from graftrl.storage.rundir import ExperimentDir
 
 PRESET = "demo"
 BASELINE, TREATMENT = "grpo", "graft"
+PAIRED_NOTE = (
+    "This is the paired t interval over the seeds run: about new seeds on these evaluation problems, "
+    "not on new problems. Each point's own report.md decides its comparisons: over seeds × problems "
+    "where its cells kept per-problem results, corrected for its family"
+)
+"""What the sweeps' lines say of their intervals, after the caption (``intervals.caption``)."""
+
+
+def line_caption(what: str, comparisons: int) -> str:
+    """The line above a table of a sweep's line: ``what`` (paired by seed, in points), the interval
+    over seeds, uncorrected for the table's ``comparisons``, and ``PAIRED_NOTE``."""
+    family = f"the table's {comparisons} comparisons"
+    return f"{caption(what, [SEEDS_ONLY], 'none', family)} {PAIRED_NOTE}."
 
 
 class SweepError(UserError):
@@ -144,7 +158,10 @@ def report_markdown(
         f"{settings.eval_samples} samples, in percent. All-fail share and complementarity are measured on "
         "the GRPO runs' training prompts (mean per step); groups moved and the admitted share on GRAFT's.",
         "",
-        f"GRAFT − GRPO: {PAIRED_NOTE}.",
+        line_caption(
+            "GRAFT − GRPO, paired by seed (same warm-start, prompts and evaluation problems)",
+            sum(m["graft_minus_grpo"] is not None for _, _, m in point_models(points)),
+        ),
         "",
         "| overlap | model | warm-start | all-fail share | complementarity | groups moved/step | admitted "
         "| GRPO | GRAFT | GRAFT − GRPO [95% CI] | seeds |",
@@ -152,13 +169,7 @@ def report_markdown(
     ]
     for point, model, m in point_models(points):
         diff = m["graft_minus_grpo"]
-        if diff is None:
-            delta = "—"
-        elif diff["low"] is None:
-            delta = f"{diff['mean'] * 100:+.2f}"
-        else:
-            star = " *" if diff["resolved"] else ""
-            delta = f"{diff['mean'] * 100:+.2f} [{diff['low'] * 100:+.2f}, {diff['high'] * 100:+.2f}]{star}"
+        delta = dict_text(diff)
         grpo, graft = m["grpo_pass_at_1"], m["graft_pass_at_1"]
         lines.append(
             f"| {point['overlap']:g} | {model} | {_fmt(m['warm_start_pass_at_1'])} "

@@ -1,6 +1,7 @@
 """Rendering of comparisons: the tables of compare's report.md and the demo's rich tables.
 
-Computation lives in ``stats`` (mean ± std, paired intervals), ``diagnostics`` (the exchange
+Computation lives in ``stats`` (mean ± std, paired intervals of result rows; each an
+``intervals.Difference``, written in its one text), ``diagnostics`` (the exchange
 across runs) and the compare modules; figures in ``plots``; one run's analysis.md in
 ``analysis_report``. Nothing here reads a run folder.
 """
@@ -12,20 +13,20 @@ from typing import Any
 
 from rich.table import Table
 
+from graftrl.evaluation.intervals import SEEDS_ONLY, caption
 from graftrl.evaluation.stats import MeanStd, deltas, mean_std, paired_deltas
 
 
 def paired_markdown(rows: Sequence[Mapping[str, Any]], reference: str, variants: Sequence[str]) -> str:
-    """Rows = variants, per model the paired Δ vs ``reference`` in points with its 95% interval."""
+    """Rows = variants, per model the paired Δ vs ``reference`` in points with its 95% interval over
+    seeds, uncorrected (the caller's caption says so: ``intervals.caption``)."""
     diffs = paired_deltas(rows, reference)
     models = sorted({m for v in variants for m in diffs.get(v, {})})
     header = ["variant", *[f"paired Δ {model} (points, 95% CI)" for model in models]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for variant in variants:
         if variant in diffs:
-            cells = [
-                diffs[variant][m].format(scale=100, digits=2) if m in diffs[variant] else "" for m in models
-            ]
+            cells = [diffs[variant][m].format() if m in diffs[variant] else "" for m in models]
             lines.append("| " + " | ".join([variant, *cells]) + " |")
     return "\n".join(lines)
 
@@ -63,27 +64,40 @@ def table_markdown(
     return "\n".join(lines)
 
 
+DEMO_DIGITS = 1
+"""Decimals of the demo's console tables: pass@1 in percent, Δ in points."""
+
+
 def results_table(
     rows: Sequence[Mapping[str, Any]], title: str = "graftrl demo", reference: str = "grpo"
 ) -> Table:
-    """pass@1 mean ± std over seeds per (model, method) and the paired Δ vs ``reference`` (demo rows)."""
-    table = Table(
-        "model",
-        "method",
-        "held-out pass@1 (mean ± std over seeds)",
-        "seeds",
-        "paired Δ vs GRPO [95% CI]",
-        title=title,
-        caption="* = the interval excludes 0 (a difference the seeds resolve)",
-    )
+    """pass@1 mean ± std over seeds per (model, method), in percent, and the paired Δ vs
+    ``reference`` in points (demo rows): the t interval over seeds, uncorrected, as its caption says."""
     by_key: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         by_key.setdefault((row["model"], row["method"]), []).append(row["pass_at_1"])
     paired = paired_deltas(rows, reference, key="method")
+    shown = sum(len(models) for models in paired.values())
+    label = "GRPO" if reference == "grpo" else reference
+    # the interval over seeds even with one seed (none yet): it is the one this table gives
+    words = caption(f"paired Δ vs {label}", [SEEDS_ONLY], "none", f"the table's {shown} comparisons")
+    table = Table(
+        "model",
+        "method",
+        "held-out pass@1 % (mean ± std over seeds)",
+        "seeds",
+        f"paired Δ vs {label} (points)",
+        title=title,
+        caption=words.replace("`", ""),  # the console shows no markdown
+    )
     for (model, method), values in sorted(by_key.items()):
         diff = paired.get(method, {}).get(model)
         table.add_row(
-            model, method, mean_std(values).format(), str(len(values)), diff.format() if diff else ""
+            model,
+            method,
+            mean_std(values).format(scale=100, digits=DEMO_DIGITS),
+            str(len(values)),
+            diff.format(digits=DEMO_DIGITS) if diff else "",
         )
     return table
 
