@@ -84,19 +84,18 @@ class ServedPeerSession:
         answers, stats = self.client.complete(texts, self.sampling, [seed + p for p in asked])
         self.totals.merge(stats)
         got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
-        problems = [_Problem(prompt_id) for prompt_id in prompt_ids]
         rows = served_rows(
-            step,
-            self.peer.name,
-            problems,  # type: ignore[arg-type]
-            [prompt_of(prompt) for prompt in prompts],
-            [p for p, _ in got],
-            [a for _, a in got],
-            [[0.0] * n for _ in got],
-            n,
-            f"served:{self.peer.model}",
-            0.0,
-            True,
+            step=step,
+            source=self.peer.name,
+            prompt_ids=prompt_ids,
+            prompt_texts=[prompt_of(prompt) for prompt in prompts],
+            indices=[p for p, _ in got],
+            answers=[a for _, a in got],
+            rewards=[[0.0] * n for _ in got],  # placeholders: the trainer verifies and re-advantages them
+            n=n,
+            tokenizer_id=f"served:{self.peer.model}",
+            adv_eps=0.0,
+            adv_std_unbiased=True,
         )
         out: list[list[StoredTrajectory] | None] = [None] * len(prompt_ids)
         for (p, _), group in zip(got, rows, strict=True):
@@ -105,10 +104,3 @@ class ServedPeerSession:
 
     def close(self) -> None:
         self.client.close()
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """What ``served_rows`` reads of a problem: its id."""
-
-    id: str
