@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from graftrl.config.peers import SERVED_BACKOFF_S, SERVED_CONCURRENCY, SERVED_RETRIES, SERVED_TIMEOUT_S
 from graftrl.models.served import RequestStats, SamplingRequest
 from graftrl.models.served_groups import COST_KEYS, client_of, served_rows
 from graftrl.storage.store import StoredTrajectory
@@ -27,7 +28,9 @@ from graftrl.storage.store import StoredTrajectory
 
 @dataclass(frozen=True)
 class ServedPeer:
-    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md)."""
+    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md).
+
+    The request settings' defaults are ``graftrl train``'s (``config.peers.SERVED_*``, written once)."""
 
     endpoint: str
     """Base URL, e.g. ``http://127.0.0.1:8000/v1``."""
@@ -39,10 +42,10 @@ class ServedPeer:
     """Environment variable holding the key (never logged or written)."""
     template: str = "{prompt}"
     """The peer's prompt template, with ``{prompt}``."""
-    concurrency: int = 8
-    retries: int = 3
-    backoff_s: float = 0.5
-    timeout_s: float = 300.0
+    concurrency: int = SERVED_CONCURRENCY
+    retries: int = SERVED_RETRIES
+    backoff_s: float = SERVED_BACKOFF_S
+    timeout_s: float = SERVED_TIMEOUT_S
     """Limit on one generation batch's requests; prompts unanswered by then are missing."""
 
 
