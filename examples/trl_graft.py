@@ -213,7 +213,7 @@ def main() -> None:
                 dataset,
                 reward,
                 trl_config(run / "graft", seed, settings, steps),
-                peer_stores=[StoredPeer(store, "peer")],
+                peers=[StoredPeer(store, "peer")],
             )
             row: dict[str, Any] = {
                 "exchange": exchange_summary(graft),

@@ -51,6 +51,7 @@ INTEGRATIONS_MAY_IMPORT = (
     "graftrl.verifiers",
     "graftrl.training.trajectories",
     "graftrl.config.rewards",
+    "graftrl.config.peers",
 )
 """Besides the top-level utilities (the first layer) and themselves: what ``graftrl.integrations``
 says it imports (its docstring names each)."""

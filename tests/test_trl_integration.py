@@ -326,7 +326,7 @@ def trl_run(
         def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
             run.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
 
-    extra = {"peer_stores": peer_stores} if peer_stores is not None else {}
+    extra = {"peers": peer_stores} if peer_stores is not None else {}
     trainer = trainer_class(
         model=model,
         reward_funcs=reward_funcs or (lookup_reward if inject else text_reward),
@@ -799,7 +799,15 @@ def test_recording_trainer_records_fractional_rewards(tiny_checkpoints, tmp_path
 
 
 def refusal(
-    tiny_checkpoints, tmp_path, peer_store, order, *, dataset=None, tokenizer_hook=None, **overrides
+    tiny_checkpoints,
+    tmp_path,
+    peer_store,
+    order,
+    *,
+    dataset=None,
+    tokenizer_hook=None,
+    peer_stores=None,
+    **overrides,
 ) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -816,7 +824,8 @@ def refusal(
             args=trl_config(tmp_path, **overrides),
             train_dataset=dataset or dataset_of(order),
             processing_class=tokenizer,
-            peer_stores=[StoredPeer(peer_store, "gpt2")],
+            peers=[StoredPeer(peer_store, "gpt2")],
+            **({"peer_stores": peer_stores} if peer_stores else {}),
         )
     message = str(caught.value)
     assert "\n" not in message
@@ -856,6 +865,16 @@ def test_data_and_tokenizer_problems_are_refused_in_one_line(tiny_checkpoints, t
         model.generation_config.eos_token_id = None
 
     assert "eos_token" in refusal(tiny_checkpoints, tmp_path, peer_store, order, tokenizer_hook=no_eos)
+
+
+def test_peer_stores_is_a_deprecated_alias_of_peers(tiny_checkpoints, tmp_path, peer_store, order):
+    """``peer_stores=`` (kept for one release) warns, and its stores join ``peers``' as one list: the
+    same source in both is refused as given twice."""
+    with pytest.warns(DeprecationWarning, match=r"peer_stores=\.\.\.\) is deprecated.*peers=\[\.\.\.\]"):
+        message = refusal(
+            tiny_checkpoints, tmp_path, peer_store, order, peer_stores=[StoredPeer(peer_store, "gpt2")]
+        )
+    assert "'gpt2' appears twice" in message
 
 
 def test_untested_trl_version_is_refused(monkeypatch):

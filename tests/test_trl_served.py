@@ -88,7 +88,7 @@ def test_a_served_peer_in_trl_equals_its_record_replayed_as_a_stored_peer(tiny_c
     exchange = served.graft_last_exchange
 
     stored, stored_losses = run(
-        tiny_checkpoints["llama"], tmp_path / "stored", peer_stores=[StoredPeer(store, "gpt2")]
+        tiny_checkpoints["llama"], tmp_path / "stored", peers=[StoredPeer(store, "gpt2")]
     )
     replay = stored.graft_last_exchange
     assert exchange.selected == replay.selected and exchange.sources == replay.sources

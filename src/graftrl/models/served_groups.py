@@ -55,9 +55,10 @@ def client_of(peer: Any) -> ServedPeerClient:
 
 
 def served_rows(
+    *,
     step: int,
     source: str,
-    problems: Sequence[MathProblem],
+    prompt_ids: Sequence[str],
     prompt_texts: Sequence[str],
     indices: Sequence[int],
     answers: Sequence[list[ServedCompletion]],
@@ -67,8 +68,9 @@ def served_rows(
     adv_eps: float,
     adv_std_unbiased: bool,
 ) -> list[list[StoredTrajectory]]:
-    """The stored rows of each answered group (``indices``: their prompts' positions in the batch),
-    with GRPO advantages within the group (eq. 1) on ``rewards`` [G][n]."""
+    """The stored rows of each answered group (``indices``: their prompts' positions in the batch,
+    ``prompt_ids`` and ``prompt_texts`` indexed as the batch), with GRPO advantages within the group
+    (eq. 1) on ``rewards`` [G][n] (``adv_eps``, ``adv_std_unbiased`` as the trainer's)."""
     if not indices:
         return []
     advantages = grpo_advantages(torch.tensor(rewards, dtype=torch.float32), adv_eps, adv_std_unbiased)
@@ -77,7 +79,7 @@ def served_rows(
         group = []
         for i, completion in enumerate(completions):
             record = TrajectoryRecord(
-                prompt_id=str(problems[p].id),
+                prompt_id=str(prompt_ids[p]),
                 step=int(step),
                 source=source,
                 index=i,

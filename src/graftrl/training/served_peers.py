@@ -86,17 +86,17 @@ class ServedSource(SourceBase):
         scores = verifier.rewards(flat, [problems[p] for p, _ in got for _ in range(n)]) if flat else []
         rewards = [scores[g * n : (g + 1) * n] for g in range(len(got))]
         groups = served_rows(
-            step,
-            name,
-            problems,
-            texts,
-            [p for p, _ in got],
-            [a for _, a in got],
-            rewards,
-            n,
-            f"served:{self.settings.model}",
-            config.train.adv_eps,
-            config.train.adv_std_unbiased,
+            step=step,
+            source=name,
+            prompt_ids=[str(problem.id) for problem in problems],
+            prompt_texts=texts,
+            indices=[p for p, _ in got],
+            answers=[a for _, a in got],
+            rewards=rewards,
+            n=n,
+            tokenizer_id=f"served:{self.settings.model}",
+            adv_eps=config.train.adv_eps,
+            adv_std_unbiased=config.train.adv_std_unbiased,
         )
         by_prompt: list[list[StoredTrajectory] | None] = [None] * len(problems)
         for (p, _), group in zip(got, groups, strict=True):

@@ -5,7 +5,7 @@ Two steps, runnable as written in the README ("From TRL") and explained in docs/
 1. ``RecordingGRPOTrainer(..., reward_funcs=math_reward, record_store=DIR, record_source=NAME)``:
    any TRL GRPO run, written into graftrl's trajectory store;
 2. ``GraftGRPOTrainer(..., reward_funcs=math_reward, args=GraftGRPOConfig(...),
-   peer_stores=[StoredPeer(DIR, source=NAME)])``: GRAFT from the stored peer (its model is never
+   peers=[StoredPeer(DIR, source=NAME)])``: GRAFT from the stored peer (its model is never
    loaded).
 
 ``math_reward`` is the 0/1 verifier reward ``graftrl train`` gives (the last ``\\boxed{}`` against

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from graftrl.config.peers import SERVED_BACKOFF_S, SERVED_CONCURRENCY, SERVED_RETRIES, SERVED_TIMEOUT_S
 from graftrl.models.served import RequestStats, SamplingRequest
 from graftrl.models.served_groups import COST_KEYS, client_of, served_rows
 from graftrl.storage.store import StoredTrajectory
@@ -27,7 +28,9 @@ from graftrl.storage.store import StoredTrajectory
 
 @dataclass(frozen=True)
 class ServedPeer:
-    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md)."""
+    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md).
+
+    The request settings' defaults are ``graftrl train``'s (``config.peers.SERVED_*``, written once)."""
 
     endpoint: str
     """Base URL, e.g. ``http://127.0.0.1:8000/v1``."""
@@ -39,10 +42,10 @@ class ServedPeer:
     """Environment variable holding the key (never logged or written)."""
     template: str = "{prompt}"
     """The peer's prompt template, with ``{prompt}``."""
-    concurrency: int = 8
-    retries: int = 3
-    backoff_s: float = 0.5
-    timeout_s: float = 300.0
+    concurrency: int = SERVED_CONCURRENCY
+    retries: int = SERVED_RETRIES
+    backoff_s: float = SERVED_BACKOFF_S
+    timeout_s: float = SERVED_TIMEOUT_S
     """Limit on one generation batch's requests; prompts unanswered by then are missing."""
 
 
@@ -84,19 +87,18 @@ class ServedPeerSession:
         answers, stats = self.client.complete(texts, self.sampling, [seed + p for p in asked])
         self.totals.merge(stats)
         got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]
-        problems = [_Problem(prompt_id) for prompt_id in prompt_ids]
         rows = served_rows(
-            step,
-            self.peer.name,
-            problems,  # type: ignore[arg-type]
-            [prompt_of(prompt) for prompt in prompts],
-            [p for p, _ in got],
-            [a for _, a in got],
-            [[0.0] * n for _ in got],
-            n,
-            f"served:{self.peer.model}",
-            0.0,
-            True,
+            step=step,
+            source=self.peer.name,
+            prompt_ids=prompt_ids,
+            prompt_texts=[prompt_of(prompt) for prompt in prompts],
+            indices=[p for p, _ in got],
+            answers=[a for _, a in got],
+            rewards=[[0.0] * n for _ in got],  # placeholders: the trainer verifies and re-advantages them
+            n=n,
+            tokenizer_id=f"served:{self.peer.model}",
+            adv_eps=0.0,
+            adv_std_unbiased=True,
         )
         out: list[list[StoredTrajectory] | None] = [None] * len(prompt_ids)
         for (p, _), group in zip(got, rows, strict=True):
@@ -105,10 +107,3 @@ class ServedPeerSession:
 
     def close(self) -> None:
         self.client.close()
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """What ``served_rows`` reads of a problem: its id."""
-
-    id: str

@@ -28,6 +28,7 @@ under ``graft/``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -162,9 +163,12 @@ class RecordingGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
 class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     """GRPOTrainer training on GRAFT's exchange with stored peers (module docstring, docs/trl.md).
 
-    ``peer_stores``: stores to replay, each a folder or a ``StoredPeer(path, source)``. Also takes
+    ``peers``: the peers, in one list: each a stored peer to replay (a store folder or a
+    ``StoredPeer(path, source)``) or a served peer (``ServedPeer(endpoint, model)``). Also takes
     ``record_store`` / ``record_source`` (record this run's own samples). ``graft_last_exchange``
     holds the last generation batch's ``Exchange`` (plan, s, w) for inspection.
+
+    ``peer_stores=`` (the stored peers alone) is a deprecated alias of ``peers=``, kept for one release.
     """
 
     receiver_name = "receiver"
@@ -172,37 +176,46 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     def __init__(
         self,
         *args: Any,
+        peers: Sequence[StoredPeer | ServedPeer | str | Path] = (),
         peer_stores: Sequence[StoredPeer | str | Path] = (),
-        peers: Sequence[ServedPeer] = (),
         **kwargs: Any,
     ) -> None:
+        if peer_stores:
+            warnings.warn(
+                "GraftGRPOTrainer(peer_stores=...) is deprecated and will be removed in the next release; "
+                "pass the stored peers in peers=[...] (beside any ServedPeer)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        stored = [*peer_stores, *(peer for peer in peers if not isinstance(peer, ServedPeer))]
+        served = [peer for peer in peers if isinstance(peer, ServedPeer)]
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
         self.graft_threshold = graft_success_threshold(self.args)
         self.graft_match = getattr(self.args, "graft_peer_match", DEFAULT_PEER_MATCH)
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
-        if not peer_stores and not peers:
+        if not stored and not served:
             raise TRLIntegrationError(
-                "peer_stores / peers: give at least one stored peer (a store folder or StoredPeer) or a "
+                "peers: give at least one stored peer (a store folder or StoredPeer) or a "
                 "served peer (ServedPeer(endpoint, model))"
             )
         self.peer_stores: dict[str, PeerStore] = {}
         ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
-        for peer in peer_stores:
+        for peer in stored:
             store = PeerStore(peer)
             if store.source in self.peer_stores:
                 raise TRLIntegrationError(
-                    f"peer_stores: source {store.source!r} appears twice; replay each source once"
+                    f"peers: stored source {store.source!r} appears twice; replay each source once"
                 )
             if store.source == self.receiver_name:
                 raise TRLIntegrationError(
-                    f"peer_stores: a source may not be named {self.receiver_name!r} (the receiver's name in "
+                    f"peers: a stored source may not be named {self.receiver_name!r} (the receiver's name in "
                     "GRAFT's plan); record the peer under another record_source"
                 )
             store.check_covers(ids, self.num_generations)
             self.peer_stores[store.source] = store
-        self.served_sessions = self._open_served(peers)
+        self.served_sessions = self._open_served(served)
         # graftrl's re-tokenization rule (Policy.encode_response) on the receiver's tokenizer.
         self._encoder = Policy(self.receiver_name, self.model, self._tokenizer)
         self.graft_last_exchange: Exchange | None = None
