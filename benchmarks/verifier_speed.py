@@ -13,12 +13,21 @@ GRAFT verifies them (each policy's own rollouts, one call): code responses drawn
 partly right, wrong and crashing programs of the tests' function, and math responses with boxed
 answers (a third right), each through its verifier with a warm cache-free verifier per repeat.
 
+Part 3 (a GRAFT step, code vs math): ``--steps`` GRAFT steps of the demo's embedded pair on the
+demo's prompts, once with their math answers (``reward.kind: math``) and once with each problem
+carrying a test of its answer (``reward.kind: code``, ``assert True`` stand-ins would be cached:
+each row's test names its answer). The models write worked arithmetic, not Python, so nearly
+every response is a distinct program that fails to compile in the sandbox: the verifier's worst
+case per response. Median seconds per step and of its ``time_reward`` phase (verifying and
+advantages), the first step left out.
+
     PYTHONPATH=src .venv/bin/python benchmarks/verifier_speed.py --repeats 3 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -38,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=32, help="part 2: prompts of a step")
     ap.add_argument("--n", type=int, default=8, help="part 2: responses per prompt")
+    ap.add_argument("--steps", type=int, default=3, help="part 3: GRAFT steps per side (0: skip part 3)")
+    ap.add_argument(
+        "--cache-dir", default=None, help="part 3: embedded model cache (default ~/.cache/graftrl/embedded)"
+    )
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     return ap.parse_args(argv)
 
@@ -109,7 +122,7 @@ def sandbox_vs_none(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def step_code_vs_math(args: argparse.Namespace) -> list[dict]:
+def batch_code_vs_math(args: argparse.Namespace) -> list[dict]:
     from graftrl.config.rewards import RewardConfig
     from graftrl.storage.data import Problem
     from graftrl.verifiers.registry import build_verifier
@@ -162,6 +175,54 @@ def step_code_vs_math(args: argparse.Namespace) -> list[dict]:
         }
     )
     return results
+
+
+def step_code_vs_math(args: argparse.Namespace) -> list[dict]:
+    import tempfile
+
+    from graftrl.config import config_from_dict
+    from graftrl.embedded.task import DEFAULT_TASK, make_split
+    from graftrl.experiments.compare_task import demo_config, demo_settings, write_problems
+    from graftrl.training.trainer import Trainer
+
+    settings = demo_settings(DEFAULT_TASK)
+    paths = C.embedded_paths(args.cache_dir, DEFAULT_TASK)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        train, _ = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=DEFAULT_TASK)
+        math_file = Path(scratch) / "math.jsonl"
+        write_problems(train, math_file)
+        code_file = Path(scratch) / "code.jsonl"
+        code_file.write_text(
+            "".join(
+                json.dumps({**row, "tests": [f"assert answer() == {row['answer']}"]}) + "\n"
+                for row in map(json.loads, math_file.read_text().splitlines())
+            )
+        )
+        for kind, data in (("math", math_file), ("code", code_file)):
+            raw = demo_config(paths, data, "graft", 0, settings)
+            raw["train"]["steps"] = args.steps
+            raw["logging"]["progress"] = False
+            raw["reward"] = {"kind": kind, "workers": args.workers}
+            out = Path(scratch) / f"run-{kind}"
+            trainer = Trainer(config_from_dict(raw), out)
+            try:
+                trainer.train()
+            finally:
+                trainer.close()
+            logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            later = [r for r in logged if r["step"] > 0] or logged
+            rows.append(
+                {
+                    "reward.kind": kind,
+                    "step s (median)": statistics.median(r["time_step"] for r in later),
+                    "time_reward s (median, per policy)": statistics.median(r["time_reward"] for r in later),
+                    "failures/syntax_error per policy-step": statistics.fmean(
+                        r.get("failures/syntax_error", 0) for r in later
+                    ),
+                }
+            )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -170,9 +170,9 @@ def sample_step(
             "shared_all_fail_frac": float(all_fail),
             "shared_all_pass_frac": float(all_pass),
         }
-    info.update(
-        {key: after - verifier_before.get(key, 0) for key, after in verifier_counts(verifier).items()}
-    )
+    counted = {key: after - verifier_before.get(key, 0) for key, after in verifier_counts(verifier).items()}
+    # a failure class is logged at the steps it occurs (a resumed run's verifier counts afresh)
+    info.update({key: value for key, value in counted.items() if value or not key.startswith("failures/")})
     info["response_length"] = (
         statistics.fmean(rollout.content_length(r) for r in range(len(rollout.response_ids)))
         if rollout.response_ids
