@@ -237,16 +237,16 @@ def main(argv: list[str] | None = None) -> None:
             list(part1[0]), [list(r.values()) for r in part1], "Programs verified: bubblewrap sandbox vs none"
         )
     )
-    part2 = step_code_vs_math(args)
-    print(
-        C.table(
-            list(part2[0]), [list(r.values()) for r in part2], "One step's responses: code vs math verifier"
-        )
-    )
+    part2 = batch_code_vs_math(args)
+    title = "One step's responses: code vs math verifier"
+    print(C.table(list(part2[0]), [list(r.values()) for r in part2], title))
+    part3 = step_code_vs_math(args) if args.steps else []
+    if part3:
+        title = "GRAFT steps of the embedded pair: code vs math"
+        print(C.table(list(part3[0]), [list(r.values()) for r in part3], title))
     if args.json:
-        payload = {"sandbox_vs_none": part1, "step_code_vs_math": part2, "args": vars(args)}
-        C.write_json(args.json, {**payload, "machine": C.machine_info()})
-
+        payload = {"sandbox_vs_none": part1, "batch_code_vs_math": part2, "step_code_vs_math": part3}
+        C.write_json(args.json, {**payload, "args": vars(args), "machine": C.machine_info()})
 
 if __name__ == "__main__":
     main()
