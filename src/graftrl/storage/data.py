@@ -64,13 +64,7 @@ def load_problems(path: str | Path, check: Callable[[Problem], str | None] | Non
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: problem file not found (expected a .jsonl, .json or .parquet file)")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        records = _read_json_records(path)
-    elif suffix == ".parquet":
-        records = _read_parquet_records(path)
-    else:
-        raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+    records = _read_records(path)
     if not records:
         raise DataError(f"{path}: contains no records (each line/row must hold one problem)")
 
@@ -112,13 +106,7 @@ def scan_problems(
     try:
         if not path.is_file():
             raise DataError(f"{path}: problem file not found (expected a .jsonl, .json or .parquet file)")
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".json"):
-            records = _read_json_records(path)
-        elif suffix == ".parquet":
-            records = _read_parquet_records(path)
-        else:
-            raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+        records = _read_records(path)
     except DataError as exc:
         return [], [str(exc)]
     if not records:
@@ -142,6 +130,16 @@ def scan_problems(
             continue
         good.append((where, problem))
     return good, bad
+
+
+def _read_records(path: Path) -> list[tuple[str, Any]]:
+    """``(location, record)`` pairs of a JSONL, JSON or Parquet file, by its suffix."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _read_json_records(path)
+    if suffix == ".parquet":
+        return _read_parquet_records(path)
+    raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
 
 
 def _read_json_records(path: Path) -> list[tuple[str, Any]]:
