@@ -311,13 +311,17 @@ def embedded(
     cache: CacheOption = None,
 ) -> None:
     """Write the embedded task as a base config: prepare its cached models (warm-started or
-    graftrl's shipped pair), write OUT/config.yaml, OUT/train.jsonl and OUT/heldout.jsonl, and
-    print them with the `graftrl compare --base` command that runs on them."""
+    graftrl's shipped pair), write OUT/config.yaml, OUT/train.jsonl and OUT/heldout.jsonl (for
+    --task code also OUT/train.parquet and OUT/heldout.parquet, verl's format), and print them with
+    the `graftrl compare --base` command that runs on them."""
     from graftrl.embedded.base import HELDOUT, write_embedded_base
 
     check_task(task)
     base = write_embedded_base(out, task, quick, cache, console)
     console.print(f"config: {base.config}\ntrain: {base.train}\nheldout: {base.heldout}", soft_wrap=True)
+    verl = [path.with_suffix(".parquet") for path in (base.train, base.heldout)]
+    if all(path.is_file() for path in verl):
+        console.print(f"verl format: {verl[0]} {verl[1]} (load_problems reads either)", soft_wrap=True)
     samples = "" if base.settings.eval_samples == 8 else f" --eval-samples {base.settings.eval_samples}"
     console.print(
         f"next: graftrl compare --base {base.config} --bench {HELDOUT}={base.heldout}{samples} --preset demo",

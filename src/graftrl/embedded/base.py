@@ -13,6 +13,7 @@ settings, the settings the split's sizes and the evaluation's samples.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -27,8 +28,8 @@ from rich.console import Console
 
 from graftrl.console import TaskBars
 from graftrl.embedded.models import MODEL_SPECS
-from graftrl.embedded.task import DEFAULT_TASK, get_task
-from graftrl.storage.data import MathProblem
+from graftrl.embedded.task import DEFAULT_TASK, get_task, problem_row
+from graftrl.storage.data import MathProblem, write_verl_parquet
 from graftrl.storage.rundir import BaseConfigDir
 
 HELDOUT = "heldout"
@@ -82,6 +83,7 @@ def demo_config(
     paths: Mapping[str, Path], train_file: Path, method: str, seed: int, settings: DemoSettings
 ) -> dict[str, Any]:
     """The raw config of one embedded cell: the warm-started models at ``paths`` on ``train_file``."""
+    task_sections = copy.deepcopy(get_task(settings.task).run_config)
     return {
         "seed": seed,
         "method": method,
@@ -99,6 +101,7 @@ def demo_config(
             "micro_batch_size": 128,
         },
         "logging": {"progress": True, "log_samples": 1},
+        **task_sections,
     }
 
 
@@ -112,15 +115,16 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-def write_problems(problems: Sequence[MathProblem], path: Path) -> None:
-    """Problems as JSONL rows {id, problem, answer, family} (what ``load_problems`` reads)."""
-    _write_atomic(
-        path,
-        "".join(
-            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer, "family": p.family}) + "\n"
-            for p in problems
-        ),
-    )
+def write_problems(problems: Sequence[MathProblem], path: Path, task: str = DEFAULT_TASK) -> None:
+    """Problems as JSONL rows (``problem_row``; what ``load_problems`` reads)."""
+    _write_atomic(path, "".join(json.dumps(problem_row(p, task)) + "\n" for p in problems))
+
+
+def verl_copy(jsonl: Path, problems: Sequence[MathProblem], task: str) -> Path:
+    """The same problems as verl's Parquet beside ``jsonl`` (``<stem>.parquet``): the data in the
+    format a verl user has, for every command that reads a problem file."""
+    rows = [problem_row(p, task) for p in problems]
+    return write_verl_parquet(rows, jsonl.with_suffix(".parquet"), f"graftrl/embedded-{task}", jsonl.stem)
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,11 @@ def write_embedded_base(
         console.print(f"models pinned in {pin_dir}: this experiment starts from them on any machine")
     files = BaseConfigDir(folder.resolve())
     train, heldout = make_split(seed=0, n_train=settings.n_train, n_eval=settings.n_eval, task=task)
-    write_problems(train, files.train)
-    write_problems(heldout, files.heldout)
+    write_problems(train, files.train, task)
+    write_problems(heldout, files.heldout, task)
+    if get_task(task).tests is not None:  # the code task: its rows in verl's format too
+        verl_copy(files.train, train, task)
+        verl_copy(files.heldout, heldout, task)
     models = {name: Path(path).resolve() for name, path in paths.items()}
     config = demo_config(models, files.train, "grpo", 0, settings)
     _write_atomic(files.config, yaml.safe_dump(config, sort_keys=False))

@@ -19,6 +19,7 @@ __all__ = [
     "TASK_MIXES",
     "TASK_WARMSTART_SETTINGS",
     "WARMSTART_SETTINGS",
+    "exposure_mixes",
     "mastery_mixes",
     "overlap_mixes",
 ]
@@ -37,6 +38,12 @@ TASK_MIXES: dict[str, dict[str, dict[str, float]]] = {
     "worked": {
         "llama-char": {"add": 0.3, "add_carry": 0.45, "sub": 0.225, "sub_borrow": 0.025},
         "gpt2-bpe": {"add": 0.238, "add_carry": 0.012, "sub": 0.3, "sub_borrow": 0.45},
+    },
+    # Both models learn the skeleton and `lin`; each sees few examples of the other's step (the
+    # modulo for the GPT-2, the conditional for the Llama) (docs/task_design.md, "The code task").
+    "code": {
+        "llama-char": {"lin": 0.35, "mod": 0.6, "cond": 0.05},
+        "gpt2-bpe": {"lin": 0.35, "mod": 0.05, "cond": 0.6},
     },
 }
 EMBEDDED_MIXES = TASK_MIXES["arith"]
@@ -104,6 +111,27 @@ def mastery_mixes(task: str, point: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def exposure_mixes(task: str, exposure: float) -> dict[str, dict[str, float]]:
+    """The task's warm-start mixes at deficit exposure ``exposure`` in (0, 1): each model's share of
+    its deficit (the step family the other model is strong on, the smaller of the two step shares
+    in its mix) set to ``exposure``, its own step family's share moved by the same amount, the
+    other families as in the task's mix. The code task's knob (docs/results.md §11): how much of
+    the peer's step a receiver has seen."""
+    if not 0.0 < exposure < 1.0:
+        raise ValueError(f"deficit exposure must be in (0, 1), got {exposure}")
+    steps = get_task(task).steps
+    if len(steps) != 2:
+        raise ValueError(f"task {task!r} has no pair of step families, so it has no exposure knob")
+    out = {}
+    for name, mix in TASK_MIXES[task].items():
+        deficit, own = sorted(steps, key=lambda f: mix.get(f, 0.0))
+        moved = round(mix[own] + mix.get(deficit, 0.0) - exposure, 6)
+        if moved <= 0:
+            raise ValueError(f"deficit exposure {exposure} leaves {name} nothing of its own step {own!r}")
+        out[name] = {**mix, own: moved, deficit: exposure}
+    return out
+
+
 #: Stop settings per task: full (demo) and quick (smoke tests). ``WARMSTART_SETTINGS`` is the
 #: ``arith`` task's. Stopping is counted in optimizer steps and checks, never in wall-clock seconds,
 #: so a warm-start gives the same model on a fast or a busy machine (``max_seconds`` is only a
@@ -115,6 +143,10 @@ TASK_WARMSTART_SETTINGS: dict[str, dict[str, dict[str, float]]] = {
         "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
     },
     "worked": {
+        "full": {"target_accuracy": 0.6, "max_steps": 600, "max_seconds": 2400.0},
+        "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
+    },
+    "code": {
         "full": {"target_accuracy": 0.6, "max_steps": 600, "max_seconds": 2400.0},
         "quick": {"target_accuracy": 0.2, "max_steps": 80, "max_seconds": 60.0},
     },

@@ -28,6 +28,9 @@ import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from graftrl.embedded.code_task import CODE_FAMILIES, CODE_STEPS, ENTRY_POINT, code_program, code_tests
 
 __all__ = [
     "DEFAULT_TASK",
@@ -45,6 +48,7 @@ __all__ = [
     "get_task",
     "make_problems",
     "make_split",
+    "problem_row",
     "supervised_text",
     "worked_solution",
 ]
@@ -261,6 +265,24 @@ WORKED_DRILLS: dict[str, Family] = {
 }
 
 
+def _program_family(name: str, description: str, spec: Callable[[random.Random], str]) -> Family:
+    def generate(rng: random.Random) -> tuple[str, str]:
+        text = spec(rng)
+        return text, code_program(text)
+
+    return Family(name, description, generate)
+
+
+#: The ``code`` families (``graftrl.embedded.code_task``): a spec in words -> its program.
+CODE_TASK_FAMILIES: dict[str, Family] = {
+    name: _program_family(name, description, spec) for name, (description, spec) in CODE_FAMILIES.items()
+}
+
+#: A code-task run's reward: the code verifier in its sandbox, two programs checked at once (the
+#: rollouts of a step), 2 s per test (a program is one expression; the limit is for a runaway one).
+CODE_REWARD = {"kind": "code", "workers": 2, "code": {"test_timeout_s": 2.0}}
+
+
 @dataclass(frozen=True)
 class EmbeddedTask:
     """A named embedded task: its families, how a supervised response is written, its sizes."""
@@ -278,6 +300,13 @@ class EmbeddedTask:
     """Family weights of the RL training and held-out prompts (None: uniform)."""
     drills: dict[str, Family] = field(default_factory=dict)
     """Families a warm-start mix may name that are never drawn otherwise (see WORKED_DRILLS)."""
+    tests: Callable[[str], list[str]] | None = None
+    """A problem's hidden tests (assert statements), for a task whose answer is a program: its
+    rows carry ``tests`` instead of an ``answer`` (None: the answer is the last ``\\boxed{}``)."""
+    steps: tuple[str, ...] = ()
+    """The families that add a step, one per model's deficit (``REGROUPING``, ``CODE_STEPS``)."""
+    run_config: dict[str, Any] = field(default_factory=dict)
+    """Sections its run configs set beyond the demo's (the code task's ``reward`` and ``hint``)."""
 
     def family(self, name: str) -> Family:
         """A family or drill of the task by name."""
@@ -305,6 +334,22 @@ TASKS: dict[str, EmbeddedTask] = {
             # Most RL prompts need a regrouping step: the families where one model fails all n.
             prompt_mix={"add": 0.15, "add_carry": 0.35, "sub": 0.15, "sub_borrow": 0.35},
             drills=WORKED_DRILLS,
+            steps=REGROUPING,
+        ),
+        EmbeddedTask(
+            "code",
+            "a one-line function spec in words -> a Python program, checked by hidden tests in the sandbox",
+            CODE_TASK_FAMILIES,
+            lambda p: p.answer,
+            max_new_tokens=56,
+            # room for a hint: the prompt with a whole peer program in it, then the response
+            max_positions=160,
+            prompt_mix={"lin": 0.3, "mod": 0.35, "cond": 0.35},
+            tests=code_tests,
+            steps=CODE_STEPS,
+            # a hint is the first half of the peer's program (the plan, all but its last line,
+            # would be only `def f(x):`)
+            run_config={"reward": CODE_REWARD, "hint": {"form": "prefix", "fraction": 0.5}},
         ),
     )
 }
@@ -415,6 +460,23 @@ def make_split(
         families, n_train, seed=seed * 1000 + 2, exclude_ids={p.id for p in eval_set}, task=task
     )
     return train, eval_set
+
+
+def problem_row(problem: Problem, task: str) -> dict[str, Any]:
+    """One problem as the row ``load_problems`` reads: {id, problem, answer, family}, or for a task
+    whose answer is a program a code row {id, problem, family, tests, entry_point,
+    canonical_solution} (the program is the canonical solution, not a gold answer)."""
+    tests = get_task(task).tests
+    row: dict[str, Any] = {"id": problem.id, "problem": problem.problem}
+    if tests is None:
+        return {**row, "answer": problem.answer, "family": problem.family}
+    return {
+        **row,
+        "family": problem.family,
+        "tests": tests(problem.problem),
+        "entry_point": ENTRY_POINT,
+        "canonical_solution": problem.answer,
+    }
 
 
 def supervised_text(problem: Problem, task: str = ORIGINAL_TASK) -> str:

@@ -56,6 +56,7 @@ from graftrl.embedded.task import (
     Problem,
     get_task,
     make_problems,
+    problem_row,
     supervised_text,
 )
 from graftrl.embedded.warmstart_workers import warm_start_in_workers
@@ -124,14 +125,15 @@ def sampled_accuracy(
     problems: Sequence[Problem],
     temperature: float = 1.0,
     max_new_tokens: int = 32,
+    task: str = ORIGINAL_TASK,
 ) -> dict[str, float]:
-    """Per-family mean reward of one sample per problem, plus ``"all"``.
+    """Per-family success rate of one sample per problem, plus ``"all"``.
 
-    Uses the library's own rollout engine and verifier, so the warm-start target is measured
-    exactly as RL will see it.
+    Uses the library's own rollout engine and the task's verifier (math_verify, or for a task whose
+    answer is a program the code verifier in its sandbox, success = every test passed), so the
+    warm-start target is measured exactly as RL will see it.
     """
     from graftrl.models.policy import Policy
-    from graftrl.models.rewards import MathVerifier
     from graftrl.models.rollout import HFRolloutEngine, SamplingParams
 
     policy = Policy("warm-start", model, tok, template=template, temperature=temperature)
@@ -140,14 +142,37 @@ def sampled_accuracy(
         [p.problem for p in problems],
         SamplingParams(n=1, temperature=temperature, max_new_tokens=max_new_tokens),
     )
-    with MathVerifier() as verifier:
-        rewards = verifier.score(batch.texts, [p.answer for p in problems])
+    rewards = _task_successes(batch.texts, problems, task)
     per: dict[str, list[float]] = {}
     for problem, value in zip(problems, rewards, strict=True):
         per.setdefault(problem.family, []).append(value)
     acc = {f: sum(v) / len(v) for f, v in sorted(per.items())}
     acc["all"] = sum(sum(v) for v in per.values()) / max(1, sum(len(v) for v in per.values()))
     return acc
+
+
+def _task_successes(texts: Sequence[str], problems: Sequence[Problem], task: str) -> list[float]:
+    """1.0 per response that succeeds, by the task's verifier (``EmbeddedTask.run_config``)."""
+    embedded = get_task(task)
+    if embedded.tests is None:  # math: the warm-starts of the arithmetic tasks, as they always were
+        from graftrl.models.rewards import MathVerifier
+
+        with MathVerifier() as verifier:
+            return verifier.score(list(texts), [p.answer for p in problems])
+    from graftrl.config.rewards import RewardConfig
+    from graftrl.core.advantages import is_success
+    from graftrl.storage.data_formats import row_to_problem
+    from graftrl.verifiers.registry import build_verifier
+
+    reward = RewardConfig(**embedded.run_config["reward"])
+    rows = [row_to_problem(Path(task), str(i), i, problem_row(p, task)) for i, p in enumerate(problems)]
+    verifier = build_verifier(reward)
+    try:
+        verifier.start()
+        values = verifier.rewards(list(texts), rows)
+    finally:
+        verifier.close()
+    return [float(is_success(value, reward.success_threshold)) for value in values]
 
 
 def _corpus(template: str, seed: int, task: str = ORIGINAL_TASK) -> list[str]:
@@ -250,7 +275,9 @@ def warm_start(
                 probe += make_problems(
                     [n], count, seed=10_000 * (seed + 1) + 100 * check_round + j, task=task
                 )
-            acc = sampled_accuracy(model, tok, template, probe, max_new_tokens=embedded.max_new_tokens)
+            acc = sampled_accuracy(
+                model, tok, template, probe, max_new_tokens=embedded.max_new_tokens, task=task
+            )
             model.train()
             mixed = sum(w * acc[n] for n, w in zip(names, weights, strict=True)) / total_w
             history.append(

@@ -30,6 +30,7 @@ __all__ = [
     "PromptSampler",
     "load_problems",
     "scan_problems",
+    "write_verl_parquet",
 ]
 
 PAPER_PROMPT_SUFFIX = "Let's think step by step and output the final answer within \\boxed{}."
@@ -121,7 +122,9 @@ def scan_problems(
             bad.append(str(exc))
             continue
         if problem.id in first_seen:
-            bad.append(f"{path} {where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]}); ids must be unique")
+            bad.append(
+                f"{path} {where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]}); ids must be unique"
+            )
             continue
         first_seen[problem.id] = where
         message = check(problem) if check is not None else None
@@ -179,6 +182,22 @@ def _read_parquet_records(path: Path) -> list[tuple[str, Any]]:
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot read as Parquet ({exc})") from exc
     return [(f"row {i}", rec) for i, rec in enumerate(table.to_pylist())]
+
+
+def write_verl_parquet(rows: Sequence[dict[str, Any]], path: Path, data_source: str, split: str) -> Path:
+    """graftrl's rows as verl's Parquet (``data_formats.verl_row``): what verl's ``RLHFDataset``
+    reads, and ``load_problems`` reads back as the same problems."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from graftrl.storage.data_formats import verl_row
+
+    table = pa.Table.from_pylist([verl_row(row, i, data_source, split) for i, row in enumerate(rows)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.partial")
+    pq.write_table(table, staging)
+    staging.replace(path)
+    return path
 
 
 def _to_problem(path: Path, where: str, index: int, record: Any) -> Problem:

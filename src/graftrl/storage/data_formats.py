@@ -50,7 +50,7 @@ from typing import Any
 
 from graftrl.storage.problems import DataError, Problem
 
-__all__ = ["fold_messages", "id_field", "normalise_tests", "row_to_problem"]
+__all__ = ["fold_messages", "id_field", "normalise_tests", "row_to_problem", "verl_row"]
 
 OWN_FIELDS = ("id", "problem", "answer", "family")
 """Fields read into ``Problem``'s own attributes, so not kept in ``extra``."""
@@ -293,3 +293,22 @@ def _scalar_to_str(loc: str, name: str, value: Any) -> str:
     if not text:
         raise DataError(f"{loc}: field {name!r} is empty")
     return text
+
+
+def verl_row(row: Mapping[str, Any], index: int, data_source: str, split: str) -> dict[str, Any]:
+    """graftrl's row (``{id, problem, answer | tests, family, ...}``) as a row of verl's
+    ``RLHFDataset`` Parquet: the problem as one user message, the gold answer (or the tests, as a
+    JSON list) in ``reward_model.ground_truth``, ``extra_info.index``; ``id``, ``family`` and a code
+    row's fields stay as columns of their own, so ``row_to_problem`` reads it back as the same
+    problem."""
+    tests = row.get("tests")
+    ground_truth = json.dumps(tests) if tests is not None else str(row["answer"])
+    kept = {k: v for k, v in row.items() if k not in ("problem", "answer")}
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": row["problem"]}],
+        "ability": "code" if tests is not None else "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"index": index, "split": split},
+        **kept,
+    }
