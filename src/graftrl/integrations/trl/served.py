@@ -1,7 +1,7 @@
 """Served peers for ``GraftGRPOTrainer``: an OpenAI-compatible endpoint answers the all-fail prompts.
 
-No TRL import. ``GraftGRPOTrainer(..., peers=[ServedPeer(endpoint, model)])`` sends the generation
-batch's prompts on which the receiver failed all n (and only those) to the endpoint
+No TRL import. ``GraftGRPOTrainer(..., peers=[ServedPeer(endpoint=..., model=..., name=...)])`` sends
+the generation batch's prompts on which the receiver failed all n (and only those) to the endpoint
 (``graftrl.models.served``: concurrent, bounded, retried, a per-batch timeout), asking for
 ``num_generations`` completions at the trainer's temperature and top-p, at most
 ``max_completion_length`` tokens, with token log-probs. The answers become stored rows
@@ -10,43 +10,27 @@ gives them eq. 1's advantages within their group (``peer_groups`` with the rewar
 exchange as a stored peer. With ``record_store`` they are recorded beside the receiver's own rows,
 so the run can be replayed as a stored peer.
 
-The prompt sent is ``template.format(prompt=...)`` of the dataset's prompt: the string itself, or
+``ServedPeer`` is ``config.peers.ServedPeerConfig``, the settings of ``graftrl train``'s served peers.
+The prompt sent is ``template.format(problem=...)`` of the dataset's prompt: the string itself, or
 for a conversation the content of its last user message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from graftrl.config.peers import SERVED_BACKOFF_S, SERVED_CONCURRENCY, SERVED_RETRIES, SERVED_TIMEOUT_S
+from graftrl.config.peers import ServedPeerConfig
 from graftrl.models.served import RequestStats, SamplingRequest
 from graftrl.models.served_groups import COST_KEYS, client_of, served_rows
 from graftrl.storage.store import StoredTrajectory
 
-
-@dataclass(frozen=True)
-class ServedPeer:
-    """A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md).
-
-    The request settings' defaults are ``graftrl train``'s (``config.peers.SERVED_*``, written once)."""
-
-    endpoint: str
-    """Base URL, e.g. ``http://127.0.0.1:8000/v1``."""
-    model: str
-    """The served model's name."""
-    name: str = "served"
-    """The source name in the plan, the logs (``graft/served_*/<name>``) and the store."""
-    api_key_env: str | None = None
-    """Environment variable holding the key (never logged or written)."""
-    template: str = "{prompt}"
-    """The peer's prompt template, with ``{prompt}``."""
-    concurrency: int = SERVED_CONCURRENCY
-    retries: int = SERVED_RETRIES
-    backoff_s: float = SERVED_BACKOFF_S
-    timeout_s: float = SERVED_TIMEOUT_S
-    """Limit on one generation batch's requests; prompts unanswered by then are missing."""
+ServedPeer = ServedPeerConfig
+"""A model behind an OpenAI-compatible ``/v1/completions`` endpoint (docs/served-peer.md): the very
+settings class of ``graftrl train``'s served ``peers[]`` entries, so every default is written once.
+Built with keywords: ``ServedPeer(endpoint=..., model=..., name=...)``; ``template`` holds
+``{problem}`` (``{prompt}``, its former placeholder, is read as ``{problem}`` for one release,
+with a DeprecationWarning)."""
 
 
 def prompt_of(prompt: Any) -> str:
@@ -74,7 +58,9 @@ class ServedPeerSession:
     def probe(self, prompt: Any) -> None:
         """ServedPeerError (one line) unless the endpoint answers as the training will need."""
         self.client.probe(
-            self.peer.template.format(prompt=prompt_of(prompt)), self.sampling, f"ServedPeer {self.peer.name}"
+            self.peer.template.format(problem=prompt_of(prompt)),
+            self.sampling,
+            f"ServedPeer {self.peer.name}",
         )
 
     def groups(
@@ -83,7 +69,7 @@ class ServedPeerSession:
         """[P] the peer's group on each prompt of ``asked`` that it answered (rewards 0 until the
         trainer verifies them), None elsewhere; and the batch's cost metrics."""
         n = self.sampling.n
-        texts = [self.peer.template.format(prompt=prompt_of(prompts[p])) for p in asked]
+        texts = [self.peer.template.format(problem=prompt_of(prompts[p])) for p in asked]
         answers, stats = self.client.complete(texts, self.sampling, [seed + p for p in asked])
         self.totals.merge(stats)
         got = [(p, a) for p, a in zip(asked, answers, strict=True) if a is not None]

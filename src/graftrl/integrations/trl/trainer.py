@@ -164,7 +164,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     """GRPOTrainer training on GRAFT's exchange with stored peers (module docstring, docs/trl.md).
 
     ``peers``: the peers, in one list: each a stored peer to replay (a store folder or a
-    ``StoredPeer(path, source)``) or a served peer (``ServedPeer(endpoint, model)``). Also takes
+    ``StoredPeer(path, source)``) or a served peer (``ServedPeer(endpoint=..., model=..., name=...)``). Also takes
     ``record_store`` / ``record_source`` (record this run's own samples). ``graft_last_exchange``
     holds the last generation batch's ``Exchange`` (plan, s, w) for inspection.
 
@@ -198,7 +198,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         if not stored and not served:
             raise TRLIntegrationError(
                 "peers: give at least one stored peer (a store folder or StoredPeer) or a "
-                "served peer (ServedPeer(endpoint, model))"
+                "served peer (ServedPeer(endpoint=..., model=..., name=...))"
             )
         self.peer_stores: dict[str, PeerStore] = {}
         ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
