@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(note)
     from graftrl.config import apply_overrides, config_from_dict
     from graftrl.embedded.task import make_split
-    from graftrl.experiments.compare_task import demo_config, demo_settings, write_problems
+    from graftrl.experiments.compare.task import demo_config, demo_settings, write_problems
     from graftrl.experiments.probe import step_data
     from graftrl.experiments.probe_steps import Probe, probe_config
     from graftrl.models.rewards import MathVerifier

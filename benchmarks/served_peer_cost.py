@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     C.quiet_hf()
     from graftrl.config import config_from_dict
     from graftrl.embedded.task import make_split
-    from graftrl.experiments.compare_task import demo_config, demo_settings, write_problems
+    from graftrl.experiments.compare.task import demo_config, demo_settings, write_problems
     from graftrl.models.rewards import MathVerifier
     from graftrl.training.trainer import Trainer
 

@@ -182,7 +182,7 @@ def step_code_vs_math(args: argparse.Namespace) -> list[dict]:
 
     from graftrl.config import config_from_dict
     from graftrl.embedded.task import DEFAULT_TASK, make_split
-    from graftrl.experiments.compare_task import demo_config, demo_settings, write_problems
+    from graftrl.experiments.compare.task import demo_config, demo_settings, write_problems
     from graftrl.training.trainer import Trainer
 
     settings = demo_settings(DEFAULT_TASK)

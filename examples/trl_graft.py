@@ -18,7 +18,7 @@ With ``--baseline`` the Llama is also trained by plain ``GRPOTrainer`` from the 
 seed, both Llamas are evaluated on the held-out problems with the paper's protocol (8 samples at
 T = 0.6, top-p 0.95; ``graftrl.evaluation``), and the paired difference over the seeds is printed
 with its 95% interval over seeds (``graftrl.evaluation.intervals.seed_interval``). Settings are the demo's
-(``graftrl.experiments.compare_task.demo_settings``): 32 prompts x n = 8 per step, 4 optimizer steps per
+(``graftrl.experiments.compare.task.demo_settings``): 32 prompts x n = 8 per step, 4 optimizer steps per
 step, AdamW lr 1e-4, DAPO loss, clip 0.2 / 0.28, 80 new tokens.
 """
 
@@ -158,7 +158,7 @@ def main() -> None:
     from graftrl.embedded.models import MODEL_SPECS
     from graftrl.embedded.task import make_split
     from graftrl.embedded.warmstart import prepare_embedded_models
-    from graftrl.experiments.compare_task import demo_settings
+    from graftrl.experiments.compare.task import demo_settings
     from graftrl.integrations.trl import StoredPeer, math_reward
     from graftrl.models.rewards import MathVerifier
     from graftrl.storage.data import MathProblem

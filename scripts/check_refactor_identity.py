@@ -262,15 +262,18 @@ def compare_report(name: str, target: Path) -> None:
 
     from graftrl.storage.data import load_problems
 
-    # the compare's modules, where they live now and where they lived before `graftrl.experiments`
+    # the compare's modules, where they live now, before the `compare` sub-package and before
+    # `graftrl.experiments`
     modules = (
         "graftrl.embedded.base",
+        "graftrl.experiments.compare.task",
         "graftrl.experiments.compare_task",
         "graftrl.reporting.compare_task",
+        "graftrl.experiments.compare.command",
         "graftrl.experiments.compare",
         "graftrl.reporting.compare",
     )
-    run_compare = _import_first(modules[3:], "run_compare")
+    run_compare = _import_first(modules[4:], "run_compare")
     demo_config, settings_class = (_import_first(modules, n) for n in ("demo_config", "DemoSettings"))
     preset, seeds, committed, reuse = COMPARES[name]
     results = json.loads((committed / "results.json").read_text())
@@ -285,7 +288,7 @@ def compare_report(name: str, target: Path) -> None:
     try:
         from graftrl.embedded.base import EmbeddedBase
 
-        compare_task = importlib.import_module(_module_with(modules[1:3], "embedded_base_task"))
+        compare_task = importlib.import_module(_module_with(modules[1:4], "embedded_base_task"))
     except ImportError:  # before the embedded task was a base config
         compare_task = None
     if compare_task is not None and hasattr(compare_task, "embedded_base_task"):
@@ -300,7 +303,7 @@ def compare_report(name: str, target: Path) -> None:
         compare_task.results_provenance = lambda policies: provenance
         task = compare_task.embedded_base_task(embedded)
     else:
-        compare_task_class = _import_first(modules[1:3], "CompareTask")
+        compare_task_class = _import_first(modules[1:4], "CompareTask")
         heldout = load_problems(target / "data" / "heldout.jsonl")
         task = compare_task_class(results["task"], base, heldout, settings, provenance)
     run_compare(

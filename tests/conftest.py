@@ -16,7 +16,7 @@ import torch
 from graftrl.storage.store import StoredTrajectory
 
 if TYPE_CHECKING:
-    from graftrl.experiments.compare_task import CompareTask
+    from graftrl.experiments.compare.task import CompareTask
     from graftrl.training.trainer import Trainer
 
 # Every model in the tests is built here: never wait on a hub that this machine cannot reach.
@@ -292,7 +292,7 @@ def task_of(base: dict, problems: list, settings, provenance: dict, name: str = 
     ``problems`` evaluated with ``settings.eval_samples`` samples, keyed by their ids."""
     from graftrl.embedded.base import HELDOUT
     from graftrl.evaluation.benchmarks import Benchmark
-    from graftrl.experiments.compare_task import CompareTask, Evaluation
+    from graftrl.experiments.compare.task import CompareTask, Evaluation
 
     evaluation = Evaluation((Benchmark(HELDOUT, list(problems), "held-out"),), settings.eval_samples, False)
     return CompareTask(name, base, evaluation, provenance, settings)

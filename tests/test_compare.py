@@ -11,13 +11,15 @@ import yaml
 from conftest import make_config, task_of
 from typer.testing import CliRunner
 
-import graftrl.experiments.compare as compare
+import graftrl.experiments.compare.command as compare
 from graftrl.cli import app
 from graftrl.config import apply_overrides
 from graftrl.evaluation.stats import deltas, summarize
-from graftrl.experiments import cells, compare_exchange, compare_report
+from graftrl.experiments import cells
 from graftrl.experiments.cells import cell_config
-from graftrl.experiments.compare_report import ROW_KEYS
+from graftrl.experiments.compare import exchange as compare_exchange
+from graftrl.experiments.compare import report as compare_report
+from graftrl.experiments.compare.report import ROW_KEYS
 from graftrl.experiments.matrix import (
     CompareError,
     Matrix,
@@ -389,7 +391,7 @@ def test_cells_side_by_side_match_cells_one_after_the_other(tiny_task, tmp_path)
     import torch
     from rich.console import Console
 
-    from graftrl.experiments.compare import run_compare
+    from graftrl.experiments.compare.command import run_compare
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the children get 1 // 2 -> 1 thread: the same reductions
@@ -421,7 +423,7 @@ def test_reuse_copies_a_finished_cell_of_the_same_digest_under_its_new_name(
 
     from rich.console import Console
 
-    from graftrl.experiments.compare import run_compare
+    from graftrl.experiments.compare.command import run_compare
 
     quiet = Console(file=io.StringIO())
     first = run_compare(tmp_path / "a", Matrix([Variant("grpo-n8", "grpo")]), task=tiny_task, console=quiet)
@@ -554,3 +556,23 @@ def test_report_only_reports_the_finished_cells_and_trains_nothing(tiny_task, tm
     assert "Seeds: 3 per variant (the `seeds` column counts those finished)" in report
     assert "(1 seed)" in report  # one pair: no interval yet
     assert not (out / "runs" / "grpo-seed1").exists()
+
+
+def test_the_compare_package_still_gives_the_names_of_the_module_it_was():
+    import graftrl.experiments.compare as package
+    from graftrl.experiments.compare import (
+        CompareError,
+        CompareReport,
+        CompareRun,
+        cell_names,
+        command,
+        run_compare,
+        task,
+    )
+
+    assert (CompareReport, CompareRun, cell_names, run_compare) == tuple(
+        getattr(command, name) for name in package.__all__
+    )
+    assert CompareError is command.CompareError and package.embedded_task is task.embedded_task
+    with pytest.raises(AttributeError):
+        package.no_such_name  # noqa: B018

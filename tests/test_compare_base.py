@@ -148,7 +148,7 @@ def test_a_validating_base_is_evaluated_on_each_policys_best_checkpoint(qwen2_ll
     (``RUN/best/``), the steps behind it recorded in the row."""
     from graftrl.evaluation.targets import ModelTarget
     from graftrl.experiments.cells import Verifiers, cell_config
-    from graftrl.experiments.compare_task import base_task, evaluate_cell
+    from graftrl.experiments.compare.task import base_task, evaluate_cell
     from graftrl.experiments.matrix import Variant
 
     check = write_sums(tmp_path / "check.jsonl", 6, 3, "c")

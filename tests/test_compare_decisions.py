@@ -12,7 +12,7 @@ from conftest import write_sums
 from test_compare_base import base_config, matrix_file
 from typer.testing import CliRunner
 
-import graftrl.experiments.compare as compare
+import graftrl.experiments.compare.command as compare
 from graftrl.cli import app
 from graftrl.evaluation.decisions import Sequential
 from graftrl.experiments.paired_decisions import CROSSED_SCOPE

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import graftrl.experiments.compare as compare
+import graftrl.experiments.compare.command as compare
 from graftrl.cli import app
 from graftrl.evaluation.intervals import SEEDS_ONLY, Difference, caption, dict_text, difference_text
 from graftrl.evaluation.stats import paired_deltas
 from graftrl.experiments import mastery, sweep
-from graftrl.experiments.compare_plan import plan
+from graftrl.experiments.compare.plan import plan
 from graftrl.experiments.mastery_rule import rule_markdown
 from graftrl.experiments.paired_decisions import (
     Comparison,
@@ -229,7 +229,7 @@ def test_the_lines_and_the_demo_name_their_interval_and_correction():
     assert "95% CI over seeds]" in above and "uncorrected for the table's 1 comparisons" in above
 
     # compare's per-family section: the interval over seeds, uncorrected, and said to be exploratory
-    from graftrl.experiments.compare_report import family_section
+    from graftrl.experiments.compare.report import family_section
 
     rows = [
         {**r, "wall_s": 1.0, "per_family": {"add": r["pass_at_1"], "sub": 1 - r["pass_at_1"]}} for r in ROWS

@@ -50,6 +50,7 @@ INTEGRATIONS_MAY_IMPORT = (
     "graftrl.models",
     "graftrl.verifiers",
     "graftrl.training.trajectories",
+    "graftrl.training.peer_sources",
     "graftrl.config.rewards",
     "graftrl.config.peers",
 )

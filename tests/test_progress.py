@@ -62,7 +62,7 @@ def test_the_warm_start_shows_a_bar_per_model_with_its_sampled_accuracy(tmp_path
         import sys
         from pathlib import Path
         from rich.console import Console
-        from graftrl.experiments.compare_task import embedded_task
+        from graftrl.experiments.compare.task import embedded_task
 
         settings = {"max_steps": 3, "target_accuracy": 1.0, "check_every_steps": 2, "check_problems": 2,
                     "batch_size": 8}
@@ -88,7 +88,7 @@ def test_cells_side_by_side_show_their_steps_and_no_transformers_bars(tiny_check
         from conftest import FIXTURES, make_config, task_of
         from graftrl.console import quiet_transformers
         from graftrl.embedded.base import DemoSettings
-        from graftrl.experiments.compare import run_compare
+        from graftrl.experiments.compare.command import run_compare
         from graftrl.reporting.provenance import results_provenance
         from graftrl.storage.data import load_problems
 
@@ -135,7 +135,7 @@ def test_the_cli_is_quiet_and_a_users_process_is_left_alone(tiny_checkpoints, tm
     untouched = in_terminal(
         """
         import os
-        import graftrl.experiments.compare, graftrl.training.trainer, graftrl.embedded.warmstart
+        import graftrl.experiments.compare.command, graftrl.training.trainer, graftrl.embedded.warmstart
         from transformers.utils import logging
         assert logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
         print("untouched")

@@ -292,6 +292,20 @@ def test_a_base_url_without_v1_is_refused_naming_the_fix():
         client.close()
 
 
+def test_trls_served_peer_is_the_config_class_and_reads_the_old_placeholder_with_a_warning():
+    from graftrl.config.peers import SERVED_RETRIES, ServedPeerConfig
+    from graftrl.integrations.trl import ServedPeer
+
+    assert ServedPeer is ServedPeerConfig
+    peer = ServedPeer(endpoint="http://127.0.0.1:8000/v1", model="gpt2", name="gpt2")
+    assert peer.template == "{problem}" and peer.retries == SERVED_RETRIES
+    with pytest.warns(DeprecationWarning, match=r"\{prompt\} placeholder is deprecated"):
+        old = ServedPeer(endpoint="http://127.0.0.1:8000/v1", model="gpt2", name="gpt2", template="Q: {prompt}")
+    assert old.template == "Q: {problem}"
+    with pytest.raises(ValueError, match=r"no \{problem\} placeholder"):
+        ServedPeer(endpoint="http://127.0.0.1:8000/v1", model="gpt2", name="gpt2", template="Q:")
+
+
 @pytest.mark.usefixtures("ray_ships_test_helpers")
 def test_a_served_peer_under_the_ray_backend_gives_the_local_run(tiny_checkpoints, tmp_path):
     pytest.importorskip("ray")

@@ -141,7 +141,7 @@ def test_an_experiment_pins_its_starting_weights_and_reuses_them_on_any_kernels(
 
     from graftrl.embedded.shipped import PinnedWeightsError, pinned_models
     from graftrl.embedded.warmstart import model_keys
-    from graftrl.experiments import compare_task
+    from graftrl.experiments.compare import task as compare_task
 
     keys = model_keys(task="worked")  # the default pair, which graftrl ships
     prepared: list[str] = []

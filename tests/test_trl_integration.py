@@ -931,3 +931,35 @@ def test_a_resumed_trl_run_equals_the_straight_one(model_type, tmp_path):
         assert [r.to_dict() for r in stores[0].read_step(step)] == [
             r.to_dict() for r in stores[1].read_step(step)
         ]
+
+
+def test_a_peer_kind_registered_for_graftrl_train_trains_in_trl(tiny_checkpoints, tmp_path, monkeypatch, order):
+    """tests/test_peer_sources.py's toy kind (one settings class, one source class), registered and
+    given in ``peers=``, and nothing else: GraftGRPOTrainer builds and asks it as ``graftrl train``
+    does (``integrations.trl.sources``), and GRAFT transfers its groups."""
+    from test_peer_sources import ToyPeerConfig, ToySource
+
+    from graftrl.config import peers as peer_config
+    from graftrl.training import peer_sources
+    from graftrl.training.peer_sources import PeerSource
+
+    monkeypatch.setattr(peer_config, "PEER_SETTINGS", dict(peer_config.PEER_SETTINGS))
+    monkeypatch.setattr(peer_sources, "SOURCES", dict(peer_sources.SOURCES))
+    peer_config.register_peer_settings("toy", ToyPeerConfig)
+    peer_sources.register_source("toy")(ToySource)
+    monkeypatch.setattr(ToySource, "opened", [])
+
+    def reward(completions, **kwargs):  # the toy's first response of each group is right
+        return [REWARD_OF_TEXT.get(c, float(c.endswith(" 0"))) for c in completions]
+
+    run = trl_run(
+        tiny_checkpoints["llama"],
+        trl_config(tmp_path),
+        dataset_of(order),
+        [ToyPeerConfig(name="toy")],
+        reward_funcs=reward,
+    )
+    assert ToySource.opened == ["toy"] and isinstance(run.trainer.graft_sources[0], PeerSource)
+    logged = run.trainer.state.log_history[0]
+    assert logged["graft/peer_prompts_found/toy"] == len(order) and logged["graft/candidates/toy"] > 0
+    assert set(run.trainer.graft_last_exchange.sources) == {"toy"}

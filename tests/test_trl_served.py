@@ -62,13 +62,13 @@ def run(checkpoint, tmp_path, **peers):
 
 
 def test_a_served_peer_in_trl_equals_its_record_replayed_as_a_stored_peer(tiny_checkpoints, tmp_path):
-    peer = ServedPeer("", "gpt2", name="gpt2", template="Q: {prompt}\nA: ", backoff_s=0.01)
+    peer = {"model": "gpt2", "name": "gpt2", "template": "Q: {problem}\nA: ", "backoff_s": 0.01}
     store = tmp_path / "store"
     with ReplayServer(fail=[200, 503]) as server:  # after the probe, a 503 (retried)
         served, served_losses = run(
             tiny_checkpoints["llama"],
             tmp_path / "served",
-            peers=[ServedPeer(**{**peer.__dict__, "endpoint": server.url})],
+            peers=[ServedPeer(endpoint=server.url, **peer)],
             record_store=store,
             record_source="llama",
         )
@@ -103,5 +103,5 @@ def test_a_dead_endpoint_is_refused_when_the_trainer_is_built(tiny_checkpoints, 
         run(
             tiny_checkpoints["llama"],
             tmp_path,
-            peers=[ServedPeer(dead_url(), "gpt2", name="gpt2", retries=0)],
+            peers=[ServedPeer(endpoint=dead_url(), model="gpt2", name="gpt2", retries=0)],
         )

@@ -19,7 +19,7 @@ from graftrl.config import RewardConfig, config_from_dict
 from graftrl.evaluation.benchmarks import Benchmark, load_benchmarks
 from graftrl.evaluation.evaluate import EvalProtocol, default_prompt_suffix, sample_correctness
 from graftrl.experiments.cells import _cell_digest, _warm_start_config, _warm_start_digest, cell_config
-from graftrl.experiments.compare_task import CompareTask, Evaluation
+from graftrl.experiments.compare.task import CompareTask, Evaluation
 from graftrl.experiments.matrix import Variant
 from graftrl.models.rewards import MathVerifier
 from graftrl.storage.data import DataError, Problem, load_problems
@@ -231,7 +231,7 @@ def test_eval_refuses_a_benchmark_row_and_a_verifier_that_cannot_start_in_one_li
 
 
 def test_compare_checks_its_benchmark_rows_with_the_verifier(recorder, tiny_checkpoints, tmp_path):
-    from graftrl.experiments.compare_task import base_task
+    from graftrl.experiments.compare.task import base_task
 
     raw = make_config(tiny_checkpoints)
     raw["reward"] = {"kind": "match"}

@@ -131,7 +131,7 @@ def test_fingerprint_includes_the_task():
 
 
 def test_demo_settings_take_the_tasks_response_limit():
-    from graftrl.experiments.compare_task import DEFAULT, demo_settings
+    from graftrl.experiments.compare.task import DEFAULT, demo_settings
 
     assert DEFAULT.task == DEFAULT_TASK and DEFAULT.max_new_tokens == get_task(DEFAULT_TASK).max_new_tokens
     worked = demo_settings("worked")
@@ -198,7 +198,7 @@ def test_demo_diagnostics_report_the_all_fail_share():
 
 
 def test_compare_builds_the_named_embedded_task(tmp_path, monkeypatch):
-    from graftrl.experiments import compare
+    from graftrl.experiments.compare import command as compare
 
     seen: list[tuple] = []
 

@@ -179,7 +179,7 @@ def compare(
     finished matrix, continuing interrupted cells from their last checkpoints."""
     from rich.console import Console
 
-    from graftrl.experiments.compare import CompareReport, cell_names, run_compare
+    from graftrl.experiments.compare.command import CompareReport, cell_names, run_compare
     from graftrl.experiments.launchers import Launcher
     from graftrl.experiments.matrix import CompareError, load_matrix, preset_matrix
     from graftrl.experiments.paired_decisions import Decisions
@@ -190,7 +190,7 @@ def compare(
     except ValueError as error:
         raise CompareError(str(error)) from None
     if plan:
-        from graftrl.experiments.compare_plan import plan as plan_text
+        from graftrl.experiments.compare.plan import plan as plan_text
 
         console.print(plan_text(plan, decisions), markup=False, highlight=False, soft_wrap=True)
         return
@@ -222,7 +222,7 @@ def compare(
         run_launcher = replace(run_launcher, tries=tries)
     compare_task = None
     if base is not None:
-        from graftrl.experiments.compare_task import base_task
+        from graftrl.experiments.compare.task import base_task
 
         compare_task = base_task(base, set_ or [], bench or [], eval_samples)
     thread_note()

@@ -11,6 +11,7 @@ registers its settings class here (``register_peer_settings``) and its source in
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny, model_validator
@@ -70,7 +71,11 @@ class StoredPeerConfig(PeerSettings):
 
 
 class ServedPeerConfig(PeerSettings):
-    """A served peer: a model behind an OpenAI-compatible endpoint (docs/served-peer.md)."""
+    """A served peer: a model behind an OpenAI-compatible endpoint (docs/served-peer.md).
+
+    TRL's ``ServedPeer`` is this class (keyword arguments: ``ServedPeer(endpoint=..., model=...,
+    name=...)``). A template with TRL's former ``{prompt}`` placeholder is still accepted for one
+    release: read as ``{problem}``, with a DeprecationWarning (``_prompt_placeholder``)."""
 
     source: Literal["served"] = "served"
     """`served` (implied by an `endpoint`)."""
@@ -93,6 +98,22 @@ class ServedPeerConfig(PeerSettings):
     timeout_s: float = Field(default=SERVED_TIMEOUT_S, gt=0)
     """Served: the per-step limit on all of a step's requests; prompts unanswered by then are
     missing (their groups stay on the receiver; counted in `served_missing/<peer>`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_placeholder(cls, data: Any) -> Any:
+        """The one place ``{prompt}`` (TRL's ``ServedPeer`` before it was this class) is accepted:
+        a template with ``{prompt}`` and no ``{problem}`` reads as ``{problem}``; deprecated."""
+        template = data.get("template") if isinstance(data, dict) else None
+        if isinstance(template, str) and "{prompt}" in template and "{problem}" not in template:
+            warnings.warn(
+                f"peers[{data.get('name')}].template: the {{prompt}} placeholder is deprecated and will be "
+                "refused in the next release; write {problem} (the same text)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            data = {**data, "template": template.replace("{prompt}", "{problem}")}
+        return data
 
     @model_validator(mode="after")
     def _reachable(self) -> ServedPeerConfig:

@@ -5,7 +5,7 @@ differences against a reference variant per benchmark and on the average (``pair
 A row's benchmarks are its ``per_benchmark`` scores (a cell evaluated on several benchmarks), or
 for a single benchmark its ``pass_at_1``; its average is always ``pass_at_1`` (the unweighted mean
 over benchmarks within the seed, as ``evaluation.evaluate`` aggregates). Nothing here reads a run
-folder; the numbers come from ``evaluation.stats`` and ``evaluation.intervals``. ``compare_report`` places these sections
+folder; the numbers come from ``evaluation.stats`` and ``evaluation.intervals``. ``compare.report`` places these sections
 (and ``base_header``) where the embedded task's report has its models-as-columns tables.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graftrl.evaluation.stats import mean_std
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.reporting.provenance import written_by
 
 AVERAGE = "Avg."

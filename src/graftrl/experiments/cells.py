@@ -32,7 +32,7 @@ from graftrl.config import ConfigError, apply_overrides, config_from_dict
 from graftrl.errors import UserError
 from graftrl.evaluation.stats import WARM_START
 from graftrl.experiments.cell_inputs import WEIGHTS, CellInputs, changes, read_record
-from graftrl.experiments.compare_task import CompareTask, evaluate_cell
+from graftrl.experiments.compare.task import CompareTask, evaluate_cell
 from graftrl.experiments.matrix import CompareError, Variant
 from graftrl.reporting.problem_results import PER_PROBLEM, problem_results
 from graftrl.reporting.run_logs import read_run_metrics

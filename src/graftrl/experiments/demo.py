@@ -21,8 +21,8 @@ from rich.console import Console
 from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.evaluation.intervals import Difference
 from graftrl.evaluation.stats import family_rows, paired_deltas
-from graftrl.experiments.compare import CompareReport, CompareRun, run_compare
-from graftrl.experiments.compare_exchange import compatibility_scores
+from graftrl.experiments.compare.command import CompareReport, CompareRun, run_compare
+from graftrl.experiments.compare.exchange import compatibility_scores
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.plots import (
     plot_compatibility_histogram,

@@ -37,7 +37,7 @@ from graftrl.experiments.cells import (
     run_cell,
     warm_start_cell,
 )
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.matrix import CompareError, Variant
 
 LAUNCHERS = ("local", "ray")

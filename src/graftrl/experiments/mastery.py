@@ -33,7 +33,7 @@ from graftrl.embedded.task import DEFAULT_TASK, WORKED_OUTCOMES, classify_worked
 from graftrl.errors import UserError
 from graftrl.evaluation.intervals import dict_text
 from graftrl.evaluation.stats import WARM_START, family_rows, mean_std, paired_deltas
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.mastery_hint import (
     BASELINE,
     REFERENCE,

@@ -4,7 +4,7 @@ report's family of comparisons, and the seeds each would need.
 
 The statistics are ``evaluation.intervals`` and ``evaluation.decisions``; this module pairs the
 cells (by seed, and by problem within each benchmark), names the family and writes the tables.
-``compare_report`` places them; ``plan`` prints them for ``graftrl compare --plan``.
+``compare.report`` places them; ``plan`` prints them for ``graftrl compare --plan``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from graftrl.evaluation.intervals import (
 )
 from graftrl.evaluation.stats import WARM_START
 from graftrl.experiments.benchmark_tables import AVERAGE, benchmark_scores
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.matrix import Matrix
 from graftrl.reporting.problem_results import ProblemRates, folder_problem_results
 

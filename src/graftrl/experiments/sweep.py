@@ -33,8 +33,8 @@ from graftrl.embedded.task import DEFAULT_TASK
 from graftrl.errors import UserError
 from graftrl.evaluation.intervals import SEEDS_ONLY, caption, dict_text
 from graftrl.evaluation.stats import WARM_START, mean_std, paired_deltas
-from graftrl.experiments.compare import CompareReport, run_compare
-from graftrl.experiments.compare_task import CompareTask, embedded_task
+from graftrl.experiments.compare.command import CompareReport, run_compare
+from graftrl.experiments.compare.task import CompareTask, embedded_task
 from graftrl.reporting.diagnostics import summarize_exchange
 from graftrl.reporting.provenance import results_provenance, signature, written_by
 from graftrl.reporting.run_logs import read_run_metrics

@@ -40,8 +40,8 @@ def api_key(peer: Any, environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def client_of(peer: Any) -> ServedPeerClient:
-    """The client of a served peer's settings: a ``peers[]`` entry with ``source: served`` or TRL's
-    ``ServedPeer`` (the same field names)."""
+    """The client of a served peer's settings (``config.peers.ServedPeerConfig``: a ``peers[]`` entry
+    with ``source: served``, or TRL's ``ServedPeer``, the same class)."""
     return ServedPeerClient(
         peer.name,
         peer.endpoint,

@@ -17,9 +17,10 @@ import TRL when first used (``bash scripts/setup_trl.sh``, or
 ``pip install -e '.[trl]'`` from a clone).
 
 Modules: ``recording`` (the recording trainer), ``trainer`` (``GraftGRPOTrainer``), ``exchange``
-(GRAFT on one generation batch), ``rewards`` (``math_reward``, ``verifier_reward``), ``served``
-(``ServedPeer``: a peer behind an OpenAI-compatible endpoint), ``_compat`` (the TRL versions it
-runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
+(GRAFT on one generation batch), ``rewards`` (``math_reward``, ``verifier_reward``), ``sources``
+(the peers as ``graftrl train``'s peer sources: stored, served, or any kind registered with
+``training.peer_sources.register_source``), ``served`` (``ServedPeer``: a peer behind an
+OpenAI-compatible endpoint), ``_compat`` (the TRL versions it runs on). Which stored group serves a prompt is graftrl's one lookup, ``graftrl.storage.peers``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ One generation batch of ``GraftGRPOTrainer`` (``_prepare_inputs``, in training):
 
 1. TRL samples, scores and computes its advantages (``_generate_and_score_completions``); with
    ``record_store`` the receiver's own samples are recorded first (``RecordTrajectoriesMixin``);
-2. each stored peer's groups for the batch's prompts are looked up (``PeerStore``, the matching
-   rule of ``graft_peer_match``); where the receiver failed all n (no reward at or above
-   ``graft_success_threshold``), the peer's rewards are re-verified with this trainer's reward
-   functions (``graft_reverify``);
+2. each peer source (``sources``: ``graftrl train``'s interface, one per ``peers`` entry) gives its
+   groups on the batch's prompts: a stored peer's looked up (``PeerStore``, the matching rule of
+   ``graft_peer_match``) and, where the receiver failed all n (no reward at or above
+   ``graft_success_threshold``), re-verified with this trainer's reward functions
+   (``graft_reverify``); a served peer's asked and verified; a registered kind's as it gives them;
 3. ``graft_exchange`` replaces the selected groups (graftrl's GRAFT: plan, re-tokenization,
    no-grad scoring, s and w, w folded into the advantages, w = 0 rows out of the loss);
 4. the rows are shuffled as TRL does, then ordered peer rows last (``peer_last_order``, by
@@ -30,34 +31,34 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from pydantic import ValidationError
 
+from graftrl.config.peers import PeerSettings
 from graftrl.config.rewards import RewardConfig
-from graftrl.core import clipped_token_mask, is_success
+from graftrl.core import clipped_token_mask
 from graftrl.integrations.trl._compat import TRLIntegrationError, require_trl
 from graftrl.integrations.trl.exchange import IS_PEER, Exchange, graft_exchange, peer_last_order
 from graftrl.integrations.trl.recording import RecordTrajectoriesMixin, check_finite, combined_rewards
-from graftrl.integrations.trl.served import ServedPeer, ServedPeerSession
+from graftrl.integrations.trl.served import ServedPeer, ServedPeerSource
+from graftrl.integrations.trl.sources import (
+    StoredPeerSource,
+    build_sources,
+    graft_seed,
+    peer_groups_of,
+    problem_of,
+    trl_run,
+)
+from graftrl.methods import GroupOutcomes
 from graftrl.methods.graft import GRAFT, GraftConfig
 from graftrl.models.policy import Policy
-from graftrl.models.served import SamplingRequest
-from graftrl.storage.peers import (
-    DEFAULT_PEER_MATCH,
-    PEER_MATCHES,
-    PROMPT_ID_COLUMN,
-    PeerStore,
-    StoredPeer,
-    dataset_prompt_ids,
-    prompt_id_of,
-)
-from graftrl.storage.store import TrajectoryStore
-from graftrl.training.trajectories import PeerGroups, peer_groups
+from graftrl.storage.peers import DEFAULT_PEER_MATCH, PEER_MATCHES, PROMPT_ID_COLUMN, StoredPeer, prompt_id_of
+from graftrl.storage.problems import Problem
+from graftrl.storage.store import StoredTrajectory, TrajectoryStore
 
 require_trl()
 
@@ -156,6 +157,35 @@ def graft_success_threshold(args: Any) -> float:
     return float(value)
 
 
+BUILT_IN = {"stored": StoredPeerSource, "served": ServedPeerSource}
+"""TRL's own sources of the built-in peer kinds (``sources``); other kinds come from ``training.peer_sources``."""
+
+
+@dataclass
+class BatchVerifier:
+    """The ``verifier`` a source gets for one generation batch: this trainer's reward functions."""
+
+    trainer: GraftGRPOTrainer
+    captured: Any
+    problems: list[Problem]
+
+    def groups(self, groups: list[Any], prompts: list[int]) -> dict[int, list[float]]:
+        """prompt -> the rewards of its group's n rows, for the ``prompts`` that have a group."""
+        return self.trainer._reverify(groups, prompts, self.captured)
+
+    def rewards(self, texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
+        """Each text's reward as a finished response to its problem, one of the batch's
+        (``verifier.rewards`` of ``graftrl train``)."""
+        n, index = self.trainer.num_generations, {id(problem): p for p, problem in enumerate(self.problems)}
+        seen: dict[int, int] = {}
+        items = []
+        for text, problem in zip(texts, problems, strict=True):
+            p = index[id(problem)]
+            seen[p] = seen.get(p, -1) + 1
+            items.append((p * n + seen[p] % n, text, True))
+        return self.trainer._rewards(items, self.captured)
+
+
 class RecordingGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     """TRL's GRPOTrainer that records its run into a trajectory store (``record_store=...``)."""
 
@@ -164,7 +194,8 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     """GRPOTrainer training on GRAFT's exchange with stored peers (module docstring, docs/trl.md).
 
     ``peers``: the peers, in one list: each a stored peer to replay (a store folder or a
-    ``StoredPeer(path, source)``) or a served peer (``ServedPeer(endpoint, model)``). Also takes
+    ``StoredPeer(path, source)``), a served peer (``ServedPeer(endpoint=..., model=..., name=...)``)
+    or the settings of a kind registered in ``training.peer_sources`` (``sources``). Also takes
     ``record_store`` / ``record_source`` (record this run's own samples). ``graft_last_exchange``
     holds the last generation batch's ``Exchange`` (plan, s, w) for inspection.
 
@@ -176,7 +207,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        peers: Sequence[StoredPeer | ServedPeer | str | Path] = (),
+        peers: Sequence[StoredPeer | ServedPeer | PeerSettings | str | Path] = (),
         peer_stores: Sequence[StoredPeer | str | Path] = (),
         **kwargs: Any,
     ) -> None:
@@ -187,58 +218,25 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
                 DeprecationWarning,
                 stacklevel=2,
             )
-        stored = [*peer_stores, *(peer for peer in peers if not isinstance(peer, ServedPeer))]
-        served = [peer for peer in peers if isinstance(peer, ServedPeer)]
         super().__init__(*args, **kwargs)
         self.graft = graft_method(self.args)
         self.graft_threshold = graft_success_threshold(self.args)
         self.graft_match = getattr(self.args, "graft_peer_match", DEFAULT_PEER_MATCH)
         self.graft_reverify = bool(getattr(self.args, "graft_reverify", True))
         self._check_supported()
-        if not stored and not served:
+        if not peer_stores and not peers:
             raise TRLIntegrationError(
                 "peers: give at least one stored peer (a store folder or StoredPeer) or a "
-                "served peer (ServedPeer(endpoint, model))"
+                "served peer (ServedPeer(endpoint=..., model=..., name=...))"
             )
-        self.peer_stores: dict[str, PeerStore] = {}
-        ids = dataset_prompt_ids(self.train_dataset, self.prompt_id_column)
-        for peer in stored:
-            store = PeerStore(peer)
-            if store.source in self.peer_stores:
-                raise TRLIntegrationError(
-                    f"peers: stored source {store.source!r} appears twice; replay each source once"
-                )
-            if store.source == self.receiver_name:
-                raise TRLIntegrationError(
-                    f"peers: a stored source may not be named {self.receiver_name!r} (the receiver's name in "
-                    "GRAFT's plan); record the peer under another record_source"
-                )
-            store.check_covers(ids, self.num_generations)
-            self.peer_stores[store.source] = store
-        self.served_sessions = self._open_served(served)
+        self.graft_sources = build_sources(
+            [*peer_stores, *peers], trl_run(self), BUILT_IN, self.receiver_name
+        )
         # graftrl's re-tokenization rule (Policy.encode_response) on the receiver's tokenizer.
         self._encoder = Policy(self.receiver_name, self.model, self._tokenizer)
         self.graft_last_exchange: Exchange | None = None
         self._graft_capture_logps = False
         self._graft_captured_logps: torch.Tensor | None = None
-
-    def _open_served(self, peers: Sequence[ServedPeer]) -> dict[str, ServedPeerSession]:
-        """Each served peer's session, probed once with the dataset's first prompt (one-line refusals)."""
-        args = self.args
-        sampling = SamplingRequest(
-            self.num_generations, args.max_completion_length, args.temperature, args.top_p
-        )
-        sessions: dict[str, ServedPeerSession] = {}
-        for peer in peers:
-            if peer.name in sessions or peer.name in self.peer_stores or peer.name == self.receiver_name:
-                raise TRLIntegrationError(
-                    f"peers: the name {peer.name!r} is taken (by another peer or the receiver); give "
-                    "ServedPeer(name=...) a name of its own"
-                )
-            session = ServedPeerSession(peer, sampling)
-            session.probe(self.train_dataset[0]["prompt"])
-            sessions[peer.name] = session
-        return sessions
 
     # ----- refusals, before training -------------------------------------------------------
     def _check_supported(self) -> None:
@@ -293,9 +291,9 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
     def _graft_generator(self, stream: int) -> torch.Generator:
         """A generator for (seed, generation batch, stream): 0 = the plan, 1 = the weights (random
         admission), 2 = the minibatch order (uniform peer position), 3 = served peers' request seeds."""
-        entropy = [self.args.seed, self._graft_generation_index(), stream]
-        seed = int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]) >> 1  # 63 bits
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(
+            graft_seed(self.args.seed, self._graft_generation_index(), stream)
+        )
 
     def _graft_exchange(self, batch: dict[str, Any]) -> dict[str, Any]:
         captured = self._graft_rollout
@@ -306,28 +304,17 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         rewards = rewards.view(-1, n)
         threshold = self.graft_threshold
         step = self._graft_generation_index()
-        prompt_ids = [
-            prompt_id_of(captured.inputs[g], self.prompt_id_column) for g in range(0, len(captured.inputs), n)
-        ]
-        # all-fail: no success (k = 0 of eq. 4; on 0/1 rewards, rewards summing to 0)
-        all_failed = (is_success(rewards, threshold).sum(dim=-1) == 0).nonzero().flatten().tolist()
-        peers: dict[str, PeerGroups] = {}
-        for name, store in self.peer_stores.items():
-            groups = store.groups(prompt_ids, step, self.graft_match)
-            reverified = self._reverify(groups, all_failed, captured) if self.graft_reverify else None
-            peers[name] = peer_groups(groups, n, reverified, success_threshold=threshold)
-        if self.served_sessions:
-            prompts = [captured.inputs[g]["prompt"] for g in range(0, len(captured.inputs), n)]
-            seed = int(self._graft_generator(3).initial_seed()) % 2**31  # the requests' seeds
-            for name, session in self.served_sessions.items():
-                served, cost = session.groups(step, prompt_ids, prompts, all_failed, seed)
-                # Served answers carry no reward: always verified with this trainer's reward functions.
-                peers[name] = peer_groups(
-                    served, n, self._reverify(served, all_failed, captured), success_threshold=threshold
-                )
-                self._record_served(step, served, peers[name])
-                for key, value in cost.items():
-                    self._metrics["train"][f"graft/{key}"].append(value)
+        rows = captured.inputs[::n]  # one dataset row per prompt
+        problems = [problem_of(row, prompt_id_of(row, self.prompt_id_column)) for row in rows]
+        advantages = batch["advantages"].detach().float().cpu().view(-1, n)
+        receivers = {self.receiver_name: GroupOutcomes(rewards.float(), advantages, threshold)}
+        verifier = BatchVerifier(self, captured, problems)
+        peers, info = {}, {}
+        for source in self.graft_sources:  # stored, served, then any registered kind (sources.py)
+            got = source.groups(step, problems, receivers, verifier)
+            peers[source.name] = peer_groups_of(got, n)
+            info.update(got.info)
+            self._record_rows(step, got.rows)
         exchange = graft_exchange(
             batch,
             rewards,
@@ -343,45 +330,39 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
         )
         self.graft_last_exchange = exchange
         metrics = self._metrics["train"]
-        # A served group's rewards are first given here, not changed: no stored_reward_changes for it.
-        unchanged = {f"stored_reward_changes/{name}" for name in self.served_sessions}
-        for key, value in exchange.metrics.items():
-            if key not in unchanged:
+        for key, value in {**exchange.metrics, **info}.items():
+            # only a source that re-verifies recorded rewards reports their changes (not a served one)
+            if not key.startswith("stored_reward_changes/") or key in info:
                 metrics[f"graft/{key}"].append(value)
         return exchange.batch
 
-    def _record_served(self, step: int, served: list[Any], groups: PeerGroups) -> None:
-        """Add a served peer's verified groups to this batch's step file of ``record_store``."""
-        if self.record_writer is None:
+    def _record_rows(self, step: int, rows: list[StoredTrajectory]) -> None:
+        """Add a source's rows (a served peer's verified groups) to this batch's step file of ``record_store``."""
+        if self.record_writer is None or not rows:
             return
-        rows = [
-            replace(row, reward=record.reward, advantage=record.advantage)
-            for group, records in zip(served, groups.records, strict=True)
-            if group is not None and records is not None
-            for row, record in zip(group, records, strict=True)
-        ]
-        if rows:
-            store = TrajectoryStore(self.record_writer.root)
-            own = store.read_step(step) if step in store.steps() else []
-            self.record_writer.write_step(step, own + rows)
+        store = TrajectoryStore(self.record_writer.root)
+        own = store.read_step(step) if step in store.steps() else []
+        self.record_writer.write_step(step, own + rows)
 
     def _reverify(self, groups: list[Any], prompts: list[int], captured: Any) -> dict[int, list[float]]:
         """This trainer's rewards of the stored responses on the prompts where GRAFT may transfer."""
         n = self.num_generations
         chosen = [p for p in prompts if groups[p] is not None]
-        if not chosen:
-            return {}
+        items = [(p * n + i, row.response, row.finished) for p in chosen for i, row in enumerate(groups[p])]
+        rewards = self._rewards(items, captured)
+        return {p: rewards[k * n : (k + 1) * n] for k, p in enumerate(chosen)}
+
+    def _rewards(self, items: list[tuple[int, str, bool]], captured: Any) -> list[float]:
+        """This trainer's rewards of responses (batch row whose prompt it answers, text, finished)."""
+        if not items:
+            return []
         inputs, prompt_rows, completions, completion_ids = [], [], [], []
-        for p in chosen:
-            for i, row in enumerate(groups[p]):
-                example = captured.inputs[p * n + i]
-                inputs.append(example)
-                prompt_rows.append(captured.prompts[p * n + i])
-                conversational = not isinstance(captured.prompts[p * n + i], str)
-                completions.append(
-                    [{"role": "assistant", "content": row.response}] if conversational else row.response
-                )
-                completion_ids.append(self._encoder.encode_response(row.response, row.finished))
+        for row, response, finished in items:
+            inputs.append(captured.inputs[row])
+            prompt_rows.append(captured.prompts[row])
+            conversational = not isinstance(captured.prompts[row], str)
+            completions.append([{"role": "assistant", "content": response}] if conversational else response)
+            completion_ids.append(self._encoder.encode_response(response, finished))
         self._graft_capture_paused = True
         try:
             per_func = self._calculate_rewards(inputs, prompt_rows, completions, completion_ids)
@@ -389,7 +370,7 @@ class GraftGRPOTrainer(RecordTrajectoriesMixin, GRPOTrainer):
             self._graft_capture_paused = False
         rewards = combined_rewards(per_func, self.reward_weights).cpu()
         check_finite(rewards, "GraftGRPOTrainer (re-verified peer rewards)")
-        return {p: rewards[k * n : (k + 1) * n].tolist() for k, p in enumerate(chosen)}
+        return rewards.tolist()
 
     # ----- loss: TRL's, plus graftrl's own/peer clip metrics ------------------------------------
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]

@@ -4,7 +4,7 @@
 gate met correct and wrong peer responses, the advantage mass of the moved groups);
 ``regime_lines`` and ``transfer_lines`` write those sections; ``exchange_plots`` draws the demo's
 complementarity and compatibility-score figures for the baseline and reference variants.
-``compare_report`` places them.
+``report`` places them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from graftrl.experiments.cells import cell_config
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.matrix import Matrix
 from graftrl.reporting.diagnostics import (
     AdvantageMass,

@@ -1,5 +1,5 @@
-"""What `graftrl compare` writes at the end (``compare.CompareReport`` calls it): report.md, one
-render function per section (the exchange diagnostics: ``compare_exchange``), results.csv and
+"""What `graftrl compare` writes at the end (``command.CompareReport`` calls it): report.md, one
+render function per section (the exchange diagnostics: ``exchange``), results.csv and
 the plots.
 
 Outputs in OUT: ``results.json`` (rows ``{"variant","method","model","seed","n","pass_at_1",
@@ -24,8 +24,8 @@ from typing import Any
 from graftrl.evaluation.intervals import SEEDS_ONLY, caption
 from graftrl.evaluation.stats import WARM_START, family_rows, paired_deltas, summarize
 from graftrl.experiments.benchmark_tables import AVERAGE, base_header, benchmark_section
-from graftrl.experiments.compare_exchange import exchange_plots, exchange_tables, regime_lines, transfer_lines
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.exchange import exchange_plots, exchange_tables, regime_lines, transfer_lines
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.matrix import Matrix, yaml_value
 from graftrl.experiments.paired_decisions import (
     Comparison,

@@ -1,7 +1,7 @@
 """`graftrl compare`: a matrix of methods (and switches) x seeds on one base config, with paper-style tables.
 
 The overrides of each variant (``matrix``) are applied (``graftrl.config.apply_overrides``) on
-the task's base config (``compare_task``), which gives every variant the same prompts, steps and
+the task's base config (``task``), which gives every variant the same prompts, steps and
 per-model rollout budget unless the row changes it (e.g. GRPO ``rollout.n: 16``). Built-in
 presets: ``table1`` (paper Table 1: GRPO n = 8/16/32, SGT, HACPO, GRAFT), ``table2`` (GRAFT and
 each ablation switch of algorithm.md §2.4) and ``demo`` (GRPO and GRAFT: what ``graftrl demo``
@@ -13,7 +13,7 @@ models, procedural problems, held-out pass@1 with the paper's sampling protocol)
 (``cells``) train, evaluate and keep done markers, so a partly finished matrix continues where it
 stopped; ``launchers`` run them (here, side by side, or on a Ray cluster), and ``--only-cell`` /
 ``--report-only`` split a matrix over the jobs of a Slurm array. ``CompareReport`` writes
-results.json after every cell, then results.csv, report.md and the plots (``compare_report``).
+results.json after every cell, then results.csv, report.md and the plots (``report``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from graftrl.experiments.cells import (
     warm_start_cell,
     write_json_atomic,
 )
-from graftrl.experiments.compare_report import write_csv, write_report
-from graftrl.experiments.compare_rounds import Rounds, rounds_section, run_rounds
-from graftrl.experiments.compare_task import CompareTask, embedded_task
+from graftrl.experiments.compare.report import write_csv, write_report
+from graftrl.experiments.compare.rounds import Rounds, rounds_section, run_rounds
+from graftrl.experiments.compare.task import CompareTask, embedded_task
 from graftrl.experiments.launchers import CellBatch, Launcher, launch
 from graftrl.experiments.matrix import CompareError, Matrix, Variant, check_methods, preset_matrix
 from graftrl.experiments.paired_decisions import Decisions
@@ -153,7 +153,7 @@ def run_compare(
     """Run (or continue) every (variant, seed) cell, then write results and the report.
 
     ``max_seeds`` (``--seeds auto --max-seeds K``; ``seeds`` is then ignored): seeds in rounds, each
-    variant until its comparisons are resolved or K (``compare_rounds``). ``list_round``: train
+    variant until its comparisons are resolved or K (``rounds``). ``list_round``: train
     nothing; return ``{"cells": [...]}``, the unfinished cells of the current round (``--list-cells``).
 
     ``report_only``: train nothing; report the cells finished so far (here or in ``reuse``), e.g.
@@ -167,7 +167,7 @@ def run_compare(
     variant name) are copied instead of trained.
 
     ``matrix``: a Matrix or a preset name (sized on the base's batch). ``task``: the base config
-    and evaluation (``compare_task.base_task``); default the embedded task called ``embedded``
+    and evaluation (``task.base_task``); default the embedded task called ``embedded``
     (``quick``: its smoke-test sizes, ``cache_dir``: where warm-started models live). ``resume``:
     reuse cells finished earlier and continue interrupted ones (False: train every cell afresh,
     write no markers). ``report``: how results are written (default compare's). Returns what the

@@ -19,7 +19,7 @@ from typing import Any
 
 from graftrl.evaluation.decisions import Sequential, rounds
 from graftrl.experiments.benchmark_tables import AVERAGE
-from graftrl.experiments.compare_task import CompareTask
+from graftrl.experiments.compare.task import CompareTask
 from graftrl.experiments.matrix import CompareError, Matrix, Variant
 from graftrl.experiments.paired_decisions import Decisions, report_family, shows_table2
 
