@@ -23,10 +23,10 @@ from graftrl.verifiers.registry import build_verifier
 
 
 def test_programs_compute_what_the_spec_says() -> None:
-    assert code_program("add 3 mod 5") == "def f(x):\n    return (x+3)%5"
-    assert code_program("sub 40 mod 7") == "def f(x):\n    return (x-40)%7"
-    assert code_program("mul 4 if odd else add 9") == "def f(x):\n    return x*4 if x%2 else x+9"
-    assert code_program("add 81 sub 32") == "def f(x):\n    return x+81-32"
+    assert code_program("add 3 mod 5") == "def f(x):\n    # add 3 mod 5\n    return (x+3)%5"
+    assert code_program("sub 40 mod 7").endswith("\n    return (x-40)%7")
+    assert code_program("mul 4 if odd else add 9").endswith("\n    return x*4 if x%2 else x+9")
+    assert code_program("add 81 sub 32").endswith("\n    return x+81-32")
     assert [reference_function("add 9 if odd else mul 3")(x) for x in (0, 1, 2)] == [0, 10, 6]
     assert code_tests("sub 40 mod 7") == [f"assert f({x}) == {(x - 40) % 7}" for x in TEST_INPUTS]
     with pytest.raises(ValueError, match="not a code-task spec"):
@@ -43,7 +43,7 @@ def test_families_draw_their_own_shape() -> None:
     for name, (_, spec) in CODE_FAMILIES.items():
         for _ in range(50):
             text = spec(rng)
-            body = code_program(text).removeprefix("def f(x):\n    return ")
+            body = code_program(text).removeprefix(f"def f(x):\n    # {text}\n    return ")
             assert re.fullmatch(shapes[name], body), (name, text, body)
             assert classify_code(text, code_program(text)) == "correct"
 
@@ -52,16 +52,17 @@ def test_split_is_disjoint_and_weighted_to_the_steps() -> None:
     train, heldout = make_split(seed=0, n_train=1200, n_eval=256, task="code")
     assert not {p.id for p in train} & {p.id for p in heldout}
     share = {f: sum(p.family == f for p in train) / len(train) for f in CODE_FAMILIES}
-    assert share["mod"] > 0.28 and share["cond"] > 0.28 and share["lin"] > 0.22
+    assert share["mod"] > 0.4 and share["cond"] > 0.4 and 0.05 < share["lin"] < 0.15
 
 
 def test_outcome_classes() -> None:
     spec = "add 5 if odd else mul 3"
-    assert classify_code(spec, "def f(x):\n    return x+5 if x%2 else x*3") == "correct"
-    assert classify_code(spec, "def f(x):\n    return x+5 if x%2 else x*4") == "constant"
-    assert classify_code(spec, "def f(x):\n    return x+5") == "step"
-    assert classify_code(spec, "return x+5") == "format"
-    assert classify_code("add 3 mod 5", "def f(x):\n    return x+3%5") == "step"
+    head = f"def f(x):\n    # {spec}\n    return "
+    assert classify_code(spec, head + "x+5 if x%2 else x*3") == "correct"
+    assert classify_code(spec, head + "x+5 if x%2 else x*4") == "constant"
+    assert classify_code(spec, head + "x+5") == "step"
+    assert classify_code(spec, "def f(x):\n    return x+5 if x%2 else x*3") == "format"
+    assert classify_code("add 3 mod 5", "def f(x):\n    # add 3 mod 5\n    return x+3%5") == "step"
 
 
 def test_rows_load_and_score_in_the_sandbox(tmp_path) -> None:
@@ -79,7 +80,7 @@ def test_rows_load_and_score_in_the_sandbox(tmp_path) -> None:
         assert verifier.rewards(canonical, problems) == [1.0] * len(problems)
         cond = next(p for p in problems if p.family == "cond" and p.problem.startswith("add"))
         branch = cond.problem.split(" if ")[0].split()  # "add A": the odd branch alone
-        one_branch = f"def f(x):\n    return x+{branch[1]}"
+        one_branch = f"def f(x):\n    # {cond.problem}\n    return x+{branch[1]}"
         expected = sum(reference_function(cond.problem)(x) == x + int(branch[1]) for x in TEST_INPUTS) / len(
             TEST_INPUTS
         )
@@ -141,3 +142,27 @@ def test_exposure_knob_moves_only_the_steps() -> None:
         exposure_mixes("code", 0.0)
     with pytest.raises(ValueError, match="nothing of its own step"):
         exposure_mixes("code", 0.9)
+
+
+def test_a_hinted_prompt_and_its_response_fit_the_context() -> None:
+    """On the character tokenizer (one token a character, the longer of the two): every response
+    fits max_new_tokens with its EOS, and the hint's prompt (the task's hint form, a whole peer
+    program's first 80%) plus a response fits the models' positions."""
+    from graftrl.embedded.models import MODEL_SPECS, build_char_tokenizer
+    from graftrl.methods.hint import DEFAULT_TEMPLATE, hint_text, hinted_problem
+
+    task = get_task("code")
+    hint = task.run_config["hint"]
+    tok = build_char_tokenizer()
+    template = MODEL_SPECS["llama-char"]["template"]
+    longest = 0
+    for name in CODE_FAMILIES:
+        for problem in make_split(seed=1, n_train=300, n_eval=1, families=[name], task="code")[0]:
+            response = len(tok.encode(problem.answer, add_special_tokens=False)) + 1
+            hinted = hinted_problem(
+                DEFAULT_TEMPLATE, problem.problem, hint_text(problem.answer, hint["form"], hint["fraction"])
+            )
+            prompt = len(tok.encode(template.format(problem=hinted), add_special_tokens=False))
+            assert response <= task.max_new_tokens
+            longest = max(longest, prompt + response)
+    assert longest <= task.max_positions

@@ -58,6 +58,7 @@ SNIPPETS = {
     "trl": "trl",
     "verifiers": "default",
     "own-verify": "default",
+    "code-demo": "slow",
 }
 """Every snippet name the docs may use, with the tier of the test that runs it."""
 
@@ -65,6 +66,7 @@ SMOKE = {
     "demo": "scripts/setup.sh is not rerun (the test runs in the venv it made); demo gets --quick "
     "(the same pipeline at smoke-test size) and a scratch --out",
     "own-compare": "--seeds 3 becomes --seeds 1",
+    "code-demo": "both commands get --quick (smoke-test sizes and models) and a scratch folder",
     "trl": "the hub ids become local tiny checkpoints; settings get use_cpu=True, max_steps=2, "
     "per_device_train_batch_size=8, max_completion_length=8",
 }
@@ -329,6 +331,24 @@ def test_snippet_demo(tmp_path):
     assert [line.rstrip() for line in pasted if not line.startswith("│")] == [
         line for line in header if line and not line.strip().startswith("*")
     ]
+
+
+@pytest.mark.slow
+def test_snippet_code_demo(tmp_path, monkeypatch):
+    """The code task end to end at smoke size: the demo trains and evaluates with programs run in
+    the sandbox, and the pair it writes is code rows (JSONL and verl's Parquet) whose canonical
+    solutions pass `graftrl verify`."""
+    monkeypatch.chdir(tmp_path)
+    demo, embedded = commands(snippet("code-demo"))
+    graftrl([*demo, "--quick", "--out", str(tmp_path / "demo")])
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert {row["method"] for row in results["rows"]} >= {"grpo", "graft"}
+    output = " ".join(graftrl([*embedded, "--quick"]).split())
+    pair = tmp_path / "my-code-pair"
+    assert (pair / "train.parquet").is_file() and "verl format:" in output
+    assert yaml.safe_load((pair / "config.yaml").read_text())["reward"]["kind"] == "code"
+    checked = " ".join(graftrl(["graftrl", "verify", str(pair / "config.yaml"), "--problems"]).split())
+    assert " 0 bad" in checked and "canonical solutions scored" in checked
 
 
 def test_snippet_own_train(my_pair):

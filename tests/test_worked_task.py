@@ -110,7 +110,7 @@ def test_worked_responses_carry_working_and_fit_the_limits():
 
 def test_get_task_names_the_known_tasks():
     assert get_task("worked") is WORKED and DEFAULT_TASK in TASKS
-    with pytest.raises(KeyError, match="known: arith, worked"):
+    with pytest.raises(KeyError, match="known: arith, code, worked"):
         get_task("algebra")
     with pytest.raises(KeyError, match="unknown family"):
         make_problems(["add_carry"], 5, seed=0, task="arith")

@@ -5,7 +5,12 @@ code task").
 A problem is a spec such as ``"add 57 if odd else mul 9"``; its answer is the program::
 
     def f(x):
+        # add 57 if odd else mul 9
         return x+57 if x%2 else x*9
+
+The comment restates the spec, as a docstring would: like the ``worked`` task's restated digits,
+most of a response is then copying that both models do, so the compatibility gate judges the
+step a receiver lacks on a few tokens of many (docs/task_design.md, "The code task").
 
 and its hidden tests are ``assert f(x) == <value>`` at six fixed inputs, three odd and three even
 (:data:`TEST_INPUTS`). The reward is the fraction of tests passed, so a program that misses a step
@@ -48,7 +53,7 @@ ENTRY_POINT = "f"
 """The function every program defines (the tests call it)."""
 TEST_INPUTS = (0, 1, 2, 7, 10, 15)
 """The hidden tests' inputs: three even, three odd, so a program with one branch passes half."""
-_HEADER = f"def {ENTRY_POINT}(x):\n    return "
+_HEADER = f"def {ENTRY_POINT}(x):\n"
 
 
 def _lin(rng: random.Random) -> str:
@@ -98,10 +103,9 @@ def _expression(spec: str) -> str:
 def code_program(spec: str) -> str:
     """The canonical program of ``spec`` (the supervised response, without EOS)::
 
-    "add 3 mod 5"            -> "def f(x):\\n    return (x+3)%5"
-    "mul 4 if odd else add 9" -> "def f(x):\\n    return x*4 if x%2 else x+9"
+    "add 3 mod 5" -> "def f(x):\\n    # add 3 mod 5\\n    return (x+3)%5"
     """
-    return _HEADER + _expression(spec)
+    return f"{_HEADER}    # {spec}\n    return {_expression(spec)}"
 
 
 def reference_function(spec: str):
@@ -120,10 +124,11 @@ def code_tests(spec: str) -> list[str]:
 #: What a code-task response got wrong (``classify_code``): ``correct``; ``step`` the family's step
 #: missing or wrong (the program's structure is not the spec's: no modulo or parentheses, no
 #: conditional, branches swapped); ``constant`` the structure right but a number wrong; ``format``
-#: not a ``def f(x): return ...`` program of this task at all.
+#: not a ``def f(x): # comment; return ...`` program of this task at all (the comment is not
+#: checked: only the returned expression is).
 CODE_OUTCOMES = ("correct", "step", "constant", "format")
 
-_RESPONSE = re.compile(r"def f\(x\):\n    return (.+)")
+_RESPONSE = re.compile(r"def f\(x\):\n    # (.*)\n    return (.+)")
 
 
 def _shape(expression: str) -> str:
@@ -138,7 +143,7 @@ def classify_code(spec: str, response: str) -> str:
     match = _RESPONSE.fullmatch(response.strip("\n"))
     if match is None:
         return "format"
-    got, want = match[1].strip(), _expression(spec)
+    got, want = match[2].strip(), _expression(spec)
     if got == want:
         return "correct"
     return "constant" if _shape(got) == _shape(want) else "step"

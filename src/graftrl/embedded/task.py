@@ -341,15 +341,16 @@ TASKS: dict[str, EmbeddedTask] = {
             "a one-line function spec in words -> a Python program, checked by hidden tests in the sandbox",
             CODE_TASK_FAMILIES,
             lambda p: p.answer,
-            max_new_tokens=56,
-            # room for a hint: the prompt with a whole peer program in it, then the response
-            max_positions=160,
-            prompt_mix={"lin": 0.3, "mod": 0.35, "cond": 0.35},
+            max_new_tokens=80,
+            # room for a hint: the prompt with most of a peer program in it, then the response
+            max_positions=192,
+            prompt_mix={"lin": 0.1, "mod": 0.45, "cond": 0.45},
             tests=code_tests,
             steps=CODE_STEPS,
-            # a hint is the first half of the peer's program (the plan, all but its last line,
-            # would be only `def f(x):`)
-            run_config={"reward": CODE_REWARD, "hint": {"form": "prefix", "fraction": 0.5}},
+            # a hint is the first 80% of the peer's program: the restated spec and the returned
+            # expression's structure, not its last characters (the plan, all but the last line,
+            # would only restate the spec)
+            run_config={"reward": CODE_REWARD, "hint": {"form": "prefix", "fraction": 0.8}},
         ),
     )
 }

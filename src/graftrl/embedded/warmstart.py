@@ -81,6 +81,21 @@ __all__ = [
     "warm_start",
 ]
 
+_CHECK_EVERY_STEPS = 40
+"""``warm_start``'s default check interval (in optimizer steps)."""
+
+
+def _stop_settings(
+    target_accuracy: float, max_steps: int, check_every_steps: int = _CHECK_EVERY_STEPS
+) -> dict:
+    """The stop settings a model's fingerprint holds: a check interval only where it is not the
+    default (so the arithmetic pairs' fingerprints are the ones they always had)."""
+    out: dict[str, Any] = {"target_accuracy": target_accuracy, "max_steps": max_steps}
+    if check_every_steps != _CHECK_EVERY_STEPS:
+        out["check_every_steps"] = check_every_steps
+    return out
+
+
 #: Bump when the warm-start procedure changes in a way that invalidates cached models.
 _VERSION = 1
 
@@ -191,7 +206,7 @@ def warm_start(
     max_seconds: float = 900.0,
     threads: int = 1,
     batch_size: int = 128,
-    check_every_steps: int = 40,
+    check_every_steps: int = _CHECK_EVERY_STEPS,
     check_problems: int = 128,
     task: str = ORIGINAL_TASK,
     progress: bool = False,
@@ -220,7 +235,13 @@ def warm_start(
     spec = MODEL_SPECS[spec_name]
     template: str = spec["template"]
     fp = fingerprint(
-        spec_name, families_mix, seed, task, target_accuracy=target_accuracy, max_steps=max_steps
+        spec_name,
+        families_mix,
+        seed,
+        task,
+        **_stop_settings(
+            target_accuracy=target_accuracy, max_steps=max_steps, check_every_steps=check_every_steps
+        ),
     )
     embedded = get_task(task)
     t0 = time.perf_counter()
@@ -365,8 +386,7 @@ def model_keys(
             dict((mixes or TASK_MIXES[task])[name]),
             seed,
             task,
-            target_accuracy=settings["target_accuracy"],
-            max_steps=settings["max_steps"],
+            **_stop_settings(**{k: v for k, v in settings.items() if k != "max_seconds"}),
         )
         for name in MODEL_SPECS
     }

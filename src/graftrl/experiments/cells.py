@@ -180,8 +180,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, float]:
     """Mean over the models of each one's run totals: responses sampled (dynamic sampling logs its
-    prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles)."""
-    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles), and
+    the seconds of its steps and of their verifying (``time_step``, ``time_reward``: what a code
+    task's sandbox costs)."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in read_run_metrics(run_dir):
         model = totals[row["model"]]
         # a rescue round (method: hint) samples n more responses per rescued prompt
@@ -189,8 +191,13 @@ def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, f
         model["rollouts_per_model"] += prompts * n
         model["rows_trained_per_model"] += int(row.get("train_rows") or 0)
         model["optimizer_steps_per_model"] += int(row.get("optimizer_steps") or 0)
+        model["step_s_per_model"] += float(row.get("time_step") or 0.0)
+        model["reward_s_per_model"] += float(row.get("time_reward") or 0.0)
     keys = ("rollouts_per_model", "rows_trained_per_model", "optimizer_steps_per_model")
-    return {k: statistics.fmean(m[k] for m in totals.values()) if totals else 0.0 for k in keys}
+    out = {k: statistics.fmean(m[k] for m in totals.values()) if totals else 0.0 for k in keys}
+    for k in ("step_s_per_model", "reward_s_per_model"):
+        out[k] = round(statistics.fmean(m[k] for m in totals.values()), 2) if totals else 0.0
+    return out
 
 
 class Verifiers:

@@ -218,8 +218,21 @@ def _extra_columns(
         if any("train_cpu_s" in d for v in cells.values() for d in v):  # cells since CPU-seconds are kept
             cpu = [d["train_cpu_s"] for d in done if "train_cpu_s" in d]
             extra[variant.name]["train CPU (s/seed)"] = f"{statistics.fmean(cpu):.1f}" if cpu else ""
+        if any("reward_s_per_model" in d for v in cells.values() for d in v):  # cells since it is kept
+            extra[variant.name].update(_verify_columns(done))
     extra[WARM_START] = {"method": "—", "seeds": "1"}
     return extra
+
+
+def _verify_columns(done: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """What verifying took of a model's training steps (``time_reward`` over ``time_step``): the
+    code verifier's sandbox shows here."""
+    kept = [d for d in done if d.get("step_s_per_model")]
+    if not kept:
+        return {"verify (s/model/seed)": "", "verify share of a step (%)": ""}
+    verify = statistics.fmean(d["reward_s_per_model"] for d in kept)
+    share = sum(d["reward_s_per_model"] for d in kept) / sum(d["step_s_per_model"] for d in kept)
+    return {"verify (s/model/seed)": f"{verify:.1f}", "verify share of a step (%)": f"{100 * share:.1f}"}
 
 
 def header_section(c: ReportContext) -> list[str]:
