@@ -248,5 +248,6 @@ def main(argv: list[str] | None = None) -> None:
         payload = {"sandbox_vs_none": part1, "batch_code_vs_math": part2, "step_code_vs_math": part3}
         C.write_json(args.json, {**payload, "args": vars(args), "machine": C.machine_info()})
 
+
 if __name__ == "__main__":
     main()

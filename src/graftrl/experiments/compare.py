@@ -228,13 +228,15 @@ def run_compare(
     failed: list[str] = []
     missing: list[str] = []
     with Verifiers() as verifiers:
+
         def execute(todo: Sequence[tuple[int, Variant]]) -> dict[tuple[int, str], dict[str, Any]]:
             todo = [(s, v) for s, v in todo if (s, v.name) not in finished]
             if report_only or list_round:
                 found = [
                     (seed, variant, done)
                     for seed, variant in todo
-                    if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors)) is not None
+                    if (done := finished_cell(task, variant, seed, steps, out_dir, console, donors))
+                    is not None
                 ]
                 if not list_round:
                     missing.extend(_report_only_check(found, todo, out_dir, bool(reuse), bool(finished)))

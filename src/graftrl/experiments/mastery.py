@@ -244,9 +244,11 @@ def point_summary(point: str, folder: Path, rows: Sequence[dict[str, Any]], seed
             "moved_errors": errors.get(model),
             "clipped_peer": {v: c.get(model) for v, c in clipping.items()},
         }
-    return {"point": point, "models": out, "hint": hint_summary(
-        point, folder, rows, seeds, {model: m["deficit"] for model, m in out.items()}
-    )}
+    return {
+        "point": point,
+        "models": out,
+        "hint": hint_summary(point, folder, rows, seeds, {model: m["deficit"] for model, m in out.items()}),
+    }
 
 
 def _regrouping_share(m: Mapping[str, Any]) -> float | None:
@@ -254,7 +256,9 @@ def _regrouping_share(m: Mapping[str, Any]) -> float | None:
     return (m.get("moved_errors") or {}).get("regrouping")
 
 
-def regime_misses(m: Mapping[str, Any], targets: Mapping[str, tuple[float, float]] | None = None) -> list[str]:
+def regime_misses(
+    m: Mapping[str, Any], targets: Mapping[str, tuple[float, float]] | None = None
+) -> list[str]:
     """The regime targets (by default the committed line's) one receiver's summary misses
     (unmeasured counts as missed)."""
     if targets is None:

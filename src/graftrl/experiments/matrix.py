@@ -95,7 +95,9 @@ def preset_matrix(name: str, batch_prompts: int = DEFAULT.batch_prompts, policie
             Variant("sgt", "sgt"),
             # HACPO's recipe (HACPO.recipe: KL 1e-3, a minibatch of half the prompt batch), written
             # out: a base config's own train.minibatch_prompts would win over the method's default.
-            Variant("hacpo", "hacpo", {f"train.{k}": v for k, v in HACPO.recipe(batch_prompts, policies).items()}),
+            Variant(
+                "hacpo", "hacpo", {f"train.{k}": v for k, v in HACPO.recipe(batch_prompts, policies).items()}
+            ),
             Variant("graft", "graft"),
         ]
         return Matrix(variants, baseline="grpo-n8", reference="graft", source="preset table1")

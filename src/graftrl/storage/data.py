@@ -121,7 +121,9 @@ def scan_problems(
             bad.append(str(exc))
             continue
         if problem.id in first_seen:
-            bad.append(f"{path} {where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]}); ids must be unique")
+            bad.append(
+                f"{path} {where}: duplicate id {problem.id!r} (first at {first_seen[problem.id]}); ids must be unique"
+            )
             continue
         first_seen[problem.id] = where
         message = check(problem) if check is not None else None
