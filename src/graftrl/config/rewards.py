@@ -48,7 +48,7 @@ class CodeRewardConfig(_Section):
     fork_server: bool = True
     """Assert-style tests run in long-lived sandboxes, a program sandbox and a judge sandbox per
     worker, whose fork server forks a fresh child per program (fresh /tmp and IPC, the limits, the
-    sandbox's own user; every process of that user killed after each program): ~4x the programs
+    sandbox's own user; every process of that user killed after each program): ~5x the programs
     per second. `false`: two new sandboxes per program. Needs `reward.sandbox: bwrap` and graftrl
     running as root, else it is off (docs/verifiers.md)."""
     python: str | None = None
