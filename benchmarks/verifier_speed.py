@@ -2,11 +2,13 @@
 same runs without isolation (``reward.sandbox: none``), and a training step's worth of responses
 verified as code against the same number verified as math.
 
-Part 1 (sandbox vs none): one batch of ``--programs`` distinct programs (so the verdict cache never
-answers) of the two test forms, assert statements (a program and a judge process per program) and
-stdin/stdout pairs (one process per test), verified with ``--workers`` threads. Repeats alternate
-the two settings (which goes first alternates too); the figure is programs per second, median over
-repeats, and the sandbox/none ratio of the medians, in wall-clock and in the machine's CPU-seconds.
+Part 1 (fork server vs sandbox per program vs none): one batch of ``--programs`` distinct programs
+(so the verdict cache never answers) of the two test forms, assert statements (a program and a
+judge process per program) and stdin/stdout pairs (one process per test), verified with
+``--workers`` threads, in the sandbox's fork servers (``reward.code.fork_server``: true, the
+default as root), in two new sandboxes per program (``fork_server: false``) and without isolation
+(``reward.sandbox: none``). Repeats alternate the three settings (which goes first rotates); the
+figure is programs per second, median over repeats, in wall-clock and in the machine's CPU-seconds.
 
 Part 2 (a step's verification, code vs math): ``--prompts`` x ``--n`` responses as one step of
 GRAFT verifies them (each policy's own rollouts, one call): code responses drawn from right,
@@ -89,21 +91,31 @@ def timed(verifier, responses, problems_) -> tuple[float, float, list[float]]:
     return time.perf_counter() - wall, cpu_seconds() - cpu, rewards
 
 
+SETTINGS = {
+    "fork_server": {"isolation": "bwrap", "fork_server": True},
+    "bwrap": {"isolation": "bwrap", "fork_server": False},
+    "none": {"isolation": "none"},
+}
+"""Part 1's settings: the sandbox's fork servers (``reward.code.fork_server``, assert tests only;
+stdin/stdout tests run per program in both bwrap settings), two sandboxes per program, none."""
+
+
 def sandbox_vs_none(args: argparse.Namespace) -> list[dict]:
     from graftrl.verifiers.code import CodeVerifier
 
     rows = []
     for form, problem in problems(args.tests).items():
-        runs: dict[str, list[tuple[float, float]]] = {"bwrap": [], "none": []}
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in SETTINGS}
         for repeat in range(args.repeats):
-            order = ("bwrap", "none") if repeat % 2 == 0 else ("none", "bwrap")
-            for isolation in order:
-                verifier = CodeVerifier(isolation=isolation, workers=args.workers)
-                batch = programs(args.programs, f"{isolation}-{form}-{repeat}")
+            order = list(SETTINGS)[repeat % 3 :] + list(SETTINGS)[: repeat % 3]  # who goes first rotates
+            for name in order:
+                verifier = CodeVerifier(workers=args.workers, **SETTINGS[name])
+                verifier.start()  # the fork servers of start()'s slot start here, not in the timing
+                batch = programs(args.programs, f"{name}-{form}-{repeat}")
                 wall, cpu, rewards = timed(verifier, batch, [problem] * len(batch))
                 verifier.close()
-                assert rewards == [1.0] * len(batch), (isolation, form, set(rewards))
-                runs[isolation].append((wall, cpu))
+                assert rewards == [1.0] * len(batch), (name, form, set(rewards))
+                runs[name].append((wall, cpu))
         med = {
             k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
             for k, v in runs.items()
@@ -111,12 +123,13 @@ def sandbox_vs_none(args: argparse.Namespace) -> list[dict]:
         rows.append(
             {
                 "form": form,
+                "fork-server programs/s": args.programs / med["fork_server"][0],
                 "sandboxed programs/s": args.programs / med["bwrap"][0],
                 "unsandboxed programs/s": args.programs / med["none"][0],
-                "wall ratio (sandbox / none)": med["bwrap"][0] / med["none"][0],
+                "wall ratio (per-program sandbox / fork server)": med["bwrap"][0] / med["fork_server"][0],
+                "machine CPU-s per program, fork server": med["fork_server"][1] / args.programs,
                 "machine CPU-s per program, sandbox": med["bwrap"][1] / args.programs,
                 "machine CPU-s per program, none": med["none"][1] / args.programs,
-                "CPU ratio": med["bwrap"][1] / med["none"][1],
             }
         )
     return rows
@@ -234,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     part1 = sandbox_vs_none(args)
     print(
         C.table(
-            list(part1[0]), [list(r.values()) for r in part1], "Programs verified: bubblewrap sandbox vs none"
+            list(part1[0]), [list(r.values()) for r in part1], "Programs verified: fork server, sandbox, none"
         )
     )
     part2 = batch_code_vs_math(args)
@@ -247,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         payload = {"sandbox_vs_none": part1, "batch_code_vs_math": part2, "step_code_vs_math": part3}
         C.write_json(args.json, {**payload, "args": vars(args), "machine": C.machine_info()})
+
 
 if __name__ == "__main__":
     main()

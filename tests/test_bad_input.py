@@ -201,7 +201,11 @@ CASES = {
     ),
     "overlong prompt": Case(train_with(data_file(HUGE)), "'huge-1'"),
     "prompts made too long by the suffix": Case(
-        train_with(lambda c, *a: c["data"].update(prompt_suffix=PAPER_PROMPT_SUFFIX), "--set", "rollout.max_new_tokens=412"),
+        train_with(
+            lambda c, *a: c["data"].update(prompt_suffix=PAPER_PROMPT_SUFFIX),
+            "--set",
+            "rollout.max_new_tokens=412",
+        ),
         "set data.prompt_suffix: null",
     ),
     "response limit beyond the context": Case(
@@ -285,22 +289,36 @@ def test_unequal_imported_groups_are_said(tmp_path):
     assert len(notes) == 1 and "prompt 'q'" in notes[0] and "has 1 responses" in notes[0], result.output
 
 
-def test_a_prompt_too_long_shows_it_rendered_and_names_the_template_and_the_suffix(tiny_checkpoints, tmp_path):
+def test_a_prompt_too_long_shows_it_rendered_and_names_the_template_and_the_suffix(
+    tiny_checkpoints, tmp_path
+):
     """A config copied without `data.prompt_suffix: null` (issue 57): the user sees a short
     problem, so the message shows the prompt the policy got and what made it long, with the fix."""
     args = CASES["prompts made too long by the suffix"].prepare(tmp_path, tiny_checkpoints)
     output = CliRunner().invoke(app, args).output.strip()
-    assert "as rendered (policies[].template '{problem}='; data.prompt_suffix \"Let's think step by step" in output
+    assert (
+        "as rendered (policies[].template '{problem}='; data.prompt_suffix \"Let's think step by step"
+        in output
+    )
     assert "tokens without it): '" in output  # then the prompt, its head and tail: it ends in the suffix
     assert "' ... '" in output and "output the final answer within \\\\boxed{}.=' (" in output
-    assert output.endswith("set data.prompt_suffix: null (or a shorter suffix), or lower rollout.max_new_tokens")
+    assert output.endswith(
+        "set data.prompt_suffix: null (or a shorter suffix), or lower rollout.max_new_tokens"
+    )
 
 
 def test_the_too_long_message_shortens_the_prompt_and_names_a_flag_or_a_chat_template():
     def check(problems, suffix, **names):
         with pytest.raises(ModelError) as error:
             check_prompt_lengths(
-                "m", 96, lambda p: f"<{p}>\n", lambda t: list(t.encode()), problems, 80, **names, suffix=suffix
+                "m",
+                96,
+                lambda p: f"<{p}>\n",
+                lambda t: list(t.encode()),
+                problems,
+                80,
+                **names,
+                suffix=suffix,
             )
         return str(error.value)
 

@@ -53,7 +53,13 @@ def _figures(method: str = "graft") -> dict:
 def test_the_score_counts_hits_and_gives_the_clopper_pearson_interval():
     outcomes = [(True, True), (True, False), *[(False, False)] * 5, (False, True)]
     record = score(outcomes)
-    assert (record.trials, record.hits, record.called, record.called_right, record.never_hits) == (8, 6, 2, 1, 6)
+    assert (record.trials, record.hits, record.called, record.called_right, record.never_hits) == (
+        8,
+        6,
+        2,
+        1,
+        6,
+    )
     # Clopper-Pearson 95% for 6 of 8: the beta quantiles [0.3491, 0.9681]
     assert record.low == pytest.approx(0.3491, abs=1e-4)
     assert record.high == pytest.approx(0.9681, abs=1e-4)
@@ -161,29 +167,35 @@ def test_the_lab_files_fail_in_one_line_naming_the_file_and_the_key(tmp_path):
     with pytest.raises(LabDataError, match=f"{RULE_FILE}: not valid JSON .* line 1"):
         load_rule(_lab(tmp_path, RULE_FILE, '{"m0": 0.65,'))
     committed = json.loads((ROOT / RULE_FILE).read_text())
-    for index, (change, says) in enumerate((
-        ({"m0": "high"}, "`m0` must be the threshold"),
-        ({"max_misses": True}, "`max_misses` must be"),
-        ({"rule": "above {m1}"}, "may name only {m0} and {method}"),
-        ({"track_record": {**committed["track_record"], "hits": 9}}, "counts must lie in"),
-        ({"gain": None}, "`gain` must be"),
-    )):
+    for index, (change, says) in enumerate(
+        (
+            ({"m0": "high"}, "`m0` must be the threshold"),
+            ({"max_misses": True}, "`max_misses` must be"),
+            ({"rule": "above {m1}"}, "may name only {m0} and {method}"),
+            ({"track_record": {**committed["track_record"], "hits": 9}}, "counts must lie in"),
+            ({"gain": None}, "`gain` must be"),
+        )
+    ):
         root = _lab(tmp_path / f"rule-{index}", RULE_FILE, json.dumps({**committed, **change}))
         with pytest.raises(LabDataError, match=says) as error:
             load_rule(root)
         assert str(error.value).startswith(RULE_FILE) and "\n" not in str(error.value)
-    root = _lab(tmp_path / "no-key", RULE_FILE, json.dumps({k: v for k, v in committed.items() if k != "seeds"}))
+    root = _lab(
+        tmp_path / "no-key", RULE_FILE, json.dumps({k: v for k, v in committed.items() if k != "seeds"})
+    )
     with pytest.raises(LabDataError, match="no `seeds`"):
         load_rule(root)
     root = _lab(tmp_path / "unmeasured", RULE_FILE, json.dumps({**committed, "track_record": None}))
     assert load_rule(root).record is None  # registered, not yet tested
     line = json.loads((ROOT / LINE_FILE).read_text())
-    for index, (change, says) in enumerate((
-        ({"points": [0.08]}, "each a string"),
-        ({"points": ["2"]}, r"in \(0, 1\]"),
-        ({"regime_targets": {"contrast": [0, 1]}}, "unknown measure `contrast`"),
-        ({"regime_targets": {"complementarity": [0.3]}}, r"must be \[low, high\]"),
-    )):
+    for index, (change, says) in enumerate(
+        (
+            ({"points": [0.08]}, "each a string"),
+            ({"points": ["2"]}, r"in \(0, 1\]"),
+            ({"regime_targets": {"contrast": [0, 1]}}, "unknown measure `contrast`"),
+            ({"regime_targets": {"complementarity": [0.3]}}, r"must be \[low, high\]"),
+        )
+    ):
         root = _lab(tmp_path / f"line-{index}", LINE_FILE, json.dumps({**line, **change}))
         with pytest.raises(LabDataError, match=says):
             mastery.load_line(root)
@@ -192,10 +204,18 @@ def test_the_lab_files_fail_in_one_line_naming_the_file_and_the_key(tmp_path):
 def test_the_lab_files_hold_what_the_code_held_and_a_wheel_reads_none(monkeypatch):
     """The committed values moved out of the code unchanged; where graftrl runs from no checkout
     (an installed wheel carries no lab) nothing is read and the lab's sections are left out."""
-    assert (RULE.registered, RULE.method, RULE.m0, RULE.seeds, RULE.max_misses) == ("1c2398a", "graft", 0.65, 5, 1)
+    assert (RULE.registered, RULE.method, RULE.m0, RULE.seeds, RULE.max_misses) == (
+        "1c2398a",
+        "graft",
+        0.65,
+        5,
+        1,
+    )
     assert RULE.record is not None and not RULE.record.passed
     line = mastery.load_line()
-    assert line is not None and line.points == ("default", "0.45", "0.08", "0.03") and line.decision_seeds == 5
+    assert (
+        line is not None and line.points == ("default", "0.45", "0.08", "0.03") and line.decision_seeds == 5
+    )
     assert line.regime_targets == {
         "all_fail_share": (0.2, 0.6),
         "complementarity": (0.3, 1.0),

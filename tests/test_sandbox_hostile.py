@@ -24,15 +24,17 @@ ESCAPED = f"/tmp/graftrl-escaped-{os.getpid()}"
 """A host path that an escaped program would write (unique to this test process)."""
 
 
-@pytest.fixture(scope="module")
-def verifier():
+@pytest.fixture(scope="module", params=[True, False], ids=["fork_server", "per_program"])
+def verifier(request):
     v = CodeVerifier(
+        fork_server=request.param,
         workers=2,
         test_timeout_s=2.0,
         program_timeout_s=8.0,
         limits=Limits(cpu_s=3, memory_mb=256, processes=8, file_mb=4, output_bytes=64 << 10),
     )
     v.start()
+    assert (v.zygotes is not None) == request.param, "the fork server needs root and bwrap"
     yield v
     v.close()
 
@@ -251,3 +253,79 @@ def test_honest_programs_in_the_same_batch_score_right(verifier, host):
     ]
     rewards = verifier.rewards(responses, [add] * len(responses))
     assert rewards == [1.0, 0.0, 0.75, 0.0, 0.75, 0.0]
+
+
+# ------------------------------------------------------------------ the fork server's own risks
+# In fork-server mode successive programs of a slot share the slot's two long-lived sandboxes
+# (sequential single-program calls reuse one slot): whatever a program starts or leaves must be
+# gone before the next one runs, and the fork server itself must be out of its reach.
+
+ADD = calls("assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0")
+HONEST = (
+    "import os, time\ndef add(a, b):\n    time.sleep(0.3)\n"
+    "    return a + b if not os.listdir('/tmp') and os.getcwd() == '/tmp' else -1"
+)
+"""Right only when its /tmp is empty, and slow enough for a left-over process to strike."""
+
+
+def _next_program_is_unharmed(verifier, *hostile: str) -> None:
+    failures = verifier.stats()["fork_server_failures"]
+    for program in hostile:
+        assert verifier.verify([program], [ADD])[0].reward < 1.0, program
+        verdict = verifier.verify([HONEST], [ADD])[0]
+        assert verdict.reward == 1.0, (program, verdict)
+        verifier._cache.clear()
+    assert verifier.stats()["fork_server_failures"] == failures
+
+
+def test_a_left_over_process_cannot_touch_the_next_program(verifier, host):
+    daemon = (
+        "import os, time\ndef add(a, b):\n    if os.fork() == 0:\n        os.setsid()\n"
+        "        time.sleep(0.5)\n        for _ in range(200):\n"
+        "            try:\n                os.kill(-1, 9)\n            except OSError:\n                pass\n"
+        "            for fd in range(3, 64):\n                try:\n"
+        '                    os.write(fd, b\'{"value": 0}\\n{"test": 0, "outcome": "pass"}\\n\')\n'
+        "                except OSError:\n                    pass\n"
+        "            try:\n                open('/tmp/left', 'w').write('x')\n            except OSError:\n"
+        "                pass\n            time.sleep(0.02)\n        os._exit(0)\n    return 0"
+    )
+    threads = (
+        "import threading, time\ndef spin():\n    while True:\n        open('/tmp/t', 'w').write('x')\n"
+        "for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\ndef add(a, b):\n"
+        "    return 0"
+    )
+    ipc = (
+        "import ctypes\nlibc = ctypes.CDLL(None)\nfor _ in range(8):\n    libc.shmget(0, 64 << 20, 0o1777)\n"
+        "def add(a, b):\n    return 0"
+    )
+    _next_program_is_unharmed(verifier, daemon, threads, ipc)
+
+
+def test_the_fork_server_is_out_of_reach(verifier, host):
+    probe = (
+        "import ctypes, os, signal\ndef add(a, b):\n    hits = []\n    me = os.getpid()\n"
+        "    pids = {1, os.getppid()} | {int(p) for p in os.listdir('/proc') if p.isdigit()}\n"
+        "    for pid in sorted(pids - {me}):\n"
+        "        for name in ('mem', 'environ', 'maps', 'fd/0'):\n            try:\n"
+        "                with open(f'/proc/{pid}/{name}', 'rb') as handle:\n                    handle.read(64)\n"
+        "                hits.append((pid, name))\n            except OSError:\n                pass\n"
+        "        for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM):\n            try:\n"
+        "                os.kill(pid, sig)\n                hits.append((pid, sig))\n"
+        "            except OSError:\n                pass\n"
+        "        if ctypes.CDLL(None).ptrace(16, pid, 0, 0) == 0:\n            hits.append((pid, 'ptrace'))\n"
+        "    return 3 if hits else -1"
+    )
+    _next_program_is_unharmed(verifier, probe)
+    run(verifier, [(probe, ADD, TESTS_FAILED)])
+
+
+def test_exhausting_memory_cpu_or_processes_leaves_the_next_program_scoring(verifier, host):
+    _next_program_is_unharmed(
+        verifier,
+        "x = bytearray(10**9)\ndef add(a, b):\n    return 0",
+        "def add(a, b):\n    while True:\n        pass",
+        "import os\ndef add(a, b):\n    while True:\n        try:\n            os.fork()\n"
+        "        except OSError:\n            pass",
+        "def add(a, b):\n    x = []\n    while True:\n        x.append(bytearray(1 << 20))",
+        "def add(a, b):\n    open('/tmp/big', 'wb').write(b'x' * (64 << 20))",
+    )

@@ -106,7 +106,11 @@ def test_429_and_503_are_retried_with_backoff_up_to_the_limit():
 
 def test_a_missing_prompts_reason_is_given_once_with_its_count():
     stats = RequestStats(prompts=5, missing=5)
-    for reason in ("no answer (refused) after 3 requests", "HTTP 500", "no answer (refused) after 3 requests"):
+    for reason in (
+        "no answer (refused) after 3 requests",
+        "HTTP 500",
+        "no answer (refused) after 3 requests",
+    ):
         stats.add_reason(reason)
     stats.add_reason("unanswered after step_timeout_s 1", 2)
     assert stats.why() == (
@@ -219,7 +223,9 @@ def test_a_server_gone_mid_run_leaves_the_groups_on_the_receiver_and_says_so(
     lines = [line for line in capsys.readouterr().err.splitlines() if "unanswered" in line]
     assert lines
     for line in lines:  # each distinct reason once, with the prompts it cost (issue 57)
-        found = re.search(r"left (\d+) of \1 prompts unanswered \(\1 prompts?: (no answer \(.*\) after 2 requests)\)", line)
+        found = re.search(
+            r"left (\d+) of \1 prompts unanswered \(\1 prompts?: (no answer \(.*\) after 2 requests)\)", line
+        )
         assert found and line.count(found[2]) == 1, line
 
 

@@ -79,7 +79,9 @@ def test_code_reward_scores_right_partial_and_hostile_programs(tmp_path, monkeyp
     )
     assert rewards == [1.0, 0.0]
     # one verifier per process and settings, built on the first call
-    assert shared_reward_verifier(code_reward.reward_config) is shared_reward_verifier(RewardConfig(kind="code"))
+    assert shared_reward_verifier(code_reward.reward_config) is shared_reward_verifier(
+        RewardConfig(kind="code")
+    )
 
 
 def test_code_reward_settings_and_errors():
@@ -104,12 +106,16 @@ def test_match_reward_and_choice():
     )
     assert rewards == [1.0, 1.0, 0.0, 0.0]  # the last has no box
     # several golds: the `answers` column
-    assert match_reward(prompts=["p"], completions=["\\boxed{NYC}"], answer=["New York"], answers=[["NYC"]]) == [1.0]
+    assert match_reward(
+        prompts=["p"], completions=["\\boxed{NYC}"], answer=["New York"], answers=[["NYC"]]
+    ) == [1.0]
     choice = verifier_reward(kind="match", match={"mode": "choice", "extract": "whole"})
     assert choice.__name__ == "match_reward"
     got = choice(prompts=["q", "q"], completions=["The answer is (B).", "A"], solution=["B", "(B)"])
     assert got == [1.0, 0.0]
-    with pytest.raises(TRLIntegrationError, match=r"match_reward: .*row 0 of the batch: missing field 'answer'"):
+    with pytest.raises(
+        TRLIntegrationError, match=r"match_reward: .*row 0 of the batch: missing field 'answer'"
+    ):
         match_reward(prompts=["p"], completions=["\\boxed{1}"])
 
 
@@ -117,4 +123,7 @@ def test_math_reward_is_unchanged_and_math_is_the_default_kind():
     assert math_reward(["\\boxed{12}", "\\boxed{11}"], answer=["12", "12"]) == [1.0, 0.0]
     default = verifier_reward()
     assert default.__name__ == "math_reward" == math_reward.__name__
-    assert default(prompts=["p", "p"], completions=["\\boxed{12}", "\\boxed{11}"], answer=["12", 12]) == [1.0, 0.0]
+    assert default(prompts=["p", "p"], completions=["\\boxed{12}", "\\boxed{11}"], answer=["12", 12]) == [
+        1.0,
+        0.0,
+    ]

@@ -41,7 +41,12 @@ def verl_parquet(path: Path, count: int) -> Path:
             "prompt": [{"role": "user", "content": f"{i}+{i + 1}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(2 * i + 1)},
-            "extra_info": {"split": "train", "index": i, "answer": str(2 * i + 1), "question": f"{i}+{i + 1}"},
+            "extra_info": {
+                "split": "train",
+                "index": i,
+                "answer": str(2 * i + 1),
+                "question": f"{i}+{i + 1}",
+            },
         }
         for i in range(count)
     ]
@@ -77,14 +82,23 @@ def test_verl_data_and_scorer_train_probe_and_evaluate(tiny_checkpoints, tmp_pat
     assert "gsm8k" in json.dumps(report)
 
 
-def test_a_step_with_hostile_programs_completes_and_scores_the_rest_right(tiny_checkpoints, tmp_path, monkeypatch):
+def test_a_step_with_hostile_programs_completes_and_scores_the_rest_right(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
     """The policies' sampled texts are replaced by fixed programs (this test alone): prompt 0 gets
     the hostile set, the others honest programs whose rewards are known."""
     from test_sandbox_hostile import ESCAPED, SECRET
 
-    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0", "assert add(5, 0) == 5"]
+    tests = [
+        "assert add(1, 2) == 3",
+        "assert add(2, 2) == 4",
+        "assert add(-1, 1) == 0",
+        "assert add(5, 0) == 5",
+    ]
     train = tmp_path / "code.jsonl"
-    train.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"add {i}", "tests": tests}) + "\n" for i in range(4)))
+    train.write_text(
+        "".join(json.dumps({"id": f"p{i}", "problem": f"add {i}", "tests": tests}) + "\n" for i in range(4))
+    )
     hostile = [
         "import os\nwhile True:\n    os.fork()",
         f"open({ESCAPED!r}, 'w').write('x')\ndef add(a, b):\n    return -1",
@@ -93,8 +107,14 @@ def test_a_step_with_hostile_programs_completes_and_scores_the_rest_right(tiny_c
     ]
     honest = {
         1: ["def add(a, b):\n    return a + b"] * 4,  # 1.0
-        2: ["def add(a, b):\n    return a + b if a > 1 else 0"] * 2 + ["def add(a, b):\n    return a - b"] * 2,
-        3: ["```python\ndef add(a, b):\n    return abs(a) + b\n```", "", "def add(a, b) return", "def add(a, b): return 3"],
+        2: ["def add(a, b):\n    return a + b if a > 1 else 0"] * 2
+        + ["def add(a, b):\n    return a - b"] * 2,
+        3: [
+            "```python\ndef add(a, b):\n    return abs(a) + b\n```",
+            "",
+            "def add(a, b) return",
+            "def add(a, b): return 3",
+        ],
     }
     expected = {1: [1.0] * 4, 2: [0.75, 0.75, 0.25, 0.25], 3: [0.75, 0.0, 0.0, 0.25]}
     monkeypatch.setenv("GRAFTRL_SECRET", SECRET)
@@ -148,7 +168,9 @@ def test_analyze_counts_failures_by_class(tiny_checkpoints, tmp_path):
 
     tests = ["assert f() == 1"]
     train = tmp_path / "code.jsonl"
-    train.write_text("".join(json.dumps({"id": f"p{i}", "problem": "f", "tests": tests}) + "\n" for i in range(4)))
+    train.write_text(
+        "".join(json.dumps({"id": f"p{i}", "problem": "f", "tests": tests}) + "\n" for i in range(4))
+    )
     raw = make_config(tiny_checkpoints, steps=1)
     raw["data"] = {"train": str(train)}
     raw["reward"] = {"kind": "code"}
@@ -159,7 +181,12 @@ def test_analyze_counts_failures_by_class(tiny_checkpoints, tmp_path):
         trainer.close()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     counted = {key: value for row in rows for key, value in row.items() if key.startswith("failures/")}
-    assert counted and set(counted) <= {"failures/syntax_error", "failures/no_code", "failures/crash", "failures/tests_failed"}
+    assert counted and set(counted) <= {
+        "failures/syntax_error",
+        "failures/no_code",
+        "failures/crash",
+        "failures/tests_failed",
+    }
     report = write_analysis(analyze_run(tmp_path / "run"), tmp_path / "analysis").report.read_text()
     assert "## Failures by class" in report
     total = sum(int(row.get(key, 0)) for row in rows for key in counted)

@@ -123,7 +123,9 @@ def test_a_row_the_verifier_cannot_use_is_refused_naming_the_file_and_row(tmp_pa
         load_benchmarks([f"b={path}"], check=check)
 
 
-def test_train_refuses_a_row_and_a_verifier_that_cannot_start_in_one_line(recorder, tiny_checkpoints, tmp_path):
+def test_train_refuses_a_row_and_a_verifier_that_cannot_start_in_one_line(
+    recorder, tiny_checkpoints, tmp_path
+):
     raw = make_config(tiny_checkpoints, method="grpo")
     raw["reward"] = {"kind": "match"}
     config = tmp_path / "run.yaml"
@@ -131,7 +133,9 @@ def test_train_refuses_a_row_and_a_verifier_that_cannot_start_in_one_line(record
     recorder.refuse_rows = True
     result = CliRunner().invoke(app, ["train", str(config), "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
-    assert one_error_line(result.output).endswith("math_small.jsonl line 1: field 'tests' is missing (reward.kind 'match' test)")
+    assert one_error_line(result.output).endswith(
+        "math_small.jsonl line 1: field 'tests' is missing (reward.kind 'match' test)"
+    )
     recorder.refuse_rows, recorder.refuse_start = False, True
     result = CliRunner().invoke(app, ["train", str(config), "--out", str(tmp_path / "run2")])
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -224,7 +228,9 @@ def test_eval_refuses_a_benchmark_row_and_a_verifier_that_cannot_start_in_one_li
     args += ["--out", str(tmp_path / "e")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
-    assert one_error_line(result.output).endswith("math_small.jsonl line 1: field 'answer' is not a number (test)")
+    assert one_error_line(result.output).endswith(
+        "math_small.jsonl line 1: field 'answer' is not a number (test)"
+    )
     monkeypatch.setattr(Refusing, "refuse_rows", False)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "cannot start (test)" in one_error_line(result.output)
@@ -283,7 +289,9 @@ def test_a_cells_digest_covers_the_scorer_files_content_and_not_its_place(tmp_pa
         )
 
     scorer = tmp_path / "score.py"
-    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
     first = digests(f"{scorer}:compute_score")
     moved = tmp_path / "elsewhere" / "score.py"
     moved.parent.mkdir()

@@ -76,7 +76,14 @@ def test_verify_prints_each_responses_reward_and_reason(tmp_path):
     responses = write_jsonl(tmp_path / "responses.jsonl", RESPONSES)
     out = tmp_path / "verdicts.json"
     result = invoke(
-        "verify", config, "--responses", responses, "--set", "reward.code.test_timeout_s=1", "--json", str(out)
+        "verify",
+        config,
+        "--responses",
+        responses,
+        "--set",
+        "reward.code.test_timeout_s=1",
+        "--json",
+        str(out),
     )
     assert result.exit_code == 0, result.output
     text = result.output
@@ -97,7 +104,13 @@ def test_verify_prints_each_responses_reward_and_reason(tmp_path):
     assert reasons[3].startswith("syntax error")
     assert reasons[4].startswith("1 of 2 tests passed; test 1: timeout")
     assert reasons[5] == "no code found"
-    for reason in ("3 of 3 tests passed", "2 of 3 tests passed", "syntax error", "test 1: timeout", "no code found"):
+    for reason in (
+        "3 of 3 tests passed",
+        "2 of 3 tests passed",
+        "syntax error",
+        "test 1: timeout",
+        "no code found",
+    ):
         assert reason in text  # each in the printed table
     assert (
         "6 responses: mean reward 0.361, 1 of 6 successes (reward >= 1); failures by class: "
@@ -114,7 +127,10 @@ def test_problems_checks_rows_and_canonical_solutions(tmp_path):
     result = invoke("verify", config, "--problems")
     assert result.exit_code == 2, result.output
     lines = result.output.splitlines()
-    assert any(line.startswith("checked data.train") and "3 rows, 1 bad, 2 with a canonical_solution" in line for line in lines)
+    assert any(
+        line.startswith("checked data.train") and "3 rows, 1 bad, 2 with a canonical_solution" in line
+        for line in lines
+    )
     bad = [line for line in lines if line.startswith("bad row:")]
     assert len(bad) == 1 and "problems.jsonl line 3" in bad[0] and "'tests'" in bad[0]
     failing = [line for line in lines if line.startswith("canonical solution fails:")]

@@ -200,7 +200,9 @@ def eval_command(
             temperature=temperature,
             top_p=top_p,
             max_new_tokens=max_new_tokens or (config.rollout.max_new_tokens if config else 4096),
-            prompt_suffix=(prompt_suffix or None) if prompt_suffix is not None else default_prompt_suffix(config),
+            prompt_suffix=(prompt_suffix or None)
+            if prompt_suffix is not None
+            else default_prompt_suffix(config),
             runs=runs,
             seed=seed,
             success_threshold=reward.success_threshold,

@@ -107,7 +107,10 @@ class _Index:
                 f"{where}: no problem with {what}{also} in {', '.join(self.labels)}; give the id (or the "
                 "exact problem text) of a row of those files"
             )
-        rows = {(p.id, p.problem, p.answer, json.dumps(dict(p.extra), sort_keys=True, default=str)) for _, p in found}
+        rows = {
+            (p.id, p.problem, p.answer, json.dumps(dict(p.extra), sort_keys=True, default=str))
+            for _, p in found
+        }
         if len(rows) > 1:
             raise UserError(
                 f"{where}: matches {len(found)} different rows ({', '.join(f'{label} id {p.id!r}' for label, p in found)}); "
@@ -134,9 +137,13 @@ def read_responses(path: Path, index: _Index, limit: int | None) -> list[Scored]
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); each line is one object") from None
+            raise UserError(
+                f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); each line is one object"
+            ) from None
         if not isinstance(row, dict):
-            raise UserError(f"{where}: expected an object with 'id' or 'problem' and 'response', got {type(row).__name__}")
+            raise UserError(
+                f"{where}: expected an object with 'id' or 'problem' and 'response', got {type(row).__name__}"
+            )
         response = _text_of(row.get("response"))
         if response is None:
             raise UserError(
@@ -222,7 +229,12 @@ def verify_responses(cfg: Any, responses: Path, limit: int | None, json_out: Pat
     for item, verdict in zip(lines, verdicts, strict=True):
         success = verdict.reward >= threshold
         style = "green" if success else ("yellow" if verdict.reward > 0 else "red")
-        table.add_row(str(item.line), Text(item.problem.id), Text(f"{verdict.reward:.3g}", style=style), Text(verdict.reason))
+        table.add_row(
+            str(item.line),
+            Text(item.problem.id),
+            Text(f"{verdict.reward:.3g}", style=style),
+            Text(verdict.reason),
+        )
         rows.append(
             {
                 "line": item.line,
@@ -276,7 +288,9 @@ def verify_problems(cfg: Any, limit: int | None, json_out: Path | None) -> None:
     if canonical:
         verifier = _started(cfg)
         try:
-            verdicts = verifier.verify([p.extra[CANONICAL] for _, _, p in canonical], [p for _, _, p in canonical])
+            verdicts = verifier.verify(
+                [p.extra[CANONICAL] for _, _, p in canonical], [p for _, _, p in canonical]
+            )
         finally:
             verifier.close()
         for (file, where, problem), verdict in zip(canonical, verdicts, strict=True):
@@ -300,7 +314,9 @@ def verify_problems(cfg: Any, limit: int | None, json_out: Path | None) -> None:
     for message in bad:
         console.print(f"[red]bad row:[/red] {escape(message)}", soft_wrap=True, highlight=False)
     for message in failing:
-        console.print(f"[red]canonical solution fails:[/red] {escape(message)}", soft_wrap=True, highlight=False)
+        console.print(
+            f"[red]canonical solution fails:[/red] {escape(message)}", soft_wrap=True, highlight=False
+        )
     console.print(
         f"{_describe(cfg)}: {len(bad)} bad rows; {len(canonical)} canonical solutions scored, "
         f"{len(failing)} below reward 1.0",
@@ -319,7 +335,7 @@ def verify(
     responses: Annotated[
         Path | None,
         typer.Option(
-            help="JSONL of {\"id\" or \"problem\", \"response\"}: each response is scored against its row "
+            help='JSONL of {"id" or "problem", "response"}: each response is scored against its row '
             "of data.train (or a validation file), matched by id, else by problem text."
         ),
     ] = None,
@@ -332,13 +348,15 @@ def verify(
         ),
     ] = False,
     limit: Annotated[
-        int | None, typer.Option(min=1, help="Only the first this many responses (rows of each file with --problems).")
+        int | None,
+        typer.Option(min=1, help="Only the first this many responses (rows of each file with --problems)."),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a field: --set reward.code.test_timeout_s=2")
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the per-response (or per-row) results to this JSON file.")
+        Path | None,
+        typer.Option("--json", help="Also write the per-response (or per-row) results to this JSON file."),
     ] = None,
 ) -> None:
     """Score responses with the config's verifier (reward and reason each), or check its data; no
@@ -346,7 +364,9 @@ def verify(
     from graftrl.config import load_config
 
     if (responses is None) == (not problems):
-        raise UserError("graftrl verify: give --responses FILE (score responses) or --problems (check the data), one of them")
+        raise UserError(
+            "graftrl verify: give --responses FILE (score responses) or --problems (check the data), one of them"
+        )
     cfg = load_config(config, set_ or [])
     if problems:
         verify_problems(cfg, limit, json_out)

@@ -131,7 +131,11 @@ def check_prompt_lengths(
             alone, _ = measure(format_prompt(problem[: -len(suffix) - 1]))
             made.append(f"{suffix_field} {repr(suffix[:32]) + ('...' if len(suffix) > 32 else '')} appended")
             if alone <= budget:
-                unset = f"pass {suffix_field} ''" if suffix_field.startswith("--") else f"set {suffix_field}: null"
+                unset = (
+                    f"pass {suffix_field} ''"
+                    if suffix_field.startswith("--")
+                    else f"set {suffix_field}: null"
+                )
                 made.append(f"{alone} tokens without it")
                 fix = f"the suffix makes them too long: {unset} (or a shorter suffix), or lower {limit}"
         raise ModelError(

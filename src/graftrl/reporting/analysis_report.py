@@ -307,7 +307,9 @@ def failures_section(a: RunAnalysis, plots: Mapping[str, Path]) -> list[str]:
         counts = [sum(int(r.get(f"{FAILURES}{name}") or 0) for r in mine) for name in classes]
         body.append([model, *counts, sum(counts)])
     out = ["", "## Failures by class", ""]
-    out.append("The policies' own training responses that did not succeed, by the verifier's reason (counts):")
+    out.append(
+        "The policies' own training responses that did not succeed, by the verifier's reason (counts):"
+    )
     return [*out, "", _table(["model", *classes, "all failures"], body)]
 
 

@@ -80,7 +80,9 @@ def read_lab_data(relative: str, root: Path | None = None) -> LabData | None:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise LabDataError(f"{relative}: lab data file missing (restore it: git checkout -- {relative})") from None
+        raise LabDataError(
+            f"{relative}: lab data file missing (restore it: git checkout -- {relative})"
+        ) from None
     except OSError as error:
         raise LabDataError(f"{relative}: cannot read it ({error.strerror or error})") from None
     try:

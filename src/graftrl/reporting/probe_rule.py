@@ -129,7 +129,9 @@ class Rule:
         return self.text.format(m0=self.m0, method=self.method)
 
     def predicts_gain(self, inputs: RuleInputs | None) -> bool:
-        return inputs is not None and inputs.mass > self.m0 and inputs.admitted_correct > inputs.admitted_wrong
+        return (
+            inputs is not None and inputs.mass > self.m0 and inputs.admitted_correct > inputs.admitted_wrong
+        )
 
     def verdict(self, inputs: RuleInputs | None) -> str:
         """The rule's call for one direction; nothing moved (no inputs) calls no gain."""

@@ -21,7 +21,15 @@ from graftrl.storage.rundir import RunDir
 _RUN = RunDir(Path("."))
 """Only for the logs' file names, which live in RunDir."""
 
-SERVED_COST_KEYS = ("prompts", "missing", "requests", "retries", "prompt_tokens", "completion_tokens", "latency_s")
+SERVED_COST_KEYS = (
+    "prompts",
+    "missing",
+    "requests",
+    "retries",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_s",
+)
 """Per-step cost of a served peer, logged as ``served_<key>/<peer>`` (declared below)."""
 
 Summary = Literal["last", "max", "min", "mean"]

@@ -100,7 +100,10 @@ def _parse_line(obj: Any, where: str, default_source: str) -> _Line:
     if isinstance(reward, bool):
         reward = float(reward)
     if not _number(reward) or not math.isfinite(float(reward)):
-        raise bad("reward", f"must be a finite number (a verifier's reward: 0/1, or a fraction of tests passed), got {reward!r}")
+        raise bad(
+            "reward",
+            f"must be a finite number (a verifier's reward: 0/1, or a fraction of tests passed), got {reward!r}",
+        )
     step = obj.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise bad("step", f"must be an integer >= 0, got {step!r}")

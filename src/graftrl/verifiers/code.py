@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import subprocess
 import threading
 import time
@@ -50,8 +49,9 @@ from graftrl.verifiers.base import (
     VerifierError,
     check_lengths,
 )
-from graftrl.verifiers.sandbox import Isolation, Limits, Sandbox, Started
+from graftrl.verifiers.sandbox import Isolation, Limits, Sandbox, exchange, json_lines
 from graftrl.verifiers.sandbox_entry import SYNTAX_EXIT
+from graftrl.verifiers.zygote import Zygotes
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
 
@@ -124,9 +124,9 @@ class CodeTests:
     def key(self) -> str:
         return json.dumps([self.stdio, list(self.tests), self.entry_point, self.setup])
 
-    def judge_spec(self, start: int) -> bytes:
-        spec = {"tests": list(self.tests[start:]), "entry_point": self.entry_point, "setup": self.setup}
-        return json.dumps(spec).encode()
+    def judge_dict(self, start: int) -> dict[str, Any]:
+        """What the judge runs: the tests from ``start`` on, the entry point and the setup."""
+        return {"tests": list(self.tests[start:]), "entry_point": self.entry_point, "setup": self.setup}
 
 
 def _text(value: Any) -> str:
@@ -165,6 +165,13 @@ def same_output(got: str, expected: str) -> bool:
     return lines(got) == lines(expected)
 
 
+class _ForkServerFailures(threading.local):
+    """This thread's program: fork-server failures, and whether its verdict came from one."""
+
+    count = 0
+    final = False
+
+
 class CodeVerifier(VerifierBase):
     """Reward = fraction of the row's tests a response's program passes, run in the sandbox."""
 
@@ -182,8 +189,13 @@ class CodeVerifier(VerifierBase):
         deadline_s: float | None = None,
         python: str | None = None,
         cache_size: int = 65_536,
+        fork_server: bool = True,
     ) -> None:
         self.sandbox = Sandbox(isolation, limits, python)
+        self.zygotes = Zygotes(self.sandbox) if fork_server and self.sandbox.fork_server_ok() else None
+        """Assert tests in each slot's fork servers (``graftrl.verifiers.zygote``); None: two
+        sandboxes per program (``fork_server: false``, ``reward.sandbox: none``, or not root)."""
+        self._zygote_failed = _ForkServerFailures()
         self.test_timeout_s = test_timeout_s
         self.program_timeout_s = program_timeout_s
         self.workers = workers
@@ -203,6 +215,7 @@ class CodeVerifier(VerifierBase):
                 "timeouts",
                 "crashes",
                 "deadline_skips",
+                "fork_server_failures",
             ),
             0,
         )
@@ -221,6 +234,7 @@ class CodeVerifier(VerifierBase):
             max_tests=code.max_tests,
             deadline_s=reward.deadline_s,
             python=code.python,
+            fork_server=code.fork_server,
         )
 
     # ------------------------------------------------------------ the interface
@@ -296,7 +310,8 @@ class CodeVerifier(VerifierBase):
         if got != [PASS, FAIL, PASS]:
             raise VerifierError(
                 f"reward.sandbox: the sandbox's self-check failed ({self._start_failure or got}); "
-                "bubblewrap needs user namespaces (or root); set reward.sandbox: none to run programs "
+                + ("reward.code.fork_server: false runs two sandboxes per program; " if self.zygotes else "")
+                + "bubblewrap needs user namespaces (or root); set reward.sandbox: none to run programs "
                 "WITHOUT isolation"
             )
 
@@ -306,6 +321,8 @@ class CodeVerifier(VerifierBase):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.zygotes is not None:
+            self.zygotes.close()
 
     # ------------------------------------------------------------ one program
 
@@ -323,6 +340,7 @@ class CodeVerifier(VerifierBase):
         if due is not None:
             program_due = min(program_due, due)
         slot = self.sandbox.take_slot()
+        self._zygote_failed.count, self._zygote_failed.final = 0, False
         try:
             if suite.stdio:
                 load, results = "ok", self._run_stdio(program, suite, slot, program_due)
@@ -335,7 +353,8 @@ class CodeVerifier(VerifierBase):
             self._stats["tests"] += len(results)
             self._stats["timeouts"] += sum(r.outcome == TIMEOUT for r in results)
             self._stats["crashes"] += sum(r.outcome == CRASH for r in results)
-        return summarise(load, results, len(suite.tests)), True
+            self._stats["fork_server_failures"] += self._zygote_failed.count
+        return summarise(load, results, len(suite.tests)), not self._zygote_failed.final
 
     def _run_stdio(self, program: str, suite: CodeTests, slot: int, due: float) -> list[TestResult]:
         results: list[TestResult] = []
@@ -354,7 +373,7 @@ class CodeVerifier(VerifierBase):
     ) -> TestResult:
         started = self.sandbox.start("run", {"program.py": program.encode()}, slot, stdin=subprocess.PIPE)
         try:
-            out, err, timed_out, overflow = _exchange(
+            out, err, timed_out, overflow = exchange(
                 started, test[0].encode(), self.sandbox.limits.output_bytes, time.monotonic() + timeout_s
             )
         finally:
@@ -397,6 +416,21 @@ class CodeVerifier(VerifierBase):
     def _call_pair(
         self, program: str, suite: CodeTests, start: int, slot: int, due: float
     ) -> tuple[str, list[TestResult]]:
+        for _ in range(2 if self.zygotes is not None else 0):  # a failed fork server: once more
+            if time.monotonic() >= due:
+                break
+            running = self.zygotes.run(slot, program, suite.judge_dict(start), self.test_timeout_s, due)
+            try:
+                load, results = self._read_judge(running.results, suite, start, due)
+            finally:
+                confirmed = running.end()
+            if confirmed:
+                return load, results
+            self._zygote_failed.count += 1
+        if self.zygotes is not None:
+            self._zygote_failed.final = True
+            self._start_failure = self.zygotes.error() or "a fork server did not confirm its clean-up"
+            return CRASH, [TestResult(start, CRASH, "the fork server failed")]
         to_program_r, to_program_w = os.pipe()
         to_judge_r, to_judge_w = os.pipe()
         serve = judge = None
@@ -407,34 +441,17 @@ class CodeVerifier(VerifierBase):
                 stdout=subprocess.DEVNULL,
             )  # fmt: skip
             judge = self.sandbox.start(
-                "judge", {"tests.json": suite.judge_spec(start)}, slot,
+                "judge", {"tests.json": json.dumps(suite.judge_dict(start)).encode()}, slot,
                 args=(str(to_judge_r), str(to_program_w), repr(self.test_timeout_s)),
                 pass_fds=(to_judge_r, to_program_w),
             )  # fmt: skip
         finally:
             for fd in (to_program_r, to_program_w, to_judge_r, to_judge_w):
                 os.close(fd)
-        load, results = "crash", []
         try:
-            for message in _lines(judge, due):
-                if "load" in message:
-                    load = str(message["load"])
-                    if load != "ok":
-                        detail = str(message.get("detail", ""))[:300]
-                        return load, [TestResult(start, load, detail)]
-                elif "test" in message:
-                    results.append(
-                        TestResult(
-                            start + int(message["test"]),
-                            str(message["outcome"]),
-                            str(message.get("detail", "")),
-                        )
-                    )
-            ended = bool(results) and results[-1].outcome in (TIMEOUT, CRASH)  # the judge stops there
-            if load == "ok" and not ended and len(results) < len(suite.tests) - start:
-                left = "timeout" if time.monotonic() >= due else "crash"
-                results.append(TestResult(start + len(results), left, "the judge stopped"))
-            elif load != "ok" and judge.proc.poll() is not None and judge.proc.returncode not in (0, None):
+            assert judge.proc.stdout is not None
+            load, results = self._read_judge(judge.proc.stdout.fileno(), suite, start, due)
+            if load != "ok" and judge.proc.poll() is not None and judge.proc.returncode not in (0, None):
                 self._start_failure = judge.stderr_line() or f"judge exit code {judge.proc.returncode}"
         finally:
             judge.kill()
@@ -442,76 +459,22 @@ class CodeVerifier(VerifierBase):
                 serve.kill()
         return load, results
 
-
-def _lines(started: Started, due: float):
-    """The judge's JSON lines until it exits or ``due`` passes."""
-    stream = started.proc.stdout
-    assert stream is not None
-    buffer = b""
-    fd = stream.fileno()
-    while True:
-        left = due - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict):
-                yield message
-
-
-def _exchange(started: Started, data: bytes, cap: int, due: float) -> tuple[bytes, bytes, bool, bool]:
-    """Feed stdin, read stdout (up to ``cap``) and stderr (its first 64 KiB) until exit or ``due``:
-    (stdout, stderr, timed out, output over cap)."""
-    proc = started.proc
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    pending = memoryview(data)
-    readers = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    writer: int | None = proc.stdin.fileno()
-    if not pending:
-        proc.stdin.close()
-        writer = None
-    else:
-        os.set_blocking(writer, False)
-    while readers:
-        left = due - time.monotonic()
-        if left <= 0:
-            return bytes(out), bytes(err), True, False
-        ready_r, ready_w, _ = select.select(list(readers), [writer] if writer is not None else [], [], left)
-        if ready_w and writer is not None:
-            try:
-                pending = pending[os.write(writer, pending[: 1 << 16]) :]
-            except BlockingIOError:
-                pass
-            except BrokenPipeError:  # the program stopped reading: the rest of its input is moot
-                pending = pending[len(pending) :]
-            if not pending:
-                proc.stdin.close()
-                writer = None
-        for fd in ready_r:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                del readers[fd]
-                continue
-            buffer = readers[fd]
-            if buffer is out and len(out) + len(chunk) > cap:
-                return bytes(out), bytes(err), False, True
-            if buffer is out or len(err) < 1 << 16:
-                buffer += chunk
-    remaining = due - time.monotonic()
-    try:
-        proc.wait(timeout=max(0.0, remaining))
-    except subprocess.TimeoutExpired:
-        return bytes(out), bytes(err), True, False
-    return bytes(out), bytes(err), False, False
+    def _read_judge(self, fd: int, suite: CodeTests, start: int, due: float) -> tuple[str, list[TestResult]]:
+        """The load outcome and the test results from the judge's lines on ``fd``."""
+        load, results = "crash", []
+        for message in json_lines(fd, due):
+            if "load" in message:
+                load = str(message["load"])
+                if load != "ok":
+                    return load, [TestResult(start, load, str(message.get("detail", ""))[:300])]
+            elif "test" in message:
+                index, outcome = start + int(message["test"]), str(message["outcome"])
+                results.append(TestResult(index, outcome, str(message.get("detail", ""))))
+        ended = bool(results) and results[-1].outcome in (TIMEOUT, CRASH)  # the judge stops there
+        if load == "ok" and not ended and len(results) < len(suite.tests) - start:
+            left = "timeout" if time.monotonic() >= due else "crash"
+            results.append(TestResult(start + len(results), left, "the judge stopped"))
+        return load, results
 
 
 def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:

@@ -31,11 +31,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -148,6 +150,10 @@ class Sandbox:
             )
         self._free = list(range(SLOTS))
         self._lock = threading.Lock()
+
+    def fork_server_ok(self) -> bool:
+        """Fork servers need bubblewrap and root: their clean-up kills by the slot's own user."""
+        return self.isolation == "bwrap" and self.root
 
     # ------------------------------------------------------------ slots
 
@@ -269,3 +275,71 @@ class Started:
             return ""
         text = self.proc.stderr.read(4096).decode("utf-8", "replace").strip()
         return text.splitlines()[0] if text else ""
+
+
+def json_lines(fd: int, due: float):
+    """The JSON objects of the lines read from ``fd`` (the judge's stream) until its end or ``due``."""
+    buffer = b""
+    while True:
+        left = due - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                yield message
+
+
+def exchange(started: Started, data: bytes, cap: int, due: float) -> tuple[bytes, bytes, bool, bool]:
+    """Feed stdin, read stdout (up to ``cap``) and stderr (its first 64 KiB) until exit or ``due``:
+    (stdout, stderr, timed out, output over cap)."""
+    proc = started.proc
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    pending = memoryview(data)
+    readers = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    writer: int | None = proc.stdin.fileno()
+    if not pending:
+        proc.stdin.close()
+        writer = None
+    else:
+        os.set_blocking(writer, False)
+    while readers:
+        left = due - time.monotonic()
+        if left <= 0:
+            return bytes(out), bytes(err), True, False
+        ready_r, ready_w, _ = select.select(list(readers), [writer] if writer is not None else [], [], left)
+        if ready_w and writer is not None:
+            try:
+                pending = pending[os.write(writer, pending[: 1 << 16]) :]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:  # the program stopped reading: the rest of its input is moot
+                pending = pending[len(pending) :]
+            if not pending:
+                proc.stdin.close()
+                writer = None
+        for fd in ready_r:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                del readers[fd]
+                continue
+            buffer = readers[fd]
+            if buffer is out and len(out) + len(chunk) > cap:
+                return bytes(out), bytes(err), False, True
+            if buffer is out or len(err) < 1 << 16:
+                buffer += chunk
+    remaining = due - time.monotonic()
+    try:
+        proc.wait(timeout=max(0.0, remaining))
+    except subprocess.TimeoutExpired:
+        return bytes(out), bytes(err), True, False
+    return bytes(out), bytes(err), False, False

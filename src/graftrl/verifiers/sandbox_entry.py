@@ -12,6 +12,8 @@ role as the first argument:
 - ``judge``: in a second sandbox of its own, run the tests (read from ``/sandbox/tests.json``) with
   each function of the program replaced by a proxy that calls it through those pipes, and print
   one JSON line per test on stdout for the verifier.
+- ``zygote``: a fork server (``sandbox_fork``, whose source is the next argument) that runs
+  ``serve`` or ``judge`` in a forked child per program (``reward.code.fork_server``).
 
 Why two sandboxes for assert-style tests: the program never holds the tests, the harness or the
 verdicts. It cannot read the tests (they are not in its sandbox), override ``assert`` or the
@@ -159,13 +161,11 @@ class Channel:
 # ------------------------------------------------------------------ the program's side
 
 
-def serve(channel: Channel) -> None:
+def serve(channel: Channel, source: str) -> None:
     """Load the program, report its functions, answer calls until the pipe closes."""
     import types
 
     try:
-        with open(PROGRAM, encoding="utf-8") as handle:
-            source = handle.read()
         code = compile(source, "program.py", "exec")
     except SyntaxError as exc:
         channel.send({"load": "syntax_error", "detail": f"SyntaxError: {exc.msg} (line {exc.lineno})"})
@@ -215,12 +215,10 @@ class ProgramGone(Exception):
         self.outcome, self.detail = outcome, detail
 
 
-def judge(channel: Channel, timeout_s: float) -> None:
+def judge(channel: Channel, timeout_s: float, spec: dict) -> None:
     """Run each test with proxies for the program's functions; one JSON line per test."""
     import builtins
 
-    with open(TESTS, encoding="utf-8") as handle:
-        spec = json.load(handle)
     try:
         hello = channel.receive(timeout_s)
     except TimeoutError:
@@ -333,16 +331,24 @@ def main(argv: list[str]) -> None:
             os._exit(SYNTAX_EXIT)
         os.closerange(3, 256)  # nothing but stdin, stdout and stderr reaches the program
         os.execv(sys.executable, [sys.executable, "-S", "-s", "-B", PROGRAM])
+    if role == "zygote":  # the fork server: its source (``sandbox_fork``) comes as an argument
+        fork: dict = {"__name__": "sandbox_fork"}
+        exec(compile(argv[5], "sandbox_fork.py", "exec"), fork)
+        return fork["zygote"](int(argv[3]), argv[4], limits, sys.modules[__name__])
     read_fd, write_fd = int(argv[3]), int(argv[4])
     if role == "serve":
         confine(limits)
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the program's prints, tracebacks and input() reach nobody
             os.dup2(devnull, fd)
-        serve(Channel(read_fd, write_fd))
+        with open(PROGRAM, encoding="utf-8") as handle:
+            source = handle.read()
+        serve(Channel(read_fd, write_fd), source)
     elif role == "judge":
         confine(limits)
-        judge(Channel(read_fd, write_fd), float(argv[5]))
+        with open(TESTS, encoding="utf-8") as handle:
+            spec = json.load(handle)
+        judge(Channel(read_fd, write_fd), float(argv[5]), spec)
     else:
         raise SystemExit(f"unknown role {role!r}")
 

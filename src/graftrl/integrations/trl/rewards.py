@@ -36,7 +36,9 @@ from graftrl.models.rewards import shared_verifier
 RewardFunction = Callable[..., list[float]]
 """TRL's reward function: ``(prompts, completions, **columns) -> one float per completion``."""
 
-NOT_COLUMNS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"})
+NOT_COLUMNS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+)
 """Keyword arguments TRL passes beside the dataset's columns."""
 
 
@@ -74,7 +76,9 @@ _verifiers: dict[str, Any] = {}
 _verifiers_lock = threading.Lock()
 
 
-def _reward_config(reward: RewardConfig | Mapping[str, Any] | None, settings: Mapping[str, Any]) -> RewardConfig:
+def _reward_config(
+    reward: RewardConfig | Mapping[str, Any] | None, settings: Mapping[str, Any]
+) -> RewardConfig:
     """``reward`` with ``settings`` merged over it (sub-sections merged key by key), validated."""
     if isinstance(reward, RewardConfig):
         merged: dict[str, Any] = reward.model_dump(exclude_unset=True)
@@ -148,7 +152,9 @@ def _prompt_text(prompt: Any) -> str:
     return "(no prompt)"
 
 
-def trl_problems(name: str, prompts: Sequence[Any] | None, count: int, columns: Mapping[str, Any]) -> list[Any]:
+def trl_problems(
+    name: str, prompts: Sequence[Any] | None, count: int, columns: Mapping[str, Any]
+) -> list[Any]:
     """One ``Problem`` per completion from TRL's per-row columns (lists as long as the batch),
     read as a data file's row is (``graftrl.storage.data_formats.row_to_problem``)."""
     from graftrl.storage.data import DataError
@@ -174,7 +180,9 @@ def trl_problems(name: str, prompts: Sequence[Any] | None, count: int, columns: 
     return problems
 
 
-def verifier_reward(reward: RewardConfig | Mapping[str, Any] | None = None, **settings: Any) -> RewardFunction:
+def verifier_reward(
+    reward: RewardConfig | Mapping[str, Any] | None = None, **settings: Any
+) -> RewardFunction:
     """A TRL reward function scoring with the verifier of ``reward`` (a ``RewardConfig``, or a dict
     of graftrl's ``reward`` section) and ``settings`` over it (``kind="code"``,
     ``code={"test_timeout_s": 2}``, ``sandbox="bwrap"``, ...).
