@@ -13,9 +13,7 @@ import pytest
 from graftrl.embedded.models import MODEL_SPECS
 from graftrl.embedded.warmstart import (
     REPORT_NAME,
-    TASK_MIXES,
-    TASK_WARMSTART_SETTINGS,
-    fingerprint,
+    model_keys,
     prepare_embedded_models,
 )
 from graftrl.machine import cpu_kernels
@@ -34,15 +32,8 @@ DOCUMENTED = sorted(DOCS.rglob("provenance.json"))
 
 
 def documented_fingerprint(doc: dict, name: str) -> str:
-    settings = TASK_WARMSTART_SETTINGS[doc["task"]][doc["warm_start"]]
-    return fingerprint(
-        name,
-        TASK_MIXES[doc["task"]][name],
-        doc["seed"],
-        doc["task"],
-        target_accuracy=settings["target_accuracy"],
-        max_steps=settings["max_steps"],
-    )
+    key = model_keys(doc["warm_start"] == "quick", doc["seed"], doc["task"])[name]
+    return key.removeprefix(f"{name}-")
 
 
 def test_there_is_documented_provenance():
@@ -140,7 +131,13 @@ def test_reports_name_the_command_and_the_commit_that_wrote_them():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", DOCUMENTED, ids=lambda p: str(p.relative_to(DOCS)))
+@pytest.mark.parametrize(
+    "path",
+    # the code pair's determinism was checked once by hand (docs/task_design.md, "The code task"):
+    # its fresh warm-start takes ~9 minutes of the slow tier's budget
+    [p for p in DOCUMENTED if json.loads(p.read_text())["task"] != "code"],
+    ids=lambda p: str(p.relative_to(DOCS)),
+)
 def test_documented_warm_start_reproduces_its_weights(path, fresh_embedded_cache):
     """The warm-start is deterministic: the documented fingerprint, trained afresh by the current
     code (into the session's empty cache, which the full demo test then reuses), gives the

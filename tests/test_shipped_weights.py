@@ -27,11 +27,12 @@ from graftrl.embedded.warmstart import REPORT_NAME, prepare_embedded_models
 from graftrl.machine import cpu_kernels
 from graftrl.reporting.provenance import model_provenance
 
-PROVENANCE = Path(__file__).parents[1] / "docs" / "demo" / "worked" / "provenance.json"
+SHIPPED_TASKS = ("worked", "code")
+"""The pairs graftrl ships: the default (`worked`) and the code task's."""
 
 
-def documented() -> dict:
-    return json.loads(PROVENANCE.read_text())
+def documented(task: str = "worked") -> dict:
+    return json.loads((Path(__file__).parents[1] / "docs" / "demo" / task / "provenance.json").read_text())
 
 
 @pytest.fixture
@@ -41,25 +42,28 @@ def on_shipped_kernels(monkeypatch):
     monkeypatch.delenv(REBUILD_ENV, raising=False)
 
 
-def test_the_shipped_pair_is_the_pair_documented_for_its_kernels():
-    doc = documented()
+def test_the_shipped_pairs_are_the_pairs_documented_for_their_kernels():
     manifest = shipped_models()
-    pair = doc["models_by_cpu"][shipped_kernels()]
-    assert set(manifest) == {f"{name}-{m['warm_start_fingerprint']}" for name, m in doc["models"].items()}
-    for name, expected in pair.items():
-        folder = SHIPPED_DIR / f"{name}-{expected['warm_start_fingerprint']}"
-        assert verify_shipped(folder, manifest[folder.name]) == []
-        assert model_provenance(folder) == {**expected, "warm_started_on": shipped_kernels()}
-        assert json.loads((folder / REPORT_NAME).read_text())["reached_target"]
+    docs = [documented(task) for task in SHIPPED_TASKS]
+    assert set(manifest) == {
+        f"{name}-{m['warm_start_fingerprint']}" for doc in docs for name, m in doc["models"].items()
+    }
+    for doc in docs:
+        for name, expected in doc["models_by_cpu"][shipped_kernels()].items():
+            folder = SHIPPED_DIR / f"{name}-{expected['warm_start_fingerprint']}"
+            assert verify_shipped(folder, manifest[folder.name]) == []
+            assert model_provenance(folder) == {**expected, "warm_started_on": shipped_kernels()}
+            assert json.loads((folder / REPORT_NAME).read_text())["reached_target"]
 
 
-def test_prepare_installs_the_shipped_pair_without_training(tmp_path, monkeypatch, on_shipped_kernels):
+@pytest.mark.parametrize("task", SHIPPED_TASKS)
+def test_prepare_installs_the_shipped_pair_without_training(tmp_path, monkeypatch, on_shipped_kernels, task):
     def no_training(*args, **kwargs):
         raise AssertionError("the shipped pair should not be warm-started")
 
     monkeypatch.setattr("graftrl.embedded.warmstart.warm_start_in_workers", no_training)
     monkeypatch.setattr("graftrl.embedded.warmstart.warm_start", no_training)
-    doc = documented()
+    doc = documented(task)
     paths = prepare_embedded_models(tmp_path, seed=doc["seed"], task=doc["task"])
     assert set(paths) == set(MODEL_SPECS)
     for name, path in paths.items():

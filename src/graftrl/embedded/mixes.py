@@ -42,8 +42,8 @@ TASK_MIXES: dict[str, dict[str, dict[str, float]]] = {
     # Both models learn the skeleton and `lin`; each sees few examples of the other's step (the
     # modulo for the GPT-2, the conditional for the Llama) (docs/task_design.md, "The code task").
     "code": {
-        "llama-char": {"lin": 0.35, "mod": 0.6, "cond": 0.05},
-        "gpt2-bpe": {"lin": 0.35, "mod": 0.01, "cond": 0.64},
+        "llama-char": {"lin": 0.35, "mod": 0.635, "cond": 0.015},
+        "gpt2-bpe": {"lin": 0.35, "mod": 0.03, "cond": 0.62},
     },
 }
 EMBEDDED_MIXES = TASK_MIXES["arith"]

@@ -344,7 +344,7 @@ TASKS: dict[str, EmbeddedTask] = {
             max_new_tokens=80,
             # room for a hint: the prompt with most of a peer program in it, then the response
             max_positions=192,
-            prompt_mix={"lin": 0.1, "mod": 0.45, "cond": 0.45},
+            prompt_mix={"lin": 0.05, "mod": 0.55, "cond": 0.4},
             tests=code_tests,
             steps=CODE_STEPS,
             # a hint is the first 80% of the peer's program: the restated spec and the returned
