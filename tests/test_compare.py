@@ -343,10 +343,38 @@ def test_quick_compare_on_the_embedded_task(tmp_path):
 def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp_path):
     """HACPO trains twice GRPO's rows at equal rollouts: the report shows both, per model."""
     rows = [
-        {"step": 0, "model": "a", "train_rows": 64, "optimizer_steps": 4},
-        {"step": 0, "model": "b", "train_rows": 32, "optimizer_steps": 2, "prompts_sampled": 6},
-        {"step": 1, "model": "a", "train_rows": 64, "optimizer_steps": 4},
-        {"step": 1, "model": "b", "train_rows": 32, "optimizer_steps": 2},
+        {
+            "step": 0,
+            "model": "a",
+            "train_rows": 64,
+            "optimizer_steps": 4,
+            "time_step": 2.0,
+            "time_reward": 0.5,
+        },
+        {
+            "step": 0,
+            "model": "b",
+            "train_rows": 32,
+            "optimizer_steps": 2,
+            "prompts_sampled": 6,
+            "time_step": 1.0,
+        },
+        {
+            "step": 1,
+            "model": "a",
+            "train_rows": 64,
+            "optimizer_steps": 4,
+            "time_step": 2.0,
+            "time_reward": 0.5,
+        },
+        {
+            "step": 1,
+            "model": "b",
+            "train_rows": 32,
+            "optimizer_steps": 2,
+            "time_step": 1.0,
+            "time_reward": 0.2,
+        },
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     totals = cells._compute_per_model(tmp_path, batch_prompts=4, n=8)
@@ -354,6 +382,9 @@ def test_compute_columns_total_each_models_rollouts_rows_and_optimizer_steps(tmp
         "rollouts_per_model": ((4 + 4) * 8 + (6 + 4) * 8) / 2,
         "rows_trained_per_model": (128 + 64) / 2,
         "optimizer_steps_per_model": (8 + 4) / 2,
+        # seconds of the steps and of their verifying (what a code task's sandbox costs)
+        "step_s_per_model": (4.0 + 2.0) / 2,
+        "reward_s_per_model": (1.0 + 0.2) / 2,
     }
 
 

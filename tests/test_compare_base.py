@@ -120,7 +120,11 @@ def test_a_two_by_two_matrix_on_a_base_config_gives_the_papers_table(qwen2_llama
         row = f"| {model} | graft | {pct(graft['easy'])} | {pct(graft['hard'])} | {pct(graft['avg'])} | {100 * gap:+.2f} | graft |"
         assert row in report, (row, report)
         line = next(line for line in report.splitlines() if line.startswith(row))
-        assert f"| {rollouts:,.0f} |" in line and line.endswith(f"| {cpu:.1f} |")
+        assert f"| {rollouts:,.0f} |" in line and f"| {cpu:.1f} |" in line
+        # the verifier's share of a step, from the cells' logged time_reward / time_step
+        seconds = [done[("graft", s)] for s in (0, 1)]
+        share = sum(d["reward_s_per_model"] for d in seconds) / sum(d["step_s_per_model"] for d in seconds)
+        assert line.endswith(f"| {100 * share:.1f} |")
         assert (
             f"| {model} | **grpo** | {pct(grpo['easy'])} | {pct(grpo['hard'])} | {pct(grpo['avg'])} | — |"
             in report

@@ -26,12 +26,11 @@ import yaml
 from conftest import SRC, comparable_metrics, write_sums
 from test_compare_base import base_config, matrix_file
 
-from graftrl.experiments.cells import CLOCK
+from graftrl.experiments.cells import CLOCK, MEASURED_FIELDS
 from graftrl.storage.checkpoint import list_checkpoints
 from graftrl.storage.rundir import checkpoint_step
 
-MEASURED = ("wall_s", "train_cpu_s")
-"""Fields of a cell's marker that are measurements of this machine, not results."""
+MEASURED = MEASURED_FIELDS
 
 
 def graftrl(*args: str) -> subprocess.Popen:
@@ -140,11 +139,11 @@ def test_a_kill_9_mid_matrix_then_a_rerun_equals_the_uninterrupted_control(matri
 
 
 def without_measurements(out: Path) -> None:
-    """Zero each cell's wall-clock and CPU seconds (measurements of the launcher's machine)."""
+    """Zero each cell's wall-clock, CPU and step seconds (measurements of the launcher's machine)."""
     for marker in (out / "runs").glob("*/done.json"):
         done = json.loads(marker.read_text())
         done["rows"] = [{**row, "wall_s": 0.0} for row in done["rows"]]
-        done.update({k: 0.0 for k in ("train_cpu_s",) if k in done})
+        done.update({k: 0.0 for k in MEASURED_FIELDS if k in done})
         marker.write_text(json.dumps(done, indent=2))
 
 

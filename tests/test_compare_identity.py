@@ -20,6 +20,7 @@ from test_compare_base import VARIANTS, base_config, matrix_file, one_error_line
 from typer.testing import CliRunner
 
 from graftrl.cli import app
+from graftrl.experiments.cells import MEASURED_FIELDS
 
 CELL = "grpo-seed0"
 
@@ -43,9 +44,9 @@ def outcome(out: Path, cell: str = CELL) -> dict:
     """What a cell's results are made of: its marker (wall-clock aside) and its training's metrics."""
     folder = out / "runs" / cell
     done = json.loads((folder / "done.json").read_text())
-    done["rows"] = [{k: v for k, v in row.items() if k != "wall_s"} for row in done["rows"]]
+    done["rows"] = [{k: v for k, v in row.items() if k not in MEASURED_FIELDS} for row in done["rows"]]
     return {
-        "done": {k: v for k, v in done.items() if k != "train_cpu_s"},
+        "done": {k: v for k, v in done.items() if k not in MEASURED_FIELDS},
         "metrics": comparable_metrics(folder),
     }
 

@@ -178,6 +178,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
     staging.replace(path)
 
 
+MEASURED_FIELDS = ("wall_s", "train_cpu_s", "step_s_per_model", "reward_s_per_model")
+"""Fields of a cell's marker (and of its rows) that measure this machine's time, not results: two
+runs of one cell agree on everything else."""
+
+
 def _compute_per_model(run_dir: Path, batch_prompts: int, n: int) -> dict[str, float]:
     """Mean over the models of each one's run totals: responses sampled (dynamic sampling logs its
     prompts per step), rows trained and optimizer steps (what HACPO's pooled batch doubles), and
