@@ -386,7 +386,11 @@ def model_keys(
             dict((mixes or TASK_MIXES[task])[name]),
             seed,
             task,
-            **_stop_settings(**{k: v for k, v in settings.items() if k != "max_seconds"}),
+            **_stop_settings(
+                settings["target_accuracy"],
+                settings["max_steps"],
+                settings.get("check_every_steps", _CHECK_EVERY_STEPS),
+            ),
         )
         for name in MODEL_SPECS
     }
