@@ -199,9 +199,12 @@ def resume_recovered(root: Path, damaged: str, output: str) -> None:
 
 def cache_recovered(root: Path, damaged: str, output: str) -> None:
     from graftrl.embedded.shipped import shipped_models, verify_shipped
+    from graftrl.embedded.task import DEFAULT_TASK
+    from graftrl.embedded.warmstart import model_keys
 
-    for key, files in shipped_models().items():
-        assert not verify_shipped(root / "cache" / key, files)  # reinstalled byte for byte
+    shipped = shipped_models()
+    for key in model_keys(task=DEFAULT_TASK).values():  # the pair prepare_cache asks for, of those shipped
+        assert not verify_shipped(root / "cache" / key, shipped[key])  # reinstalled byte for byte
     if not damaged.endswith(".sha256.json"):  # a damaged model file is named in one warning
         warnings = [line for line in output.splitlines() if line.startswith("warning: ")]
         assert len(warnings) == 1 and "cached model" in warnings[0], output
