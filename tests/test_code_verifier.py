@@ -135,6 +135,25 @@ def test_agrees_with_a_plain_reference_run(verifier, stdio):
     assert failures["right"] is None and failures["wrong"] == TESTS_FAILED and failures["slow"] == TIMEOUT
 
 
+def test_without_partial_credit_a_program_scores_all_or_nothing():
+    """`reward.code.partial_credit: false`: the same programs as the reference run score 1 or 0,
+    with the same failure classes and the count of passed tests still in the reason."""
+    reward = RewardConfig(kind="code", workers=2, code={"test_timeout_s": 1.5, "partial_credit": False})
+    verifier = build_verifier(reward)
+    verifier.start()
+    problem = Problem("sq", "x", extra={"tests": [f"assert f({x}) == {x * x}" for x in INPUTS]})
+    names = list(PROGRAMS)
+    try:
+        verdicts = verifier.verify([PROGRAMS[n] for n in names], [problem] * len(names))
+    finally:
+        verifier.close()
+    got = {n: v.reward for n, v in zip(names, verdicts, strict=True)}
+    assert got == {"right": 1.0, "wrong": 0.0, "partly": 0.0, "slow": 0.0, "crashing": 0.0}
+    by_name = dict(zip(names, verdicts, strict=True))
+    assert by_name["slow"].failure == TIMEOUT and "3 of 4 tests passed" in by_name["slow"].reason
+    assert by_name["partly"].failure == TESTS_FAILED and "2 of 4 tests passed" in by_name["partly"].reason
+
+
 def test_humaneval_and_mbpp_rows(verifier):
     humaneval = Problem(
         "he", "x",

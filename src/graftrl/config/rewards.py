@@ -45,6 +45,10 @@ class CodeRewardConfig(_Section):
     """Output of one run that is read (stdin/stdout tests); a program printing more fails that test."""
     max_tests: int = Field(default=64, ge=1)
     """Tests of a problem that are run (the first ones); the reward is the fraction of those passed."""
+    partial_credit: bool = True
+    """The reward of a program that fails some tests: the fraction it passed (`true`), or 0 (`false`:
+    all tests or nothing, the 0/1 reward of most code RLVR recipes). A success is every test passed
+    either way; the verdict's reason still says how many passed."""
     fork_server: bool = True
     """Assert-style tests run in long-lived sandboxes, a program sandbox and a judge sandbox per
     worker, whose fork server forks a fresh child per program (fresh /tmp and IPC, the limits, the

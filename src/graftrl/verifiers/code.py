@@ -1,4 +1,5 @@
-"""``reward.kind: code``: Python programs scored by the fraction of the row's tests they pass.
+"""``reward.kind: code``: Python programs scored by the fraction of the row's tests they pass
+(``reward.code.partial_credit: false``: 1 when all pass, else 0).
 
 The program is the response's last fenced code block (an unclosed last fence runs to the end of
 the response, as a length-truncated answer does), or the whole response when it has none. Tests
@@ -173,7 +174,8 @@ class _ForkServerFailures(threading.local):
 
 
 class CodeVerifier(VerifierBase):
-    """Reward = fraction of the row's tests a response's program passes, run in the sandbox."""
+    """Reward = fraction of the row's tests a response's program passes (or, without partial credit,
+    1 when it passes all and else 0), run in the sandbox."""
 
     kind: ClassVar[str] = "code"
 
@@ -190,6 +192,7 @@ class CodeVerifier(VerifierBase):
         python: str | None = None,
         cache_size: int = 65_536,
         fork_server: bool = True,
+        partial_credit: bool = True,
     ) -> None:
         self.sandbox = Sandbox(isolation, limits, python)
         self.zygotes = Zygotes(self.sandbox) if fork_server and self.sandbox.fork_server_ok() else None
@@ -200,6 +203,7 @@ class CodeVerifier(VerifierBase):
         self.program_timeout_s = program_timeout_s
         self.workers = workers
         self.max_tests = max_tests
+        self.partial_credit = partial_credit
         self.deadline_s = deadline_s
         self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
         self._cache_size = cache_size
@@ -235,6 +239,7 @@ class CodeVerifier(VerifierBase):
             deadline_s=reward.deadline_s,
             python=code.python,
             fork_server=code.fork_server,
+            partial_credit=code.partial_credit,
         )
 
     # ------------------------------------------------------------ the interface
@@ -354,7 +359,8 @@ class CodeVerifier(VerifierBase):
             self._stats["timeouts"] += sum(r.outcome == TIMEOUT for r in results)
             self._stats["crashes"] += sum(r.outcome == CRASH for r in results)
             self._stats["fork_server_failures"] += self._zygote_failed.count
-        return summarise(load, results, len(suite.tests)), not self._zygote_failed.final
+        verdict = summarise(load, results, len(suite.tests), self.partial_credit)
+        return verdict, not self._zygote_failed.final
 
     def _run_stdio(self, program: str, suite: CodeTests, slot: int, due: float) -> list[TestResult]:
         results: list[TestResult] = []
@@ -477,8 +483,9 @@ class CodeVerifier(VerifierBase):
         return load, results
 
 
-def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:
-    """The verdict of a program from its load outcome and its tests' results."""
+def summarise(load: str, results: Sequence[TestResult], total: int, partial_credit: bool = True) -> Verdict:
+    """The verdict of a program from its load outcome and its tests' results; a program that fails
+    some tests scores the fraction it passed, or 0 without ``partial_credit``."""
     if load != "ok":
         detail = results[0].detail if results else ""
         failure = {SYNTAX_ERROR: SYNTAX_ERROR, MEMORY: MEMORY, TIMEOUT: TIMEOUT}.get(load, CRASH)
@@ -505,4 +512,5 @@ def summarise(load: str, results: Sequence[TestResult], total: int) -> Verdict:
     )
     if len(results) < total:
         where += f"; {total - len(results)} not run (reward.code.program_timeout_s)"
-    return Verdict.failed(failure, f"{passed} of {total} tests passed{where}", passed / total)
+    reward = passed / total if partial_credit else 0.0
+    return Verdict.failed(failure, f"{passed} of {total} tests passed{where}", reward)
