@@ -15,33 +15,23 @@ answers), so the parent de-duplicates each batch and keeps an LRU cache of verdi
 
 Worker processes use the ``spawn`` start method by default (safe next to torch threads), which
 re-imports the caller's ``__main__`` module in each worker: scripts need the usual
-``if __name__ == "__main__":`` guard. The workers' own loop is :mod:`graftrl.models.verify_worker`.
+``if __name__ == "__main__":`` guard. The workers' own loop is :mod:`graftrl.models.verify_worker`;
+:mod:`graftrl.models.worker_pool` feeds them, times them out and replaces them.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
-import os
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from multiprocessing.connection import wait
 from typing import Any
 
 from graftrl.models.answers import EXTRACTIONS, Extraction, extract_last_boxed, fast_verdict, gold_parse_text
-from graftrl.models.verify_worker import (
-    CORRECT,
-    ERROR,
-    READY,
-    SKIPPED,
-    WRONG,
-    Worker,
-    kill_workers,
-    worker_main,
-)
+from graftrl.models.verify_worker import CORRECT, ERROR, SKIPPED, WRONG, worker_main
+from graftrl.models.worker_pool import Unanswered, Worker, WorkerPool, kill_workers
 
 __all__ = ["MathVerifier", "extract_last_boxed", "gold_parse_text", "shared_verifier", "verify_answer"]
 
@@ -106,10 +96,7 @@ class MathVerifier:
         self.cache_size = cache_size
         self.short_circuit = short_circuit
         self.startup_timeout_s = startup_timeout_s
-        self._ctx = mp.get_context(start_method)
-        self._faults = dict(_test_faults or {})
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._workers: list[Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self._stats = dict.fromkeys(
@@ -127,6 +114,15 @@ class MathVerifier:
             0,
         )
         self._seconds = 0.0
+        self._pool = _MathPool(
+            worker_args=(dict(_test_faults or {}),),
+            num_workers=workers,
+            timeout_s=self.timeout_s,
+            startup_timeout_s=startup_timeout_s,
+            stats=self._stats,
+            start_method=start_method,
+        )
+        self._workers = self._pool.workers  # the live list, which the finalizer empties
         self._finalizer = weakref.finalize(self, kill_workers, self._workers)
 
     @classmethod
@@ -218,7 +214,7 @@ class MathVerifier:
     @property
     def worker_pids(self) -> list[int]:
         """PIDs of the live worker processes (empty until the first verification)."""
-        return [w.proc.pid for w in self._workers]
+        return self._pool.worker_pids
 
     def close(self) -> None:
         """Stop the worker processes; idempotent. The verifier cannot score afterwards."""
@@ -239,37 +235,6 @@ class MathVerifier:
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _spawn(self) -> Worker:
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        # The worker dies with this process: its parent pid (spawn) and whether prctl's parent-death
-        # signal applies (it follows the starting thread, so only from the main thread).
-        spawned = self._ctx.get_start_method() == "spawn"
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(
-                child_conn,
-                self._faults,
-                os.getpid() if spawned else None,
-                spawned and threading.current_thread() is threading.main_thread(),
-            ),
-            name="graftrl-math-verify",
-            daemon=True,
-        )
-        proc.start()
-        child_conn.close()
-        return Worker(proc=proc, conn=parent_conn, started_at=time.monotonic())
-
-    def _replace(self, w: Worker) -> Worker:
-        """Kill ``w`` (hung or dead) and put a fresh worker in its slot."""
-        if w.proc.is_alive():
-            w.proc.kill()
-        w.proc.join(timeout=5.0)
-        w.conn.close()
-        fresh = self._spawn()
-        self._workers[self._workers.index(w)] = fresh
-        self._stats["worker_restarts"] += 1
-        return fresh
-
     def _verify_many(
         self, items: list[tuple[str, str]], wait_ready: bool = False, deadline: float | None = None
     ) -> list[int]:
@@ -277,117 +242,35 @@ class MathVerifier:
 
         ``deadline`` (a ``time.perf_counter`` instant): pairs not settled by then get ``SKIPPED``.
         """
-        try:
-            return self._dispatch(items, wait_ready, deadline)
-        except BaseException:
-            # Interrupted mid-batch (Ctrl-C, start-up failure): workers may still hold work and
-            # unread verdicts, so discard them all rather than mix them into a later call.
-            kill_workers(self._workers)
-            raise
+        return self._pool.run([(*item, self.extraction) for item in items], wait_ready, deadline)
 
-    def _dispatch(
-        self, items: list[tuple[str, str]], wait_ready: bool = False, deadline: float | None = None
-    ) -> list[int]:
-        # The call's budget runs on the monotonic clock the per-answer deadlines use, from the moment a
-        # worker is ready: like per-answer timeouts, worker start-up is not charged to it.
-        budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        call_due = float("inf")
-        while len(self._workers) < self.num_workers:  # lazy start, all workers in parallel
-            self._workers.append(self._spawn())
-        verdicts: list[int | None] = [None] * len(items)
-        pending: deque[int] = deque(range(len(items)))
-        remaining = len(items)
-        failed_starts = 0
-        stats = self._stats
 
-        def settle(index: int, verdict: int) -> None:
-            nonlocal remaining
-            verdicts[index] = verdict
-            remaining -= 1
-            if verdict == ERROR:
-                stats["errors"] += 1
+class _MathPool(WorkerPool[int]):
+    """The math workers' verdicts are their codes; an answer its worker died on is an ``ERROR``,
+    one that timed out ``WRONG`` (cached: a hanging answer is no right answer), one skipped at the
+    call's deadline ``SKIPPED`` (not cached)."""
 
-        def fail(w: Worker, verdict: int) -> None:
-            """The worker hung or died: charge its current answer, re-queue the rest."""
-            nonlocal failed_starts
-            if not w.ready:
-                failed_starts += 1
-                if failed_starts >= 3:
-                    raise RuntimeError(
-                        f"MathVerifier: worker process failed to start 3 times (last exit code "
-                        f"{w.proc.exitcode}); check that math_verify imports in a fresh interpreter "
-                        "and that the calling script has an `if __name__ == '__main__':` guard"
-                    )
-            if w.inflight:
-                settle(w.inflight.popleft(), verdict)
-                pending.extendleft(reversed(w.inflight))
-                w.inflight.clear()
-            self._replace(w)
+    target = staticmethod(worker_main)
+    process_name = "graftrl-math-verify"
+    owner = "MathVerifier"
+    max_chunk = 32
+    answered_key = "verified"
 
-        while remaining or (wait_ready and not all(w.ready for w in self._workers)):
-            now = time.monotonic()
-            if budget is not None and call_due == float("inf") and any(w.ready for w in self._workers):
-                call_due = now + budget
-            for w in list(self._workers):
-                if w.ready and not w.inflight and pending:
-                    size = max(1, min(32, -(-len(pending) // self.num_workers)))
-                    chunk = [pending.popleft() for _ in range(min(size, len(pending)))]
-                    w.inflight.extend(chunk)
-                    w.deadline = now + self.timeout_s
-                    try:
-                        w.conn.send([(i, *items[i], self.extraction) for i in chunk])
-                    except (OSError, ValueError):
-                        fail(w, ERROR)  # died under us; charging one answer guarantees progress
+    def answer(self, message: int) -> int:
+        return message
 
-            def due(w: Worker) -> float:
-                if not w.ready:
-                    return w.started_at + self.startup_timeout_s
-                return w.deadline if w.inflight else float("inf")
+    def is_error(self, verdict: int) -> bool:
+        return verdict == ERROR
 
-            next_due = min([due(w) for w in self._workers] + ([call_due] if remaining else []))
-            timeout = None if next_due == float("inf") else max(0.0, next_due - time.monotonic())
-            by_conn = {w.conn: w for w in self._workers}
-            for conn in wait(list(by_conn), timeout=timeout):
-                w = by_conn[conn]
-                try:
-                    while conn.poll():
-                        index, verdict = conn.recv()
-                        if index == READY:
-                            w.ready = True
-                            failed_starts = 0
-                            continue
-                        if not w.inflight or w.inflight[0] != index:
-                            raise RuntimeError(
-                                f"MathVerifier: internal error, worker answered item {index} "
-                                f"while {list(w.inflight)[:3]} were in flight"
-                            )
-                        w.inflight.popleft()
-                        w.deadline = time.monotonic() + self.timeout_s
-                        stats["verified"] += 1
-                        settle(index, verdict)
-                except (EOFError, OSError):
-                    fail(w, ERROR)  # the worker died (crash, OOM kill) on its current answer
+    def unanswered(self, why: Unanswered, w: Worker | None) -> int:
+        return {"timed out": WRONG, "skipped": SKIPPED}.get(why, ERROR)
 
-            now = time.monotonic()
-            for w in list(self._workers):
-                if not w.ready and now > w.started_at + self.startup_timeout_s:
-                    fail(w, ERROR)
-                elif w.inflight and now > w.deadline:
-                    stats["timeouts"] += 1
-                    fail(w, WRONG)
-            if remaining and now > call_due:
-                # Out of time for this call: whatever is unsettled scores 0 (not cached); workers
-                # still busy on it are replaced so the next call starts clean.
-                for w in list(self._workers):
-                    if w.inflight:
-                        w.inflight.clear()
-                        self._replace(w)
-                for index, verdict in enumerate(verdicts):
-                    if verdict is None:
-                        verdicts[index] = SKIPPED
-                        stats["deadline_skips"] += 1
-                remaining = 0
-        return [v if v is not None else ERROR for v in verdicts]
+    def refusal(self, w: Worker) -> BaseException:
+        return RuntimeError(
+            f"MathVerifier: worker process failed to start 3 times (last exit code "
+            f"{w.proc.exitcode}); check that math_verify imports in a fresh interpreter "
+            "and that the calling script has an `if __name__ == '__main__':` guard"
+        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,62 +1,29 @@
-"""The math verifier's worker processes: the loop that parses and verifies answers, the verdict
-codes it streams back, and how a worker dies with its parent.
+"""The math verifier's worker process: the loop that parses and verifies answers and the verdict
+codes it streams back.
 
-:class:`graftrl.models.rewards.MathVerifier` starts, feeds, times out and replaces these workers;
-nothing here runs in the parent except the ``Worker`` record and ``kill_workers``.
+:class:`graftrl.models.rewards.MathVerifier` starts, feeds, times out and replaces these workers
+through its :class:`graftrl.models.worker_pool.WorkerPool`; nothing here runs in the parent.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
-import sys
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from graftrl.models.answers import gold_parse_text
+from graftrl.models.worker_pool import READY, die_with_parent, received_chunks
 
 # Verdict codes sent back by workers (small ints keep the per-answer messages tiny).
 WRONG, CORRECT, ERROR = 0, 1, 2
 SKIPPED = 3  # not verified before the call's overall deadline: scores 0, never cached
-READY = -1  # index of the "worker started" message
-STOP = None  # sentinel asking a worker to exit
 
 
 # --------------------------------------------------------------------------------------------
 # Worker process
 # --------------------------------------------------------------------------------------------
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent_pid: int, use_pdeathsig: bool) -> None:
-    """Make this worker exit when the process that started it dies, even by SIGKILL.
-
-    On Linux the kernel sends SIGKILL on the parent's death (prctl PR_SET_PDEATHSIG); it is tied to
-    the *thread* that started the worker, so it is only set when that was the main thread. A
-    daemon thread polling ``os.getppid()`` covers the rest (other threads, other systems, and a
-    parent that died before prctl ran).
-    """
-    if use_pdeathsig and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="graftrl-parent-watchdog", daemon=True).start()
 
 
 def worker_main(
@@ -69,7 +36,7 @@ def worker_main(
     progress, so on a timeout it knows which one hung and can re-queue the rest.
     ``faults`` is a test hook mapping an extracted answer to ``hang``/``crash``/``raise``.
     """
-    _die_with_parent(os.getppid() if parent_pid is None else parent_pid, use_pdeathsig)
+    die_with_parent(os.getppid() if parent_pid is None else parent_pid, use_pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     import math_verify.grader
     import math_verify.parser
@@ -99,13 +66,7 @@ def worker_main(
         check(warm, warm)
     gold_cache.clear()
     conn.send((READY, os.getpid()))
-    while True:
-        try:
-            chunk = conn.recv()
-        except (EOFError, OSError):
-            return
-        if chunk is STOP:
-            return
+    for chunk in received_chunks(conn):
         for index, gold, extracted, extraction in chunk:
             fault = faults.get(extracted)
             if fault == "hang":
@@ -119,27 +80,3 @@ def worker_main(
             except Exception:
                 verdict = ERROR
             conn.send((index, verdict))
-
-
-@dataclass
-class Worker:
-    proc: Any  # multiprocessing process (BaseProcess subclass of the chosen context)
-    conn: Connection
-    started_at: float
-    ready: bool = False
-    inflight: deque[int] = field(default_factory=deque)
-    deadline: float = float("inf")
-
-
-def kill_workers(workers: list[Worker]) -> None:
-    """Stop workers politely, then forcefully; used by close() and at garbage collection."""
-    for w in workers:
-        with contextlib.suppress(OSError, ValueError):  # already dead or closed
-            w.conn.send(STOP)
-    for w in workers:
-        w.proc.join(timeout=1.0)
-        if w.proc.is_alive():
-            w.proc.kill()
-            w.proc.join(timeout=1.0)
-        w.conn.close()
-    workers.clear()

@@ -18,10 +18,10 @@ ignored). Rewards outside [0, 1] are kept as they are (a scale of the user's); a
 success when its reward is at least ``reward.success_threshold``. A scorer that raises, returns
 anything else (NaN or infinity included) or kills its worker scores 0 with failure ``error``; one
 that runs past ``reward.function.timeout_s`` scores 0 with ``timeout``, and its worker is killed
-and replaced. Identical (response, problem id) pairs within one call are scored once. The worker
-design is the math verifier's (:mod:`graftrl.models.rewards`): spawned processes that die with
-their parent, a per-call overall deadline (``reward.deadline_s``) that worker start-up is not charged
-to. Scripts that build this verifier need the usual ``if __name__ == "__main__":`` guard.
+and replaced. Identical (response, problem id) pairs within one call are scored once. The workers
+are a :class:`graftrl.models.worker_pool.WorkerPool`, as the math verifier's are: spawned processes
+that die with their parent, a per-call overall deadline (``reward.deadline_s``) that worker start-up
+is not charged to. Scripts that build this verifier need the usual ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import importlib
 import importlib.util
 import inspect
 import math
-import multiprocessing as mp
 import numbers
 import os
 import re
@@ -39,14 +38,22 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection, wait
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from graftrl.files import sha256_file
-from graftrl.models.verify_worker import Worker, _die_with_parent, kill_workers
+from graftrl.models.worker_pool import (
+    READY,
+    Unanswered,
+    Worker,
+    WorkerPool,
+    die_with_parent,
+    kill_workers,
+    received_chunks,
+)
 from graftrl.storage.data import Problem
 from graftrl.verifiers.base import ERROR, TIMEOUT, WRONG, Verdict, VerifierBase, VerifierError, check_lengths
 
@@ -55,8 +62,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FunctionVerifier", "parse_scorer_path", "to_reward"]
 
-READY, LOAD_FAILED = -1, -2
-"""Indexes of a worker's start-up messages: loaded (with the signature style), or not (why)."""
+LOAD_FAILED = -2
+"""Index of a worker's start-up message saying why the scorer did not load (else ``READY``, with
+the signature style)."""
 _FORMS = "write 'path/to/score.py:compute_score' or 'package.module:function'"
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
@@ -190,7 +198,7 @@ def worker_main(
 ) -> None:
     """Worker loop: load the scorer, then score chunks of ``(index, response, row)``, one message
     back per response: ``(index, (True, reward))`` or ``(index, (False, why))``."""
-    _die_with_parent(parent_pid, use_pdeathsig)
+    die_with_parent(parent_pid, use_pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         fn, style, extra_info = _load(target, name, is_file)
@@ -198,13 +206,7 @@ def worker_main(
         conn.send((LOAD_FAILED, str(e)))
         return
     conn.send((READY, style))
-    while True:
-        try:
-            chunk = conn.recv()
-        except (EOFError, OSError):
-            return
-        if chunk is None:  # verify_worker.STOP
-            return
+    for chunk in received_chunks(conn):
         for index, response, row in chunk:
             try:
                 value = _score(fn, style, extra_info, response, row)
@@ -266,15 +268,22 @@ class FunctionVerifier(VerifierBase):
         self.deadline_s = deadline_s
         self.success_threshold = success_threshold
         self.startup_timeout_s = startup_timeout_s
-        self.signature: str | None = None
-        """``verl`` or ``plain`` once a worker has loaded the scorer."""
-        self._ctx = mp.get_context("spawn")
-        self._workers: list[Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         keys = ("answers", "scored", "duplicates", "timeouts", "deadline_skips", "errors", "worker_restarts")
         self._stats = dict.fromkeys(keys, 0)
         self._seconds = 0.0
+        self._pool = _ScorerPool(
+            worker_args=(self.target, self.function, self.is_file),
+            num_workers=workers,
+            timeout_s=self.timeout_s,
+            startup_timeout_s=startup_timeout_s,
+            stats=self._stats,
+            path=path,
+            deadline_s=deadline_s,
+            success_threshold=success_threshold,
+        )
+        self._workers = self._pool.workers  # the live list, which the finalizer empties
         self._finalizer = weakref.finalize(self, kill_workers, self._workers)
 
     @classmethod
@@ -292,11 +301,16 @@ class FunctionVerifier(VerifierBase):
         """SHA-256 of the scorer file's bytes (None for an import path): part of a compare cell's digest."""
         return sha256_file(Path(self.target))[0] if self.is_file else None
 
+    @property
+    def signature(self) -> str | None:
+        """``verl`` or ``plain`` once a worker has loaded the scorer."""
+        return self._pool.signature
+
     def start(self) -> None:
         """Start the workers and load the scorer in them; ``VerifierError`` when it does not load."""
         with self._lock:
             self._check_open()
-            self._run([], wait_ready=True)
+            self._pool.run([], wait_ready=True)
 
     def verify(self, responses: Sequence[str], problems: Sequence[Problem]) -> list[Verdict]:
         check_lengths("FunctionVerifier.verify", responses, problems)
@@ -313,7 +327,7 @@ class FunctionVerifier(VerifierBase):
                 slots[key].append(i)
             self._stats["duplicates"] += len(responses) - len(items)
             deadline = None if self.deadline_s is None else t0 + self.deadline_s
-            scored = self._run(items, deadline=deadline) if items else []
+            scored = self._pool.run(items, deadline=deadline) if items else []
             verdicts: list[Verdict] = [Verdict.failed(ERROR, "not scored")] * len(responses)
             for indexes, verdict in zip(slots.values(), scored, strict=True):
                 for i in indexes:
@@ -329,7 +343,7 @@ class FunctionVerifier(VerifierBase):
 
     @property
     def worker_pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers]
+        return self._pool.worker_pids
 
     def close(self) -> None:
         with self._lock:
@@ -342,149 +356,64 @@ class FunctionVerifier(VerifierBase):
         if self._closed:
             raise RuntimeError("FunctionVerifier used after close(); create a new verifier")
 
-    def _verdict(self, reward: float) -> Verdict:
-        reason = "correct" if reward == 1.0 else f"scored {reward:g}"
-        if reward >= self.success_threshold:
-            return Verdict.correct(reward, reason)
-        return Verdict.failed(WRONG, reason, reward=reward)
 
-    def _spawn(self) -> Worker:
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        use_pdeathsig = threading.current_thread() is threading.main_thread()
-        args = (child_conn, self.target, self.function, self.is_file, os.getpid(), use_pdeathsig)
-        proc = self._ctx.Process(target=worker_main, args=args, name="graftrl-scorer", daemon=True)
-        proc.start()
-        child_conn.close()
-        return Worker(proc=proc, conn=parent_conn, started_at=time.monotonic())
+@dataclass(kw_only=True, eq=False)
+class _ScorerPool(WorkerPool[Verdict]):
+    """The scorer's workers (``worker_main``). A scorer that does not load, or loads too slowly,
+    refuses the call at once (``VerifierError``): another worker would not load it either."""
 
-    def _replace(self, w: Worker) -> None:
-        if w.proc.is_alive():
-            w.proc.kill()
-        w.proc.join(timeout=5.0)
-        w.conn.close()
-        self._workers[self._workers.index(w)] = self._spawn()
-        self._stats["worker_restarts"] += 1
+    target = staticmethod(worker_main)
+    process_name = "graftrl-scorer"
+    owner = "FunctionVerifier"
+    max_chunk = 16
+    answered_key = "scored"
+    # Any failed send (a dead worker, a row that does not pickle) charges one response.
+    send_errors = (Exception,)
 
-    def _run(
-        self, items: list[tuple[str, dict[str, Any]]], wait_ready: bool = False, deadline: float | None = None
-    ) -> list[Verdict]:
-        try:
-            return self._dispatch(items, wait_ready, deadline)
-        except BaseException:
-            kill_workers(self._workers)  # interrupted or refused: no half-done work survives
-            raise
+    path: str
+    deadline_s: float | None
+    success_threshold: float
+    signature: str | None = field(default=None, init=False)  # what READY said: FunctionVerifier.signature
 
-    def _dispatch(
-        self, items: list[tuple[str, dict[str, Any]]], wait_ready: bool, deadline: float | None
-    ) -> list[Verdict]:
-        budget = None if deadline is None else max(0.0, deadline - time.perf_counter())
-        call_due = float("inf")
-        while len(self._workers) < self.num_workers:
-            self._workers.append(self._spawn())
-        verdicts: list[Verdict | None] = [None] * len(items)
-        pending: deque[int] = deque(range(len(items)))
-        remaining = len(items)
-        failed_starts = 0
-        stats = self._stats
+    def started(self, index: int, message: Any) -> None:
+        if index == LOAD_FAILED:
+            raise VerifierError(f"reward.function.path: {message}")
+        self.signature = message
 
-        def settle(index: int, verdict: Verdict) -> None:
-            nonlocal remaining
-            verdicts[index] = verdict
-            remaining -= 1
-            if verdict.failure == ERROR:
-                stats["errors"] += 1
-
-        def fail(w: Worker, verdict: Verdict | None) -> None:
-            """The worker hung (``verdict``) or died: charge its current response, re-queue the rest."""
-            nonlocal failed_starts
-            if not w.ready:
-                w.proc.join(timeout=1.0)
-                failed_starts += 1
-                if failed_starts >= 3:
-                    raise VerifierError(
-                        f"reward.function.path: the scorer's worker exited (code {w.proc.exitcode}) while "
-                        f"loading {self.path!r}, 3 times; check that the scorer imports in a fresh "
-                        "interpreter, and that the calling script has an `if __name__ == '__main__':` guard"
-                    )
-            if w.inflight:
-                if verdict is None:
-                    w.proc.join(timeout=1.0)
-                    code = w.proc.exitcode
-                    verdict = Verdict.failed(ERROR, f"scorer's worker died (exit code {code})")
-                settle(w.inflight.popleft(), verdict)
-                pending.extendleft(reversed(w.inflight))
-                w.inflight.clear()
-            self._replace(w)
-
-        timeout_verdict = Verdict.failed(
-            TIMEOUT, f"scorer ran past reward.function.timeout_s ({self.timeout_s:g} s)"
+    def startup_timed_out(self, w: Worker) -> None:
+        raise VerifierError(
+            f"reward.function.path: loading {self.path!r} took more than "
+            f"{self.startup_timeout_s:g} s; make the scorer module quick to import"
         )
-        while remaining or (wait_ready and not all(w.ready for w in self._workers)):
-            now = time.monotonic()
-            if budget is not None and call_due == float("inf") and any(w.ready for w in self._workers):
-                call_due = now + budget
-            for w in list(self._workers):
-                if w.ready and not w.inflight and pending:
-                    size = max(1, min(16, -(-len(pending) // self.num_workers)))
-                    chunk = [pending.popleft() for _ in range(min(size, len(pending)))]
-                    w.inflight.extend(chunk)
-                    w.deadline = now + self.timeout_s
-                    try:
-                        w.conn.send([(i, *items[i]) for i in chunk])
-                    except Exception:
-                        fail(w, None)  # died under us; charging one response guarantees progress
 
-            def due(w: Worker) -> float:
-                if not w.ready:
-                    return w.started_at + self.startup_timeout_s
-                return w.deadline if w.inflight else float("inf")
+    def answer(self, message: tuple[bool, Any]) -> Verdict:
+        ok, value = message
+        if not ok:
+            return Verdict.failed(ERROR, value)
+        reason = "correct" if value == 1.0 else f"scored {value:g}"
+        if value >= self.success_threshold:
+            return Verdict.correct(value, reason)
+        return Verdict.failed(WRONG, reason, reward=value)
 
-            next_due = min([due(w) for w in self._workers] + ([call_due] if remaining else []))
-            timeout = None if next_due == float("inf") else max(0.0, next_due - time.monotonic())
-            by_conn = {w.conn: w for w in self._workers}
-            for conn in wait(list(by_conn), timeout=timeout):
-                w = by_conn[conn]
-                try:
-                    while conn.poll():
-                        index, message = conn.recv()
-                        if index == LOAD_FAILED:
-                            raise VerifierError(f"reward.function.path: {message}")
-                        if index == READY:
-                            w.ready, self.signature, failed_starts = True, message, 0
-                            continue
-                        if not w.inflight or w.inflight[0] != index:
-                            raise RuntimeError(
-                                f"FunctionVerifier: internal error, worker answered item {index}"
-                            )
-                        w.inflight.popleft()
-                        w.deadline = time.monotonic() + self.timeout_s
-                        stats["scored"] += 1
-                        ok, value = message
-                        settle(index, self._verdict(value) if ok else Verdict.failed(ERROR, value))
-                except (EOFError, OSError):
-                    fail(w, None)  # the worker died (os._exit, a crash, the OOM killer)
+    def is_error(self, verdict: Verdict) -> bool:
+        return verdict.failure == ERROR
 
-            now = time.monotonic()
-            for w in list(self._workers):
-                if not w.ready and now > w.started_at + self.startup_timeout_s:
-                    raise VerifierError(
-                        f"reward.function.path: loading {self.path!r} took more than "
-                        f"{self.startup_timeout_s:g} s; make the scorer module quick to import"
-                    )
-                if w.inflight and now > w.deadline:
-                    stats["timeouts"] += 1
-                    fail(w, timeout_verdict)
-            if remaining and now > call_due:
-                for w in list(self._workers):  # busy workers are replaced: the next call starts clean
-                    if w.inflight:
-                        w.inflight.clear()
-                        self._replace(w)
-                skipped = Verdict.failed(
-                    TIMEOUT, f"not scored within reward.deadline_s ({self.deadline_s:g} s)"
-                )
-                for index, verdict in enumerate(verdicts):
-                    if verdict is None:
-                        verdicts[index] = skipped
-                        stats["deadline_skips"] += 1
-                remaining = 0
-        return [v if v is not None else Verdict.failed(ERROR, "not scored") for v in verdicts]
+    def unanswered(self, why: Unanswered, w: Worker | None) -> Verdict:
+        if why == "died" and w is not None:
+            w.proc.join(timeout=1.0)  # for its exit code
+            return Verdict.failed(ERROR, f"scorer's worker died (exit code {w.proc.exitcode})")
+        if why == "timed out":
+            return Verdict.failed(
+                TIMEOUT, f"scorer ran past reward.function.timeout_s ({self.timeout_s:g} s)"
+            )
+        if why == "skipped":
+            return Verdict.failed(TIMEOUT, f"not scored within reward.deadline_s ({self.deadline_s:g} s)")
+        return Verdict.failed(ERROR, "not scored")
+
+    def refusal(self, w: Worker) -> BaseException:
+        w.proc.join(timeout=1.0)  # for its exit code
+        return VerifierError(
+            f"reward.function.path: the scorer's worker exited (code {w.proc.exitcode}) while "
+            f"loading {self.path!r}, 3 times; check that the scorer imports in a fresh "
+            "interpreter, and that the calling script has an `if __name__ == '__main__':` guard"
+        )
