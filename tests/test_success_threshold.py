@@ -20,7 +20,7 @@ from graftrl.config import config_from_dict
 from graftrl.config import rewards as reward_config
 from graftrl.core import SUCCESS_THRESHOLD, complementarity, grpo_advantages, is_success
 from graftrl.core.ablations import success_only_keep
-from graftrl.core.diagnostics import group_outcome_fractions
+from graftrl.core.diagnostics import all_fail_signal_fraction, group_outcome_fractions
 from graftrl.core.hint import rescue_counts, rescued_advantages
 from graftrl.core.sgt import pick_one_success
 from graftrl.evaluation.evaluate import EvalProtocol, pass_at_k, sample_correctness, summarize_benchmark
@@ -506,3 +506,13 @@ def test_the_probes_figures_count_successes():
     # an older probe.json (no threshold recorded) recounts as 0/1 rewards were counted
     old = {k: v for k, v in figures["probe"].items() if k != "success_threshold"}
     assert ProbeSettings(**old).success_threshold == 1.0
+
+
+def test_all_fail_signal_counts_the_all_fail_groups_partial_credit_still_ranks():
+    """Of four groups: one mixed, one all-fail with partial rewards that differ (GRPO learns there),
+    one all-fail at equal partial rewards, one all zero: only the second has a signal without a
+    success; with 0.5 counted a success it is mixed instead, and no group is all-fail with a signal."""
+    rewards = torch.tensor([[1.0, 0.5, 0.0], [0.5, 0.0, 0.5], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])
+    assert float(all_fail_signal_fraction(rewards)) == 0.25
+    assert float(all_fail_signal_fraction(rewards, threshold=0.5)) == 0.0
+    assert float(all_fail_signal_fraction((rewards == 1.0).float())) == 0.0  # 0/1 rewards: never

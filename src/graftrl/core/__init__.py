@@ -16,7 +16,12 @@ from graftrl.core.compatibility import (
     content_mean_logprob,
     mean_token_logprob,
 )
-from graftrl.core.diagnostics import complementarity, group_outcome_fractions, weight_summary
+from graftrl.core.diagnostics import (
+    all_fail_signal_fraction,
+    complementarity,
+    group_outcome_fractions,
+    weight_summary,
+)
 from graftrl.core.hacpo import (
     capability_baseline,
     capability_ratios,
@@ -47,6 +52,7 @@ from graftrl.core.selection import (
 __all__ = [
     "SUCCESS_THRESHOLD",
     "PeerPosition",
+    "all_fail_signal_fraction",
     "balanced_selection",
     "capability_baseline",
     "capability_ratios",

@@ -26,6 +26,15 @@ def group_outcome_fractions(rewards: Tensor, threshold: float = SUCCESS_THRESHOL
     return (successes == 0).float().mean(), (successes == n).float().mean()
 
 
+def all_fail_signal_fraction(rewards: Tensor, threshold: float = SUCCESS_THRESHOLD) -> Tensor:
+    """Share of groups that are all-fail yet whose rewards differ. rewards: [P, n]. Such a group
+    has no success for exchange to miss, but GRPO's advantages there are not zero: partial credit
+    (a test suite's fraction passed) ranks its responses."""
+    all_fail = is_success(rewards, threshold).sum(dim=-1) == 0  # [P]
+    differ = rewards.amax(dim=-1) > rewards.amin(dim=-1)  # [P]
+    return (all_fail & differ).float().mean()
+
+
 def weight_summary(s: Tensor | None, w: Tensor) -> dict[str, float]:
     """What a step's exchange admitted and how compatible it was (the exchange metrics).
 

@@ -83,6 +83,12 @@ METRIC_KEYS: tuple[LogKey, ...] = tuple(
         ("all_fail_frac", "share of the policy's prompts where every response failed", FRACTION),
         ("all_pass_frac", "share of the policy's prompts where every response passed", FRACTION),
         (
+            "all_fail_signal_frac",
+            "share of the policy's prompts where every response failed but their rewards differ "
+            "(partial credit: GRPO's advantages there are not zero)",
+            FRACTION,
+        ),
+        (
             "complementarity/<peer>",
             "share of the policy's all-fail prompts that <peer> solves at least once (paper Figure 1)",
             FRACTION,

@@ -25,7 +25,7 @@ import torch
 
 from graftrl.config import Config, dump_config
 from graftrl.console import progress_bar
-from graftrl.core import complementarity, group_outcome_fractions
+from graftrl.core import all_fail_signal_fraction, complementarity, group_outcome_fractions
 from graftrl.files import atomic_write
 from graftrl.interrupts import clear as clear_interrupt
 from graftrl.interrupts import raise_if_interrupted
@@ -401,6 +401,7 @@ class Trainer:
             "reward_mean": float(own.rewards.mean()),
             "all_fail_frac": float(all_fail),
             "all_pass_frac": float(all_pass),
+            "all_fail_signal_frac": float(all_fail_signal_fraction(own.rewards, threshold)),
         }
         for peer, other in shared.items():
             if peer != name:
