@@ -21,10 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from graftrl.experiments.mastery_hint import BASELINE, COLUMN, REFERENCE
-from graftrl.experiments.paired_decisions import paired_table
+from graftrl.experiments.mastery_rule import graft_vs_grpo
 from graftrl.reporting.probe_rule import score
-from graftrl.reporting.problem_results import folder_problem_results
 
 GAIN = "GRAFT beats GRPO into this receiver"
 """The gain verdict ``pilot_verdict.py`` writes."""
@@ -35,14 +33,7 @@ MAX_MISSES = 1
 def point_outcomes(verdicts_file: Path, folder: Path) -> list[dict[str, Any]]:
     """Per receiver of one pilot: its verdict, GRAFT − GRPO in points and whether it was right."""
     verdicts = json.loads(verdicts_file.read_text())["receivers"]
-    rows = json.loads((folder / "results.json").read_text())["rows"]
-    cells = sorted({(r["variant"], int(r["seed"])) for r in rows})
-    comparisons = {
-        c.model: c.diff
-        for c in paired_table(
-            rows, folder_problem_results(folder, cells), [COLUMN], BASELINE, [REFERENCE], [COLUMN]
-        )
-    }
+    comparisons = graft_vs_grpo(folder, json.loads((folder / "results.json").read_text())["rows"])
     out = []
     for receiver, entry in sorted(verdicts.items()):
         diff = comparisons.get(receiver)

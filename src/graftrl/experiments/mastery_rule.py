@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from graftrl.evaluation.intervals import caption, dict_text
+from graftrl.evaluation.intervals import Difference, caption, dict_text
 from graftrl.experiments.mastery_hint import BASELINE, COLUMN, DIGITS, REFERENCE, pct
 from graftrl.experiments.paired_decisions import paired_table
 from graftrl.reporting.probe_rule import Rule, TrackRecord, registered_rule, rule_inputs
@@ -29,6 +29,19 @@ from graftrl.storage.rundir import ProbeDir
 def probe_dir(folder: Path, point: str) -> Path:
     """A point's probe, beside its cells: ``<out>/probe-<point>`` next to ``<out>/mastery-<point>``."""
     return folder.parent / f"probe-{point}"
+
+
+def graft_vs_grpo(folder: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Difference]:
+    """Receiver -> GRAFT − GRPO on its held-out pass@1 in a compare folder: compare's default
+    interval, paired over seeds and problems, uncorrected for other receiver-points (the outcome
+    both registered rules predict)."""
+    cells = sorted({(r["variant"], int(r["seed"])) for r in rows})
+    return {
+        c.model: c.diff
+        for c in paired_table(
+            rows, folder_problem_results(folder, cells), [COLUMN], BASELINE, [REFERENCE], [COLUMN]
+        )
+    }
 
 
 def rule_summary(
@@ -42,13 +55,7 @@ def rule_summary(
     if rule is None or not probe.json.exists():
         return None
     figures = json.loads(probe.json.read_text())
-    cells = sorted({(r["variant"], int(r["seed"])) for r in rows})
-    comparisons = {
-        c.model: c.diff
-        for c in paired_table(
-            rows, folder_problem_results(folder, cells), [COLUMN], BASELINE, [REFERENCE], [COLUMN]
-        )
-    }
+    comparisons = graft_vs_grpo(folder, rows)
     out = []
     for pair in figures["pairs"]:
         inputs = rule_inputs(pair)
